@@ -1,0 +1,24 @@
+"""tfmlib: the companion package of the book *From GRU to Transformer*.
+
+Every module holds what one chapter builds, and is introduced by that chapter; a notebook imports
+only modules introduced by its own or earlier chapters (``tests/test_book.py`` checks this). The
+chapter of each module is the constant ``INTRODUCED_IN`` at its top.
+
+==============  =======  ==============================================================
+module          chapter  what it holds
+==============  =======  ==============================================================
+``config``      00       profiles (smoke / cpu / gpu), device choice, seeding
+``data``        00       tokenizer, vocabulary, padding and masks, bucket-by-length batches
+``synthetic``   00       the generator of the bundled English->French corpus
+``corpora``     00       loaders for real corpora (Tatoeba/Anki, Multi30k)
+``plot``        00       loss curves and labelled heatmaps
+``rnn``         01       RNN and GRU cells from scratch, the unrolled GRU, a GRU language model
+``train``       01       the training loop, checkpoints
+``exercises``   01       exercise checkers used at the end of every chapter
+==============  =======  ==============================================================
+
+Submodules are not imported here, so ``import tfmlib`` stays cheap and a notebook's imports say
+exactly which chapters it builds on.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,370 @@
+"""Text to tensors: tokenizer, vocabulary, padding with masks, and bucket-by-length batching.
+
+Introduced in chapter 00 (preface); used by every chapter that trains on text.
+
+Conventions used throughout the book:
+
+* A *pair* is ``(source_text, target_text)``, two plain strings.
+* Token ids: ``PAD=0``, ``BOS=1`` (start), ``EOS=2`` (end), ``UNK=3`` (unknown) in every vocabulary.
+* A *mask* is a ``bool`` tensor that is ``True`` at real tokens and ``False`` at padding.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import math
+import random
+import re
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+INTRODUCED_IN = 0
+
+PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
+SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+
+Pair = tuple[str, str]
+
+# Words (keeping an elided French article or pronoun with its apostrophe: "l'", "n'", "qu'"),
+# numbers, and single punctuation marks.
+_TOKEN_RE = re.compile(r"[^\W\d_]+'|\w+|[^\w\s]", re.UNICODE)
+_ODD_SPACES = str.maketrans({"\u202f": " ", "\u00a0": " ", "\u2009": " ", "\u2019": "'"})
+
+
+def tokenize(text: str, lowercase: bool = True) -> list[str]:
+    """Split ``text`` into word and punctuation tokens.
+
+    ``"L'homme ne voit pas le chat."`` -> ``["l'", "homme", "ne", "voit", "pas", "le", "chat", "."]``.
+    Narrow and non-breaking spaces (common before French punctuation) count as spaces, and the
+    typographic apostrophe as ``'``.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"tokenize: text must be a str, got {type(text).__name__}")
+    text = text.translate(_ODD_SPACES)
+    if lowercase:
+        text = text.lower()
+    return _TOKEN_RE.findall(text)
+
+
+def detokenize(tokens: Iterable[str]) -> str:
+    """Join tokens back into readable text: no space before punctuation or after an apostrophe."""
+    out = ""
+    for tok in tokens:
+        if not out or out.endswith("'") or (len(tok) == 1 and tok in ".,!?;:)"):
+            out += tok
+        else:
+            out += " " + tok
+    return out
+
+
+class Vocab:
+    """A token <-> id mapping with the four special tokens at ids 0..3.
+
+    Unknown tokens map to ``UNK_ID`` on lookup. Build one with :meth:`Vocab.build`, save it with
+    :meth:`save` (JSON) and read it back with :meth:`Vocab.load`.
+    """
+
+    def __init__(self, tokens: Sequence[str]):
+        tokens = list(tokens)
+        if tokens[: len(SPECIAL_TOKENS)] != list(SPECIAL_TOKENS):
+            raise ValueError(
+                f"Vocab: the first tokens must be {list(SPECIAL_TOKENS)}, got {tokens[:4]}"
+            )
+        if len(set(tokens)) != len(tokens):
+            dupes = [t for t, c in Counter(tokens).items() if c > 1][:5]
+            raise ValueError(f"Vocab: duplicate tokens {dupes}")
+        self.itos: list[str] = tokens
+        self.stoi: dict[str, int] = {t: i for i, t in enumerate(tokens)}
+
+    @classmethod
+    def build(
+        cls,
+        token_lists: Iterable[Sequence[str]],
+        min_freq: int = 1,
+        max_size: int | None = None,
+    ) -> Vocab:
+        """Count tokens and keep those seen at least ``min_freq`` times (most frequent first).
+
+        ``max_size`` caps the total size, special tokens included. Ties are broken alphabetically
+        so the same data always gives the same ids.
+        """
+        if min_freq < 1:
+            raise ValueError(f"Vocab.build: min_freq must be >= 1, got {min_freq}")
+        counts: Counter[str] = Counter()
+        for toks in token_lists:
+            if isinstance(toks, str):
+                raise TypeError("Vocab.build: expected lists of tokens, got a str (tokenize first)")
+            counts.update(toks)
+        words = sorted(
+            (w for w, c in counts.items() if c >= min_freq and w not in SPECIAL_TOKENS),
+            key=lambda w: (-counts[w], w),
+        )
+        if max_size is not None:
+            if max_size < len(SPECIAL_TOKENS):
+                raise ValueError(f"Vocab.build: max_size must be >= 4, got {max_size}")
+            words = words[: max_size - len(SPECIAL_TOKENS)]
+        return cls(list(SPECIAL_TOKENS) + words)
+
+    def __len__(self) -> int:
+        return len(self.itos)
+
+    def __contains__(self, token: str) -> bool:
+        return token in self.stoi
+
+    def __getitem__(self, token: str) -> int:
+        return self.stoi.get(token, UNK_ID)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Vocab) and self.itos == other.itos
+
+    def __repr__(self) -> str:
+        return f"Vocab(size={len(self)}, first={self.itos[4:9]})"
+
+    def encode(self, tokens: Sequence[str], bos: bool = False, eos: bool = False) -> list[int]:
+        """Token list -> id list (unknown tokens -> ``UNK_ID``), optionally wrapped in BOS/EOS."""
+        if isinstance(tokens, str):
+            raise TypeError("Vocab.encode: expected a list of tokens, got a str (tokenize first)")
+        ids = [self.stoi.get(t, UNK_ID) for t in tokens]
+        return ([BOS_ID] if bos else []) + ids + ([EOS_ID] if eos else [])
+
+    def decode(self, ids: Iterable[int] | torch.Tensor, strip_special: bool = True) -> list[str]:
+        """Id list -> token list. With ``strip_special``, stops at EOS and drops PAD/BOS."""
+        if isinstance(ids, torch.Tensor):
+            if ids.dim() != 1:
+                raise ValueError(f"Vocab.decode: expected a 1-D tensor, got shape {tuple(ids.shape)}")
+            ids = ids.tolist()
+        out = []
+        for i in ids:
+            if not 0 <= i < len(self.itos):
+                raise IndexError(f"Vocab.decode: id {i} outside the vocabulary (size {len(self)})")
+            if strip_special:
+                if i == EOS_ID:
+                    break
+                if i in (PAD_ID, BOS_ID):
+                    continue
+            out.append(self.itos[i])
+        return out
+
+    def to_dict(self) -> dict:
+        """A plain ``{"tokens": [...]}`` dict: safe to store in a checkpoint or JSON."""
+        return {"tokens": list(self.itos)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Vocab:
+        if not isinstance(d, dict) or "tokens" not in d:
+            raise ValueError("Vocab.from_dict: expected a dict with a 'tokens' list")
+        return cls(d["tokens"])
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), ensure_ascii=False), encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Vocab:
+        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+
+
+# --------------------------------------------------------------------------- files of pairs
+
+
+def read_pairs_tsv(path: str | Path) -> list[Pair]:
+    """Read ``source<TAB>target`` lines (plain or ``.gz``). Extra columns are ignored.
+
+    Raises ``ValueError`` naming the file and line for a line without a tab.
+    """
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    pairs = []
+    with opener(path, "rt", encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.rstrip("\n").rstrip("\r")
+            if not line:
+                continue
+            cols = line.split("\t")
+            if len(cols) < 2:
+                raise ValueError(f"{path}:{lineno}: expected 'source<TAB>target', got {line[:60]!r}")
+            pairs.append((cols[0], cols[1]))
+    return pairs
+
+
+def write_pairs_tsv(path: str | Path, pairs: Iterable[Pair]) -> None:
+    """Write pairs as ``source<TAB>target`` lines; ``.gz`` paths are gzipped reproducibly (mtime 0)."""
+    path = Path(path)
+    pairs = list(pairs)
+    for i, (s, t) in enumerate(pairs):
+        if "\t" in s + t or "\n" in s + t:
+            raise ValueError(f"write_pairs_tsv: pair {i} contains a tab or newline ({path})")
+    data = "".join(f"{s}\t{t}\n" for s, t in pairs).encode("utf-8")
+    if path.suffix == ".gz":
+        buf = io.BytesIO()
+        with gzip.GzipFile(filename="", mode="wb", fileobj=buf, mtime=0, compresslevel=9) as gz:
+            gz.write(data)
+        data = buf.getvalue()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+# --------------------------------------------------------------------------- batches
+
+
+def pad_sequences(
+    seqs: Sequence[Sequence[int]], pad_id: int = PAD_ID
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pad id lists to one length.
+
+    Returns ``ids`` of shape ``(batch, max_len)`` (``long``) and ``mask`` of the same shape
+    (``bool``, ``True`` at real tokens). Raises ``ValueError`` for an empty batch or an empty sequence.
+    """
+    if len(seqs) == 0:
+        raise ValueError("pad_sequences: empty batch (no sequences)")
+    lengths = [len(s) for s in seqs]
+    if min(lengths) == 0:
+        raise ValueError(f"pad_sequences: sequence {lengths.index(0)} is empty")
+    ids = torch.full((len(seqs), max(lengths)), pad_id, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+    mask = torch.arange(ids.shape[1])[None, :] < torch.as_tensor(lengths)[:, None]
+    return ids, mask
+
+
+@dataclass
+class Batch:
+    """A padded batch of translation pairs.
+
+    * ``src``: ``(B, S)`` source ids, ``src_mask``: ``(B, S)`` bool, ``src_lengths``: ``(B,)``.
+    * ``tgt_in``: ``(B, T)`` target ids starting with BOS (what the decoder reads),
+      ``tgt_out``: ``(B, T)`` the same shifted left, ending with EOS (what it must predict),
+      ``tgt_mask``: ``(B, T)`` bool, ``True`` where ``tgt_out`` is a real token.
+    """
+
+    src: torch.Tensor
+    src_mask: torch.Tensor
+    tgt_in: torch.Tensor
+    tgt_out: torch.Tensor
+    tgt_mask: torch.Tensor
+
+    @property
+    def src_lengths(self) -> torch.Tensor:
+        return self.src_mask.sum(dim=1)
+
+    @property
+    def num_target_tokens(self) -> int:
+        return int(self.tgt_mask.sum())
+
+    def __len__(self) -> int:
+        return self.src.shape[0]
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(*(getattr(self, f).to(device) for f in
+                       ("src", "src_mask", "tgt_in", "tgt_out", "tgt_mask")))
+
+
+def make_batch(examples: Sequence[tuple[Sequence[int], Sequence[int]]]) -> Batch:
+    """Collate ``(source_ids, target_ids)`` examples (without BOS/EOS) into a :class:`Batch`.
+
+    Use it as a ``DataLoader``'s ``collate_fn``. The source gets EOS appended; the target is
+    split into ``tgt_in = [BOS] + y`` and ``tgt_out = y + [EOS]``.
+    """
+    if len(examples) == 0:
+        raise ValueError("make_batch: empty batch")
+    src, src_mask = pad_sequences([list(s) + [EOS_ID] for s, _ in examples])
+    tgt_in, _ = pad_sequences([[BOS_ID] + list(t) for _, t in examples])
+    tgt_out, tgt_mask = pad_sequences([list(t) + [EOS_ID] for _, t in examples])
+    return Batch(src, src_mask, tgt_in, tgt_out, tgt_mask)
+
+
+class TranslationDataset(torch.utils.data.Dataset):
+    """Pairs of texts, tokenized and encoded once: item ``i`` is ``(source_ids, target_ids)``."""
+
+    def __init__(self, pairs: Sequence[Pair], src_vocab: Vocab, tgt_vocab: Vocab,
+                 lowercase: bool = True):
+        if len(pairs) == 0:
+            raise ValueError("TranslationDataset: no pairs")
+        self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
+        self.examples = [
+            (src_vocab.encode(tokenize(s, lowercase)), tgt_vocab.encode(tokenize(t, lowercase)))
+            for s, t in pairs
+        ]
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, i: int) -> tuple[list[int], list[int]]:
+        return self.examples[i]
+
+    def lengths(self) -> list[int]:
+        """Length of each example (the longer of source and target), for bucketing."""
+        return [max(len(s), len(t)) for s, t in self.examples]
+
+
+class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
+    """Yields batches of indices whose sequences have similar lengths.
+
+    Shuffle the indices, cut them into pools of ``batch_size * pool_factor``, sort each pool by
+    length, cut it into batches, then shuffle the batches. Batches are nearly homogeneous in
+    length (little padding) and still random from epoch to epoch. With ``shuffle=False`` the
+    order is the sorted order, which is what evaluation wants.
+    """
+
+    def __init__(self, lengths: Sequence[int], batch_size: int, shuffle: bool = True,
+                 pool_factor: int = 50, drop_last: bool = False, seed: int = 0):
+        if batch_size < 1:
+            raise ValueError(f"BucketBatchSampler: batch_size must be >= 1, got {batch_size}")
+        if len(lengths) == 0:
+            raise ValueError("BucketBatchSampler: no lengths (empty dataset)")
+        self.lengths = list(lengths)
+        self.batch_size, self.shuffle = batch_size, shuffle
+        self.pool_factor, self.drop_last, self.seed = pool_factor, drop_last, seed
+        self.epoch = 0
+
+    def _batches(self) -> list[list[int]]:
+        idx = list(range(len(self.lengths)))
+        if not self.shuffle:
+            idx.sort(key=lambda i: self.lengths[i])
+            chunks = [idx[i:i + self.batch_size] for i in range(0, len(idx), self.batch_size)]
+        else:
+            rng = random.Random(self.seed + self.epoch)
+            rng.shuffle(idx)
+            pool = self.batch_size * self.pool_factor
+            chunks = []
+            for p in range(0, len(idx), pool):
+                part = sorted(idx[p:p + pool], key=lambda i: self.lengths[i])
+                chunks += [part[i:i + self.batch_size] for i in range(0, len(part), self.batch_size)]
+            rng.shuffle(chunks)
+        if self.drop_last:
+            chunks = [c for c in chunks if len(c) == self.batch_size]
+        return chunks
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = self._batches()
+        self.epoch += 1  # a new order next epoch, reproducible from the seed
+        return iter(batches)
+
+    def __len__(self) -> int:
+        n = len(self.lengths)
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+
+def padding_fraction(batches: Iterable[Sequence[int]], lengths: Sequence[int]) -> float:
+    """Fraction of the padded ``(batch, max_len)`` grids that is padding, over all batches."""
+    real = total = 0
+    for b in batches:
+        lens = [lengths[i] for i in b]
+        real += sum(lens)
+        total += max(lens) * len(lens)
+    if total == 0:
+        raise ValueError("padding_fraction: no batches")
+    return 1 - real / total
+
+
+def make_loader(dataset: TranslationDataset, batch_size: int, shuffle: bool = True,
+                seed: int = 0) -> torch.utils.data.DataLoader:
+    """A ``DataLoader`` of :class:`Batch` objects, bucketed by length."""
+    sampler = BucketBatchSampler(dataset.lengths(), batch_size, shuffle=shuffle, seed=seed)
+    return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=make_batch)
