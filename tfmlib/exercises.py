@@ -1,0 +1,112 @@
+"""Checkers for the coding exercises at the end of every chapter.
+
+Introduced in chapter 01; each later chapter adds its checkers here.
+
+In a chapter, a reader fills in a stub and calls :func:`check`::
+
+    def rnn_step(x, h, W_xh, W_hh, b):
+        raise NotImplementedError  # your code here
+
+    exercises.check("01.rnn_step", rnn_step)
+
+``check`` prints "not solved yet" and a hint while the stub raises ``NotImplementedError``, says
+what is wrong for a wrong answer, and never stops the notebook. The solutions notebook passes
+``must_pass=True``, which raises :class:`ExerciseFailed` instead, so the tests catch a broken
+solution or a broken checker. A checker is a function ``answer -> None`` that raises
+:class:`Wrong` with a reason; it is registered with :func:`checker`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+INTRODUCED_IN = 1
+
+
+class Wrong(Exception):
+    """Raised by a checker: the answer is wrong, and the message says how."""
+
+
+class ExerciseFailed(AssertionError):
+    """Raised by ``check(..., must_pass=True)`` when an answer is not accepted."""
+
+
+@dataclass(frozen=True)
+class Exercise:
+    name: str
+    hint: str
+    run: Callable[[Any], None]
+
+
+_REGISTRY: dict[str, Exercise] = {}
+
+
+def checker(name: str, hint: str) -> Callable[[Callable[[Any], None]], Callable[[Any], None]]:
+    """Register ``fn(answer)`` as the checker of exercise ``name`` (``"NN.short_name"``)."""
+    def register(fn: Callable[[Any], None]) -> Callable[[Any], None]:
+        if name in _REGISTRY:
+            raise ValueError(f"exercise {name!r} is registered twice")
+        _REGISTRY[name] = Exercise(name, hint, fn)
+        return fn
+    return register
+
+
+def names(chapter: int | None = None) -> list[str]:
+    """The registered exercise names, optionally only chapter ``chapter``'s."""
+    return sorted(n for n in _REGISTRY if chapter is None or n.startswith(f"{chapter:02d}."))
+
+
+def hint(name: str) -> str:
+    return _get(name).hint
+
+
+def _get(name: str) -> Exercise:
+    if name not in _REGISTRY:
+        raise KeyError(f"no exercise named {name!r}; known: {names()}")
+    return _REGISTRY[name]
+
+
+def check(name: str, answer: Any, must_pass: bool = False) -> bool:
+    """Check ``answer`` for exercise ``name``; print the verdict and return ``True`` if accepted.
+
+    With ``must_pass=True`` (solutions), anything but an accepted answer raises
+    :class:`ExerciseFailed`.
+    """
+    exercise = _get(name)
+    try:
+        exercise.run(answer)
+    except NotImplementedError:
+        verdict = f"[{name}] not solved yet. Hint: {exercise.hint}"
+    except Wrong as e:
+        verdict = f"[{name}] not correct yet: {e}"
+    except Exception as e:  # the reader's code crashed: show it, don't stop the notebook
+        verdict = f"[{name}] your code raised {type(e).__name__}: {e}"
+    else:
+        print(f"[{name}] correct!")
+        return True
+    if must_pass:
+        raise ExerciseFailed(verdict)
+    print(verdict)
+    return False
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def expect_close(got: Any, want: torch.Tensor, what: str, atol: float = 1e-5,
+                 rtol: float = 1e-4) -> None:
+    """Raise :class:`Wrong` unless ``got`` is a tensor of ``want``'s shape and values."""
+    if not isinstance(got, torch.Tensor):
+        raise Wrong(f"{what} should be a torch.Tensor, got {type(got).__name__}")
+    if got.shape != want.shape:
+        raise Wrong(f"{what} has shape {tuple(got.shape)}, expected {tuple(want.shape)}")
+    if not torch.allclose(got.double(), want.double(), atol=atol, rtol=rtol):
+        err = (got.double() - want.double()).abs().max().item()
+        raise Wrong(f"{what} has the right shape but wrong values (max abs error {err:.3g})")
+
+
+# Chapter checkers are registered below, chapter by chapter.

@@ -1,0 +1,119 @@
+"""Figures the book draws again and again: loss curves and labelled heatmaps.
+
+Introduced in chapter 00 (preface). Every function draws on ``ax`` (a new figure when ``None``),
+always sets a title and axis labels, and returns the Axes so a cell can add to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+if TYPE_CHECKING:  # avoid importing the training module (chapter 01) at run time
+    from tfmlib.train import History
+
+INTRODUCED_IN = 0
+
+
+def _axes(ax: plt.Axes | None, figsize: tuple[float, float]) -> plt.Axes:
+    if ax is None:
+        _, ax = plt.subplots(figsize=figsize)
+    return ax
+
+
+def plot_curves(
+    curves: Mapping[str, Sequence[float]],
+    *,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    ax: plt.Axes | None = None,
+    logy: bool = False,
+    x: Sequence[float] | None = None,
+    smooth: int = 1,
+) -> plt.Axes:
+    """One line per named curve. ``smooth`` > 1 draws a moving average over that many points."""
+    if not curves:
+        raise ValueError("plot_curves: no curves given")
+    ax = _axes(ax, (6, 3.5))
+    for name, ys in curves.items():
+        ys = np.asarray(ys, dtype=float)
+        if ys.ndim != 1 or len(ys) == 0:
+            raise ValueError(f"plot_curves: curve {name!r} must be a non-empty 1-D sequence")
+        if smooth > 1 and len(ys) >= smooth:
+            ys = np.convolve(ys, np.ones(smooth) / smooth, mode="valid")
+        xs = np.asarray(x[: len(ys)]) if x is not None else np.arange(1, len(ys) + 1)
+        ax.plot(xs, ys, label=name, marker="o" if len(ys) <= 20 else None)
+    if logy:
+        ax.set_yscale("log")
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    if len(curves) > 1:
+        ax.legend()
+    return ax
+
+
+def plot_history(history: History, *, title: str, ax: plt.Axes | None = None,
+                 smooth: int = 20) -> plt.Axes:
+    """Training loss per step (smoothed) and, when recorded, validation loss per epoch."""
+    if not history.step_loss:
+        raise ValueError("plot_history: the history has no steps")
+    ax = _axes(ax, (6, 3.5))
+    plot_curves({"train (per step)": history.step_loss}, title=title, xlabel="optimisation step",
+                ylabel="loss (nats per token)", ax=ax, smooth=smooth)
+    if history.epochs and "valid_loss" in history.epochs[0]:
+        steps_per_epoch = len(history.step_loss) / len(history.epochs)
+        xs = [steps_per_epoch * e["epoch"] for e in history.epochs]
+        ax.plot(xs, [e["valid_loss"] for e in history.epochs], "o-", label="valid (per epoch)")
+        ax.legend()
+    return ax
+
+
+def plot_heatmap(
+    matrix: Any,
+    *,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    x_labels: Sequence[str] | None = None,
+    y_labels: Sequence[str] | None = None,
+    ax: plt.Axes | None = None,
+    cmap: str = "viridis",
+    vmin: float | None = None,
+    vmax: float | None = None,
+    annotate: bool = False,
+    colorbar: bool = True,
+) -> plt.Axes:
+    """A 2-D array (rows = y, columns = x) as an image with token labels on the axes.
+
+    Used for attention weights (rows: output positions, columns: input positions) and for gate
+    activations. ``matrix`` may be a tensor or an array of shape ``(rows, cols)``.
+    """
+    if isinstance(matrix, torch.Tensor):
+        matrix = matrix.detach().float().cpu().numpy()
+    m = np.asarray(matrix, dtype=float)
+    if m.ndim != 2:
+        raise ValueError(f"plot_heatmap: matrix must be 2-D, got shape {m.shape}")
+    if x_labels is not None and len(x_labels) != m.shape[1]:
+        raise ValueError(f"plot_heatmap: {len(x_labels)} x_labels for {m.shape[1]} columns")
+    if y_labels is not None and len(y_labels) != m.shape[0]:
+        raise ValueError(f"plot_heatmap: {len(y_labels)} y_labels for {m.shape[0]} rows")
+    ax = _axes(ax, (max(4.0, 0.45 * m.shape[1] + 2), max(3.0, 0.35 * m.shape[0] + 1.5)))
+    im = ax.imshow(m, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
+    if x_labels is not None:
+        ax.set_xticks(range(m.shape[1]), x_labels, rotation=60, ha="right")
+    if y_labels is not None:
+        ax.set_yticks(range(m.shape[0]), y_labels)
+    if annotate:
+        for i in range(m.shape[0]):
+            for j in range(m.shape[1]):
+                ax.text(j, i, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=7,
+                        color="white" if m[i, j] < (np.nanmax(m) + np.nanmin(m)) / 2 else "black")
+    if colorbar:
+        ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    return ax

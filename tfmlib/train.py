@@ -1,0 +1,265 @@
+"""A small, readable training loop and safe checkpoints.
+
+Introduced in chapter 01; every chapter that trains a model uses :func:`fit`.
+
+The loop is deliberately plain: for each batch, compute the loss with a function you pass in,
+back-propagate, clip the gradient norm, step. It records the loss of every step and a summary of
+every epoch (with whatever your evaluation function measures), and shows progress with
+``tqdm.auto``. Checkpoints hold the model, the optimizer, the vocabularies and the run's config
+together, and are read back with ``torch.load(..., weights_only=True)``: loading one never runs
+code from the file.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from tfmlib.data import Vocab
+
+INTRODUCED_IN = 1
+
+LossFn = Callable[[nn.Module, Any], "tuple[torch.Tensor, int]"]
+
+
+@dataclass
+class History:
+    """What :func:`fit` records.
+
+    * ``step_loss``: the mean loss of every optimisation step, in order.
+    * ``epochs``: one dict per epoch: ``epoch``, ``train_loss`` (token-weighted mean),
+      ``seconds``, ``tokens_per_second``, plus the keys returned by ``eval_fn``.
+    """
+
+    step_loss: list[float] = field(default_factory=list)
+    epochs: list[dict[str, float]] = field(default_factory=list)
+
+    def metric(self, key: str) -> list[float]:
+        """The per-epoch values of ``key`` (e.g. ``"valid_loss"``)."""
+        missing = [e["epoch"] for e in self.epochs if key not in e]
+        if missing:
+            known = sorted(self.epochs[0]) if self.epochs else []
+            raise KeyError(f"History.metric: {key!r} not recorded (epoch keys: {known})")
+        return [e[key] for e in self.epochs]
+
+    @property
+    def seconds(self) -> float:
+        return sum(e["seconds"] for e in self.epochs)
+
+
+def move_to(batch: Any, device: torch.device | str) -> Any:
+    """Move a batch (a tensor, a tuple/list/dict of tensors, or an object with ``.to``) to ``device``."""
+    if isinstance(batch, torch.Tensor) or hasattr(batch, "to"):
+        return batch.to(device)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(move_to(b, device) for b in batch)
+    if isinstance(batch, Mapping):
+        return {k: move_to(v, device) for k, v in batch.items()}
+    return batch
+
+
+def fit(
+    model: nn.Module,
+    loader: Any,
+    loss_fn: LossFn,
+    optimizer: torch.optim.Optimizer,
+    *,
+    epochs: int,
+    device: torch.device | str = "cpu",
+    clip_norm: float | None = 1.0,
+    eval_fn: Callable[[nn.Module], dict[str, float]] | None = None,
+    scheduler: Any = None,
+    max_steps: int | None = None,
+    time_budget_s: float | None = None,
+    desc: str = "train",
+    verbose: bool = True,
+) -> History:
+    """Train ``model`` for ``epochs`` passes over ``loader``.
+
+    ``loss_fn(model, batch)`` returns ``(loss, n_tokens)``: the mean loss of the batch (a scalar
+    tensor to back-propagate) and how many tokens it averaged over (to weight the epoch mean).
+    ``eval_fn(model)`` (called in ``eval`` mode under ``no_grad`` after each epoch) returns a dict
+    of metrics to record. ``scheduler.step()`` is called after every optimiser step.
+    ``clip_norm`` clips the global gradient norm (``None`` disables it). Training stops early
+    after ``max_steps`` steps or ``time_budget_s`` seconds, finishing the epoch's bookkeeping.
+    Raises ``ValueError`` for a non-positive ``epochs``, an empty loader or a non-finite loss.
+    """
+    if epochs < 1:
+        raise ValueError(f"fit: epochs must be >= 1, got {epochs}")
+    model.to(device)
+    history = History()
+    start, steps, stop = time.perf_counter(), 0, False
+    for epoch in range(1, epochs + 1):
+        model.train()
+        t0, total_loss, total_tokens = time.perf_counter(), 0.0, 0
+        bar = tqdm(loader, desc=f"{desc} {epoch}/{epochs}", leave=False, disable=not verbose)
+        for batch in bar:
+            batch = move_to(batch, device)
+            loss, n_tokens = loss_fn(model, batch)
+            if not torch.isfinite(loss):
+                raise ValueError(f"fit: loss became {loss.item()} at step {steps + 1}")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if clip_norm is not None:
+                nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+            steps += 1
+            history.step_loss.append(loss.item())
+            total_loss += loss.item() * n_tokens
+            total_tokens += n_tokens
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+            if (max_steps is not None and steps >= max_steps) or (
+                time_budget_s is not None and time.perf_counter() - start >= time_budget_s
+            ):
+                stop = True
+                break
+        if total_tokens == 0:
+            raise ValueError("fit: the loader yielded no batches (or no tokens)")
+        seconds = time.perf_counter() - t0
+        record = {"epoch": epoch, "train_loss": total_loss / total_tokens, "seconds": seconds,
+                  "tokens_per_second": total_tokens / seconds}
+        if eval_fn is not None:
+            model.eval()
+            with torch.no_grad():
+                record.update(eval_fn(model))
+        history.epochs.append(record)
+        if verbose:
+            shown = ", ".join(f"{k}={v:.4g}" for k, v in record.items() if k != "epoch")
+            print(f"epoch {epoch}: {shown}")
+        if stop:
+            break
+    return history
+
+
+def perplexity(mean_nll: float) -> float:
+    """``exp`` of a mean negative log-likelihood per token (nats)."""
+    return math.exp(mean_nll)
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+CHECKPOINT_FORMAT = "tfmlib-checkpoint-1"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file is missing, corrupt, from another format, or does not fit the model."""
+
+
+def _check_plain(value: Any, where: str) -> None:
+    """Configs must be plain data (what ``weights_only`` loading accepts and JSON could hold)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_plain(v, f"{where}[{i}]")
+        return
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise TypeError(f"save_checkpoint: {where} has a non-str key {k!r}")
+            _check_plain(v, f"{where}[{k!r}]")
+        return
+    raise TypeError(
+        f"save_checkpoint: {where} is a {type(value).__name__}; configs hold only "
+        "None/bool/int/float/str and lists/dicts of them"
+    )
+
+
+def save_checkpoint(
+    path: str | Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    vocabs: Mapping[str, Vocab] | None = None,
+    config: Mapping[str, Any] | None = None,
+) -> Path:
+    """Save model and optimizer state, vocabularies (by name, e.g. ``{"src": v1, "tgt": v2}``)
+    and a plain-data ``config`` (what is needed to rebuild the model) in one file."""
+    config = dict(config or {})
+    _check_plain(config, "config")
+    payload = {
+        "format": CHECKPOINT_FORMAT,
+        "model_class": type(model).__name__,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict() if optimizer is not None else None,
+        "vocabs": {name: v.to_dict() for name, v in (vocabs or {}).items()},
+        "config": config,
+    }
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(payload, path)
+    return path
+
+
+@dataclass
+class Checkpoint:
+    """What :func:`load_checkpoint` returns."""
+
+    model_class: str
+    model_state: dict[str, torch.Tensor]
+    optimizer_state: dict | None
+    vocabs: dict[str, Vocab]
+    config: dict[str, Any]
+
+
+def load_checkpoint(
+    path: str | Path,
+    model: nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    map_location: str | torch.device = "cpu",
+) -> Checkpoint:
+    """Read a checkpoint safely (``weights_only=True``); load it into ``model``/``optimizer`` if given.
+
+    Raises :class:`CheckpointError` when the file is missing, unreadable or not a tfmlib
+    checkpoint, when it was saved from another model class, or when parameter names or shapes
+    differ from ``model``'s (the message lists them).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint at {path}")
+    try:
+        payload = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # truncated file, not a zip, unpickling refused...
+        raise CheckpointError(f"{path} is not a readable checkpoint ({type(e).__name__}: {e})") from e
+    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{path} is not a {CHECKPOINT_FORMAT} file")
+    ckpt = Checkpoint(
+        model_class=payload["model_class"],
+        model_state=payload["model"],
+        optimizer_state=payload["optimizer"],
+        vocabs={name: Vocab.from_dict(d) for name, d in payload["vocabs"].items()},
+        config=payload["config"],
+    )
+    if model is not None:
+        if type(model).__name__ != ckpt.model_class:
+            raise CheckpointError(
+                f"{path} holds a {ckpt.model_class}, not a {type(model).__name__}"
+            )
+        own = model.state_dict()
+        missing = sorted(set(own) - set(ckpt.model_state))
+        unexpected = sorted(set(ckpt.model_state) - set(own))
+        wrong_shape = [
+            f"{k}: checkpoint {tuple(ckpt.model_state[k].shape)} vs model {tuple(own[k].shape)}"
+            for k in own
+            if k in ckpt.model_state and own[k].shape != ckpt.model_state[k].shape
+        ]
+        if missing or unexpected or wrong_shape:
+            raise CheckpointError(
+                f"{path} does not fit this model: missing {missing[:5]}, "
+                f"unexpected {unexpected[:5]}, shape mismatches {wrong_shape[:5]}"
+            )
+        model.load_state_dict(ckpt.model_state)
+    if optimizer is not None:
+        if ckpt.optimizer_state is None:
+            raise CheckpointError(f"{path} holds no optimizer state")
+        optimizer.load_state_dict(ckpt.optimizer_state)
+    return ckpt
