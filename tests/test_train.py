@@ -1,0 +1,125 @@
+import pytest
+import torch
+from torch import nn
+
+from tfmlib.data import Vocab
+from tfmlib.train import CheckpointError, History, fit, load_checkpoint, move_to, perplexity, save_checkpoint
+
+
+def regression_problem(n=256, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 4, generator=g)
+    y = x @ torch.tensor([1.0, -2.0, 0.5, 3.0]) + 0.1
+    return [(x[i:i + 32], y[i:i + 32]) for i in range(0, n, 32)]
+
+
+def mse(model, batch):
+    x, y = batch
+    return nn.functional.mse_loss(model(x).squeeze(-1), y), len(y)
+
+
+def test_fit_learns_and_records_history():
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    batches = regression_problem()
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    hist = fit(model, batches, mse, opt, epochs=30, verbose=False,
+               eval_fn=lambda m: {"valid_loss": mse(m, batches[0])[0].item()})
+    assert len(hist.step_loss) == 30 * len(batches) and len(hist.epochs) == 30
+    assert hist.metric("valid_loss")[-1] < 1e-3 < hist.metric("valid_loss")[0]
+    assert hist.epochs[-1]["train_loss"] < hist.epochs[0]["train_loss"] / 100
+    assert torch.allclose(model.weight.detach(), torch.tensor([[1.0, -2.0, 0.5, 3.0]]), atol=0.02)
+    assert {"epoch", "train_loss", "seconds", "tokens_per_second", "valid_loss"} <= set(hist.epochs[0])
+    with pytest.raises(KeyError, match="bleu"):
+        hist.metric("bleu")
+
+
+def test_fit_clips_gradients():
+    model = nn.Linear(4, 1)
+    seen = []
+
+    class Spy(torch.optim.SGD):
+        def step(self, closure=None):
+            seen.append(torch.cat([p.grad.flatten() for p in model.parameters()]).norm().item())
+            return super().step(closure)
+
+    big = [(torch.full((8, 4), 100.0), torch.zeros(8))]
+    fit(model, big, mse, Spy(model.parameters(), lr=0.0), epochs=1, clip_norm=0.5, verbose=False)
+    assert seen[0] == pytest.approx(0.5, rel=1e-4)
+
+
+def test_fit_stops_at_max_steps_and_rejects_bad_input():
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    hist = fit(model, regression_problem(), mse, opt, epochs=5, max_steps=3, verbose=False)
+    assert len(hist.step_loss) == 3 and len(hist.epochs) == 1
+    with pytest.raises(ValueError, match="epochs"):
+        fit(model, regression_problem(), mse, opt, epochs=0)
+    with pytest.raises(ValueError, match="no batches"):
+        fit(model, [], mse, opt, epochs=1, verbose=False)
+    nan_batches = [(torch.full((2, 4), float("nan")), torch.zeros(2))]
+    with pytest.raises(ValueError, match="loss became nan"):
+        fit(model, nan_batches, mse, opt, epochs=1, verbose=False)
+
+
+def test_move_to_handles_nested_batches():
+    b = move_to({"x": (torch.ones(1), [torch.zeros(1)]), "n": 3}, "cpu")
+    assert b["n"] == 3 and b["x"][1][0].device.type == "cpu"
+
+
+def test_perplexity():
+    assert perplexity(0.0) == 1.0
+    assert perplexity(torch.log(torch.tensor(50.0)).item()) == pytest.approx(50.0)
+
+
+def make_model():
+    return nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 10))
+
+
+def test_checkpoint_round_trip(tmp_path):
+    torch.manual_seed(0)
+    model = make_model()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model(torch.tensor([1, 2])).sum().backward()
+    opt.step()
+    vocab = Vocab.build([["le", "chat"]])
+    path = save_checkpoint(tmp_path / "ck" / "m.pt", model, opt, vocabs={"tgt": vocab},
+                           config={"hidden": 4, "layers": [1, 2], "name": "x"})
+    fresh, fresh_opt = make_model(), None
+    fresh_opt = torch.optim.Adam(fresh.parameters(), lr=1e-3)
+    ck = load_checkpoint(path, fresh, fresh_opt)
+    for a, b in zip(model.state_dict().values(), fresh.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    assert ck.vocabs["tgt"] == vocab and ck.config["layers"] == [1, 2]
+    assert fresh_opt.state_dict()["state"][0]["step"] == 1
+
+
+def test_checkpoint_errors(tmp_path):
+    model = make_model()
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        load_checkpoint(tmp_path / "missing.pt", model)
+    path = save_checkpoint(tmp_path / "m.pt", model)
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
+    with pytest.raises(CheckpointError, match="not a readable checkpoint"):
+        load_checkpoint(corrupt, model)
+    torch.save({"weights": torch.ones(1)}, tmp_path / "other.pt")
+    with pytest.raises(CheckpointError, match="not a tfmlib-checkpoint"):
+        load_checkpoint(tmp_path / "other.pt")
+    other_size = nn.Sequential(nn.Embedding(10, 8), nn.Linear(8, 10))
+    with pytest.raises(CheckpointError, match="shape mismatches.*0.weight"):
+        load_checkpoint(path, other_size)
+    with pytest.raises(CheckpointError, match="holds a Sequential, not a Linear"):
+        load_checkpoint(path, nn.Linear(2, 2))
+    with pytest.raises(CheckpointError, match="no optimizer state"):
+        load_checkpoint(path, model, torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(TypeError, match="config"):
+        save_checkpoint(tmp_path / "x.pt", model, config={"device": torch.device("cpu")})
+
+
+def test_checkpoint_refuses_code_in_the_file(tmp_path):
+    """weights_only loading never unpickles arbitrary objects."""
+    path = tmp_path / "evil.pt"
+    torch.save({"format": "tfmlib-checkpoint-1", "model": History()}, path)
+    with pytest.raises(CheckpointError, match="not a readable checkpoint"):
+        load_checkpoint(path)
