@@ -12,9 +12,9 @@ module          chapter  what it holds
 ``synthetic``   00       the generator of the bundled English->French corpus
 ``corpora``     00       loaders for real corpora (Tatoeba/Anki, Multi30k)
 ``plot``        00       loss curves and labelled heatmaps
+``exercises``   00       checkers for the coding exercises at the end of every chapter
 ``rnn``         01       RNN and GRU cells from scratch, the unrolled GRU, a GRU language model
 ``train``       01       the training loop, checkpoints
-``exercises``   01       exercise checkers used at the end of every chapter
 ==============  =======  ==============================================================
 
 Submodules are not imported here, so ``import tfmlib`` stays cheap and a notebook's imports say

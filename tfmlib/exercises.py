@@ -1,6 +1,7 @@
 """Checkers for the coding exercises at the end of every chapter.
 
-Introduced in chapter 01; each later chapter adds its checkers here.
+Introduced in chapter 00 (preface), which shows how exercises work; each chapter adds its
+checkers here, in a section of its own.
 
 In a chapter, a reader fills in a stub and calls :func:`check`::
 
@@ -24,7 +25,7 @@ from typing import Any
 
 import torch
 
-INTRODUCED_IN = 1
+INTRODUCED_IN = 0
 
 
 class Wrong(Exception):
@@ -110,3 +111,37 @@ def expect_close(got: Any, want: torch.Tensor, what: str, atol: float = 1e-5,
 
 
 # Chapter checkers are registered below, chapter by chapter.
+
+
+# ----------------------------------------------------------------------------- chapter 00
+
+
+@checker("00.padding_mask", hint="compare torch.arange(max_len) with the lengths, broadcasting "
+         "a (1, max_len) row against a (batch, 1) column")
+def _check_padding_mask(padding_mask: Callable[[torch.Tensor, int], torch.Tensor]) -> None:
+    for lengths, max_len in [([3, 1, 2], 3), ([1], 4), ([5, 5], 5), ([2, 4, 1, 3], 6)]:
+        got = padding_mask(torch.tensor(lengths), max_len)
+        want = torch.arange(max_len)[None, :] < torch.tensor(lengths)[:, None]
+        if not isinstance(got, torch.Tensor):
+            raise Wrong(f"return a torch.Tensor, got {type(got).__name__}")
+        if got.dtype != torch.bool:
+            raise Wrong(f"the mask should be a bool tensor, got dtype {got.dtype}")
+        if got.shape != want.shape:
+            raise Wrong(f"for lengths {lengths} and max_len {max_len} the mask should have shape "
+                        f"{tuple(want.shape)}, got {tuple(got.shape)}")
+        if not torch.equal(got, want):
+            raise Wrong(f"for lengths {lengths}, max_len {max_len}: expected {want.int().tolist()} "
+                        f"(True at real tokens), got {got.int().tolist()}")
+
+
+@checker("00.padding_fraction", hint="padding = (cells of the padded grid) - (real tokens); "
+         "the grid of one batch is len(batch) * max(lengths in batch)")
+def _check_padding_fraction(fraction: Callable[[list[list[int]], list[int]], float]) -> None:
+    cases = [([[0, 1], [2]], [3, 1, 2], 1 - 6 / 8), ([[0], [1], [2]], [3, 1, 2], 0.0),
+             ([[0, 1, 2]], [4, 4, 1], 1 - 9 / 12)]
+    for batches, lengths, want in cases:
+        got = fraction(batches, lengths)
+        if not isinstance(got, (float, int)) or isinstance(got, bool):
+            raise Wrong(f"return a number, got {type(got).__name__}")
+        if abs(got - want) > 1e-9:
+            raise Wrong(f"for batches {batches} and lengths {lengths}: expected {want:.4f}, got {got:.4f}")

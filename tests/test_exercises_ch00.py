@@ -1,0 +1,61 @@
+"""The preface's checkers accept a right answer and reject typical wrong ones."""
+
+import pytest
+import torch
+
+from tfmlib import exercises
+from tfmlib.data import padding_fraction
+
+
+def right_mask(lengths, max_len):
+    return torch.arange(max_len)[None, :] < lengths[:, None]
+
+
+def stub(*args):
+    raise NotImplementedError
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda l, m: torch.arange(m)[None, :] <= l[:, None],           # off by one
+    lambda l, m: torch.arange(m)[None, :] >= l[:, None],           # True at padding
+    lambda l, m: (torch.arange(m)[None, :] < l[:, None]).long(),   # not bool
+    lambda l, m: torch.arange(m)[:, None] < l[None, :],            # transposed
+    lambda l, m: [[True] * m for _ in l],                          # not a tensor
+])
+def test_padding_mask_rejects_wrong_answers(wrong, capsys):
+    assert exercises.check("00.padding_mask", right_mask)
+    assert not exercises.check("00.padding_mask", wrong)
+    assert "not correct yet" in capsys.readouterr().out
+    with pytest.raises(exercises.ExerciseFailed):
+        exercises.check("00.padding_mask", wrong, must_pass=True)
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda b, l: 1 - padding_fraction(b, l),                                    # real fraction
+    lambda b, l: sum(max(l[i] for i in x) * len(x) - sum(l[i] for i in x) for x in b),  # a count
+    lambda b, l: 1 - sum(l) / (max(l) * len(l)),                                # ignores batches
+])
+def test_padding_fraction_rejects_wrong_answers(wrong):
+    assert exercises.check("00.padding_fraction", padding_fraction)
+    assert not exercises.check("00.padding_fraction", wrong)
+
+
+def test_unsolved_reports_hint_and_never_raises(capsys):
+    assert not exercises.check("00.padding_mask", stub)
+    out = capsys.readouterr().out
+    assert "not solved yet" in out and "Hint" in out
+    with pytest.raises(exercises.ExerciseFailed, match="not solved yet"):
+        exercises.check("00.padding_mask", stub, must_pass=True)
+
+
+def test_crashing_answer_is_reported_not_raised(capsys):
+    assert not exercises.check("00.padding_mask", lambda l, m: 1 / 0)
+    assert "ZeroDivisionError" in capsys.readouterr().out
+
+
+def test_registry():
+    assert {"00.padding_mask", "00.padding_fraction"} <= set(exercises.names(0))
+    with pytest.raises(KeyError, match="no exercise named"):
+        exercises.check("99.nope", right_mask)
+    with pytest.raises(ValueError, match="registered twice"):
+        exercises.checker("00.padding_mask", hint="")(right_mask)
