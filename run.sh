@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# From GRU to Transformer: one entry point for readers and CI.
+#
+#   bash run.sh setup          create .venv and install tfmlib with the book's tools (idempotent)
+#   bash run.sh book [PROFILE] set up, execute copies of every notebook, write build/html/index.html
+#   bash run.sh test [ARGS]    set up, run the unit tests and every notebook (smoke profile)
+#   bash run.sh lab            set up, open JupyterLab on notebooks/
+#
+# PROFILE is smoke, cpu or gpu (default: $TFM_PROFILE, else gpu when CUDA is available, else cpu).
+# TFM_TORCH names the torch to install when .venv has none (default: torch==2.13.0).
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")"
+
+VENV=.venv
+PY="$VENV/bin/python"
+STAMP="$VENV/.tfm-installed"
+
+usage() {
+    sed -n '2,10s/^# \{0,1\}//p' "$0"
+}
+
+stamp_value() {
+    # The installed state is current while pyproject.toml and the torch request are unchanged.
+    { cat pyproject.toml; echo "torch=${TFM_TORCH:-}"; } | "$PY" -c \
+        'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())'
+}
+
+setup() {
+    if [ ! -x "$PY" ]; then
+        echo "run.sh: creating $VENV with $(python3 --version 2>&1)"
+        python3 -m venv "$VENV"
+    fi
+    if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(stamp_value)" ] \
+        && "$PY" -c 'import importlib.util as u, sys; sys.exit(not (u.find_spec("torch") and u.find_spec("tfmlib")))' \
+            >/dev/null 2>&1; then
+        return 0
+    fi
+    if ! "$PY" -c 'import torch' >/dev/null 2>&1; then
+        # A pinned torch keeps pip from pulling the newest (large, CUDA) build; readers with a GPU
+        # can set TFM_TORCH, e.g. TFM_TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126".
+        echo "run.sh: installing ${TFM_TORCH:-torch==2.13.0}"
+        # shellcheck disable=SC2086  # TFM_TORCH may carry pip options on purpose
+        "$PY" -m pip install -q ${TFM_TORCH:-torch==2.13.0}
+    fi
+    echo "run.sh: installing tfmlib and the book's tools into $VENV"
+    "$PY" -m pip install -q -e ".[book]"
+    stamp_value > "$STAMP"
+}
+
+cmd="${1:-help}"
+[ $# -gt 0 ] && shift
+
+case "$cmd" in
+    setup)
+        setup
+        echo "run.sh: $VENV is ready ($("$PY" -c 'import torch; print("torch", torch.__version__)'))"
+        ;;
+    book)
+        setup
+        if [ $# -gt 0 ]; then
+            export TFM_PROFILE="$1"
+            shift
+        fi
+        status=0
+        "$PY" tools/book.py build "$@" || status=$?
+        if [ $# -eq 0 ] && [ -f build/html/index.html ]; then
+            echo "run.sh: open $(pwd)/build/html/index.html"
+        fi
+        exit "$status"
+        ;;
+    test)
+        setup
+        exec "$PY" -m pytest "$@"
+        ;;
+    lab)
+        setup
+        exec "$VENV/bin/jupyter" lab notebooks/
+        ;;
+    help|-h|--help)
+        usage
+        ;;
+    *)
+        echo "run.sh: unknown command '$cmd'" >&2
+        usage >&2
+        exit 2
+        ;;
+esac

@@ -1,0 +1,463 @@
+"""The book's own conventions, checked over the real notebooks (see CONTRIBUTING.md).
+
+* every notebook is a jupytext pair (``.ipynb`` + percent ``.py``) holding the same cells;
+* cells marked ``# tfmlib-source: tfmlib.<module>.<name>`` equal the package source (booksync);
+* a notebook of chapter NN imports only tfmlib modules with ``INTRODUCED_IN <= NN``;
+* committed notebooks are executed, without errors, and chapters end with a summary, exercises
+  and references; a chapter with coding exercises has a solutions notebook that must pass.
+
+Each check is also unit-tested on tiny notebooks in ``tmp_path``, so it is known to be able to
+fail even while ``notebooks/`` is nearly empty.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+import textwrap
+from pathlib import Path
+
+import jupytext
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+SOLUTIONS = NOTEBOOKS / "solutions"
+PACKAGE = ROOT / "tfmlib"
+sys.path.insert(0, str(ROOT / "tools"))
+
+import booksync  # noqa: E402
+
+HEADER = """\
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+"""
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def rel(p: Path) -> str:
+    """``p`` relative to the repository when it is inside it (shorter messages)."""
+    try:
+        return p.resolve().relative_to(ROOT).as_posix()
+    except ValueError:
+        return str(p)
+
+
+def _skip_dir(p: Path) -> bool:
+    return any(part in (".ipynb_checkpoints", "build") for part in p.parts)
+
+
+def ipynb_files(root: Path = NOTEBOOKS) -> list[Path]:
+    return sorted(p for p in root.rglob("*.ipynb") if not _skip_dir(p.relative_to(root)))
+
+
+def py_files(root: Path = NOTEBOOKS) -> list[Path]:
+    return sorted(p for p in root.rglob("*.py") if not _skip_dir(p.relative_to(root)))
+
+
+def chapter_py(root: Path = NOTEBOOKS) -> list[Path]:
+    """``NN_*.py`` chapters and ``solutions/NN_*_solutions.py``."""
+    files = [p for p in sorted(root.glob("*.py")) if re.match(r"\d{2}_", p.name)]
+    files += [
+        p for p in sorted((root / "solutions").glob("*.py")) if re.match(r"\d{2}_.*_solutions\.py$", p.name)
+    ]
+    return files
+
+
+def cells_of(path: Path) -> list[tuple[str, str]]:
+    nb = jupytext.read(path)
+    return [(c.cell_type, c.source.strip()) for c in nb.cells]
+
+
+def pair_problems(root: Path) -> list[str]:
+    problems = []
+    ipynbs, pys = ipynb_files(root), py_files(root)
+    for nb in ipynbs:
+        if not nb.with_suffix(".py").exists():
+            problems.append(f"{rel(nb)}: no paired .py (jupytext --set-formats ipynb,py:percent {rel(nb)})")
+    for py in pys:
+        if not py.with_suffix(".ipynb").exists():
+            problems.append(f"{rel(py)}: no paired .ipynb (python tools/book.py refresh {rel(py)})")
+    for nb in ipynbs:
+        py = nb.with_suffix(".py")
+        if not py.exists():
+            continue
+        a, b = cells_of(nb), cells_of(py)
+        if a != b:
+            first = next(
+                (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+            )
+            problems.append(
+                f"{rel(nb)}: .ipynb and .py differ ({len(a)} vs {len(b)} cells, first difference at cell "
+                f"{first}); run `jupytext --sync {rel(py)}`"
+            )
+    return problems
+
+
+def markdown_headings(nb: nbformat.NotebookNode) -> list[str]:
+    heads = []
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                m = re.match(r"^\s{0,3}#{1,6}\s+(.+?)\s*#*\s*$", line)
+                if m:
+                    heads.append(m.group(1))
+    return heads
+
+
+def has_heading(heads: list[str], name: str) -> bool:
+    """A heading named ``name``, allowing a number in front ("7. Summary") and words after it."""
+    pat = re.compile(rf"^(?:[\d.\s·:-]+)?{re.escape(name)}\b", re.I)
+    return any(pat.match(h.strip("*_ ")) for h in heads)
+
+
+def execution_problems(path: Path) -> list[str]:
+    nb = nbformat.read(path, as_version=4)
+    problems = []
+    code = [c for c in nb.cells if c.cell_type == "code" and c.source.strip()]
+    unrun = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or not cell.source.strip():
+            continue
+        if cell.get("execution_count") is None:
+            unrun.append(i)
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error":
+                problems.append(
+                    f"{rel(path)}: cell {i} has an error output: {out.get('ename')}: {out.get('evalue')}"
+                )
+    if unrun:
+        problems.append(
+            f"{rel(path)}: cells {unrun} were not executed (run `python tools/book.py refresh {rel(path)}`)"
+        )
+    if code and not any(c.get("outputs") for c in code):
+        problems.append(f"{rel(path)}: no code cell has an output (outputs stripped?)")
+    return problems
+
+
+def structure_problems(root: Path) -> list[str]:
+    """Chapters end with Summary/Exercises/References; exercises imply a must-pass solution."""
+    problems = []
+    for nb_path in sorted(root.glob("*.ipynb")):
+        if not re.match(r"\d{2}_", nb_path.name):
+            continue
+        nb = nbformat.read(nb_path, as_version=4)
+        heads = markdown_headings(nb)
+        for name in ("Summary", "Exercises", "References"):
+            if not has_heading(heads, name):
+                problems.append(f"{rel(nb_path)}: no heading named {name!r}")
+        source = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+        if "exercises.check(" in source:
+            nn = nb_path.name[:2]
+            sols = sorted((root / "solutions").glob(f"{nn}_*_solutions.ipynb"))
+            if not sols:
+                problems.append(
+                    f"{rel(nb_path)}: calls exercises.check( but solutions/{nn}_*_solutions.ipynb is missing"
+                )
+            for sol in sols:
+                sol_nb = nbformat.read(sol, as_version=4)
+                text = "\n".join(c.source for c in sol_nb.cells if c.cell_type == "code")
+                if "must_pass=True" not in text:
+                    problems.append(f"{rel(sol)}: solutions must call exercises.check(..., must_pass=True)")
+    return problems
+
+
+def make_pair(folder: Path, name: str, body: str, execute_outputs: bool = True) -> tuple[Path, Path]:
+    """Write ``name.py`` (percent format) and its ``.ipynb``; fake outputs on code cells."""
+    folder.mkdir(parents=True, exist_ok=True)
+    py = folder / f"{name}.py"
+    py.write_text(HEADER + "\n" + textwrap.dedent(body).lstrip("\n"), encoding="utf-8")
+    nb = jupytext.read(py)
+    n = 0
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            n += 1
+            cell.execution_count = n if execute_outputs else None
+            cell.outputs = [nbformat.v4.new_output("stream", text="ok\n")] if execute_outputs else []
+    ipynb = py.with_suffix(".ipynb")
+    jupytext.write(nb, ipynb)
+    return py, ipynb
+
+
+CHAPTER_BODY = """
+# %% [markdown]
+# # 03 · A chapter
+
+# %%
+from tfmlib import config
+import tfmlib.data
+print(config.PROFILES)
+
+# %% [markdown]
+# ## Summary
+#
+# ## Exercises
+
+# %%
+exercises.check("03.thing", thing)
+
+# %% [markdown]
+# ## References
+"""
+
+
+# ---------------------------------------------------------------------------------------------
+# the real notebooks
+# ---------------------------------------------------------------------------------------------
+
+
+def test_notebooks_are_jupytext_pairs_with_the_same_cells():
+    problems = pair_problems(NOTEBOOKS)
+    assert not problems, "\n".join(problems)
+
+
+def test_marked_cells_match_the_package():
+    drifts = booksync.check(booksync.notebook_py_files(NOTEBOOKS))
+    assert not drifts, "\n\n".join(d.report() for d in drifts) + "\nrun: python tools/booksync.py --write"
+
+
+def test_progressive_imports():
+    problems = booksync.progressive_violations(chapter_py(NOTEBOOKS), PACKAGE)
+    assert not problems, "\n".join(problems)
+
+
+def test_every_module_names_its_chapter():
+    modules = booksync.package_modules(PACKAGE)
+    assert modules, "tfmlib has no modules"
+    problems = []
+    for name, path in modules.items():
+        introduced, doc = booksync.module_info(path)
+        if introduced is None:
+            problems.append(f"tfmlib/{name}: no module constant INTRODUCED_IN = NN")
+        if not doc or "chapter" not in doc.lower():
+            problems.append(f"tfmlib/{name}: the module docstring must name the chapter that introduces it")
+    assert not problems, "\n".join(problems)
+
+
+def test_committed_notebooks_are_executed_without_errors():
+    problems = [p for nb in ipynb_files(NOTEBOOKS) for p in execution_problems(nb)]
+    assert not problems, "\n".join(problems)
+
+
+def test_chapters_have_summary_exercises_references_and_solutions():
+    problems = structure_problems(NOTEBOOKS)
+    assert not problems, "\n".join(problems)
+
+
+# ---------------------------------------------------------------------------------------------
+# the checks themselves, on tiny notebooks: each can fail
+# ---------------------------------------------------------------------------------------------
+
+
+def test_pair_check_catches_missing_and_differing_pairs(tmp_path):
+    py, ipynb = make_pair(tmp_path, "00_a", "# %%\nx = 1\n")
+    assert pair_problems(tmp_path) == []
+    (tmp_path / "01_only.py").write_text(HEADER + "\n# %%\ny = 2\n", encoding="utf-8")
+    py.write_text(py.read_text(encoding="utf-8").replace("x = 1", "x = 2"), encoding="utf-8")
+    problems = pair_problems(tmp_path)
+    assert any("01_only.py: no paired .ipynb" in p for p in problems), problems
+    assert any("00_a.ipynb: .ipynb and .py differ" in p for p in problems), problems
+
+
+PROBE = '''\
+"""A stand-in tfmlib module for the booksync tests."""
+
+
+def double(x: int) -> int:
+    """Twice x."""
+    return 2 * x
+
+
+class Box:
+    """A box."""
+
+    def __init__(self, w: float, h: float) -> None:
+        self.w, self.h = w, h
+
+    def area(self) -> float:
+        return self.w * self.h
+'''
+
+
+@pytest.fixture
+def probe(tmp_path_factory, monkeypatch):
+    """A module ``tfmlib.probe`` loaded from a file, so getsource works and tfmlib stays untouched."""
+    import importlib.util
+
+    import tfmlib
+
+    path = tmp_path_factory.mktemp("probe_src") / "probe.py"
+    path.write_text(PROBE, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("tfmlib.probe", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setitem(sys.modules, "tfmlib.probe", module)
+    monkeypatch.setattr(tfmlib, "probe", module, raising=False)
+    return module
+
+
+def test_booksync_detects_drift_and_write_repairs_both_files(tmp_path, probe):
+    name = "tfmlib.probe.double"
+    body = f"""
+    # %% [markdown]
+    # # 01 · Sync
+
+    # %%
+    # tfmlib-source: {name}
+    def stale():
+        return "edited by hand"
+
+    # %%
+    print("untouched")
+    """
+    py, ipynb = make_pair(tmp_path, "01_sync", body)
+    cells = booksync.find_marked_cells(py)
+    assert [c.name for c in cells] == [name]
+    drifts = booksync.check([py])
+    assert len(drifts) == 1 and not drifts[0].missing
+    assert "edited by hand" in drifts[0].diff and drifts[0].diff.startswith("---")
+    assert booksync.main(["--check", str(py)]) == 1
+
+    written = booksync.write([py])
+    assert set(written) == {py, ipynb}
+    assert booksync.check([py]) == []
+    assert booksync.main(["--check", str(py)]) == 0
+    # the ipynb got the new source and kept the outputs of the other cells
+    nb = nbformat.read(ipynb, as_version=4)
+    marked = [c for c in nb.cells if c.source.startswith("# tfmlib-source:")]
+    assert marked and "edited by hand" not in marked[0].source
+    untouched = [c for c in nb.cells if "untouched" in c.source]
+    assert untouched[0].outputs, "write() dropped the outputs of an unchanged cell"
+    assert pair_problems(tmp_path) == []
+    assert booksync.write([py]) == []  # idempotent
+
+
+def test_booksync_reports_names_that_do_not_exist(tmp_path):
+    body = """
+    # %%
+    # tfmlib-source: tfmlib.config.no_such_thing
+    def no_such_thing():
+        pass
+
+    # %%
+    # tfmlib-source: tfmlib.no_such_module.Thing
+    class Thing:
+        pass
+    """
+    py, _ = make_pair(tmp_path, "02_missing", body)
+    drifts = booksync.check([py])
+    assert [d.missing for d in drifts] == [True, True], drifts
+    assert "no_such_thing" in drifts[0].diff
+    with pytest.raises(LookupError):
+        booksync.write([py])
+
+
+def test_booksync_handles_functions_classes_and_methods(probe):
+    assert booksync.package_source("tfmlib.probe.double").startswith("def double(x: int) -> int:")
+    cls = booksync.package_source("tfmlib.probe.Box")
+    assert cls.startswith("class Box:") and "def area" in cls
+    method = booksync.package_source("tfmlib.probe.Box.area")
+    assert method == "def area(self) -> float:\n    return self.w * self.h\n"  # dedented
+    with pytest.raises(LookupError, match="has no attribute 'volume'"):
+        booksync.package_source("tfmlib.probe.Box.volume")
+    with pytest.raises(LookupError):
+        booksync.package_source("tfmlib.probe")  # a marker names an object inside a module
+
+
+def test_progressive_check_reports_a_too_early_import(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text('"""pkg"""\n')
+    (pkg / "config.py").write_text('"""Introduced in chapter 00."""\nINTRODUCED_IN = 0\n')
+    (pkg / "data.py").write_text('"""Introduced in chapter 00."""\nINTRODUCED_IN = 0\n')
+    (pkg / "attention.py").write_text('"""Introduced in chapter 05."""\nINTRODUCED_IN = 5\n')
+    (pkg / "nochapter.py").write_text('"""No constant."""\n')
+    nbdir = tmp_path / "notebooks"
+    make_pair(nbdir, "03_chapter", CHAPTER_BODY)
+    ok = nbdir / "03_chapter.py"
+    assert booksync.progressive_violations([ok], pkg) == []
+
+    bad = nbdir / "03_early.py"
+    bad.write_text(
+        HEADER
+        + "\n# %%\nfrom tfmlib.attention import attend\n\n# %%\nfrom tfmlib import nochapter, __version__\n"
+        + "\n# %%\nimport tfmlib.ghost\n",
+        encoding="utf-8",
+    )
+    problems = booksync.progressive_violations([bad], pkg)
+    assert any("chapter 03 imports tfmlib.attention, introduced in chapter 05" in p for p in problems), (
+        problems
+    )
+    assert any("tfmlib.nochapter has no INTRODUCED_IN" in p for p in problems), problems
+    assert any("tfmlib.ghost, which does not exist" in p for p in problems), problems
+    assert len(problems) == 3, problems
+
+    late = nbdir / "solutions" / "05_attn_solutions.py"
+    late.parent.mkdir()
+    late.write_text(HEADER + "\n# %%\nfrom tfmlib import attention\n", encoding="utf-8")
+    assert booksync.progressive_violations([late], pkg) == []
+    assert booksync.chapter_of(late) == 5
+
+
+def test_import_parser_forms():
+    src = (
+        "import tfmlib.rnn as r\nfrom tfmlib.data import Vocab\n"
+        "from tfmlib import config, plot\nimport tfmlib\n"
+    )
+    assert sorted(m for m, _ in booksync.tfmlib_imports(src)) == ["config", "data", "plot", "rnn"]
+    # a file that does not parse (a stray magic) still gets its imports read
+    broken = "%time x = 1\nfrom tfmlib.train import fit\n"
+    assert [m for m, _ in booksync.tfmlib_imports(broken)] == ["train"]
+    ast.parse("x = 1")
+
+
+def test_execution_and_structure_checks_can_fail(tmp_path):
+    nbdir = tmp_path / "notebooks"
+    _, good = make_pair(nbdir, "03_chapter", CHAPTER_BODY)
+    assert execution_problems(good) == []
+    problems = structure_problems(nbdir)
+    assert any("solutions/03_*_solutions.ipynb is missing" in p for p in problems), problems
+
+    make_pair(nbdir / "solutions", "03_chapter_solutions", '# %%\nexercises.check("03.thing", f)\n')
+    problems = structure_problems(nbdir)
+    assert any("must_pass=True" in p for p in problems), problems
+    make_pair(
+        nbdir / "solutions", "03_chapter_solutions", '# %%\nexercises.check("03.thing", f, must_pass=True)\n'
+    )
+    assert structure_problems(nbdir) == []
+
+    _, unrun = make_pair(
+        nbdir, "04_unrun", "# %% [markdown]\n# # 04 · x\n\n# %%\nx = 1\n", execute_outputs=False
+    )
+    assert any("not executed" in p for p in execution_problems(unrun))
+    assert any("no heading named 'Summary'" in p for p in structure_problems(nbdir))
+
+    nb = nbformat.read(good, as_version=4)
+    nb.cells[1].outputs = [nbformat.v4.new_output("error", ename="ValueError", evalue="boom", traceback=[])]
+    nbformat.write(nb, good)
+    assert any("error output: ValueError: boom" in p for p in execution_problems(good))
+
+
+def test_heading_names():
+    assert has_heading(["7. Summary"], "Summary")
+    assert has_heading(["summary"], "Summary")
+    assert has_heading(["Exercises: questions and code"], "Exercises")
+    assert not has_heading(["Summaryish"], "Summary")
+    assert not has_heading(["A summary of results"], "Summary")

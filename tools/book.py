@@ -1,0 +1,527 @@
+"""Execute the book's notebooks: build the HTML book, or refresh the committed outputs.
+
+    python tools/book.py build   [--profile P] [--out build]      # readers: copies, HTML, index
+    python tools/book.py refresh [--profile cpu] [NOTEBOOK ...]   # developers: in place, timed
+
+``build`` copies ``notebooks/*.ipynb`` and ``notebooks/solutions/*.ipynb`` to ``build/notebooks/``
+(the files in ``notebooks/`` are never written: a reader's edits are safe), executes the copies
+in order and writes the executed notebooks and their HTML to ``build/html/`` with an
+``index.html`` (title, profile, device; per notebook its time and status). A notebook that fails
+is still rendered up to its error and marked failed; the command then exits 1.
+
+``refresh`` re-executes committed notebooks in place (default: every chapter and solution; the
+``cpu`` profile), writes the ``.ipynb`` with its outputs and its paired jupytext ``.py``, and
+records each notebook's wall time with the profile, CPU count and torch version in
+``benchmarks/results/notebook_times.json`` (entries of notebooks not re-run are kept). A notebook
+with an error output is not written: the error is reported and the file left untouched.
+
+Both run every notebook in a fresh kernel of *this* interpreter (the kernel spec is ipykernel's
+own, built from ``sys.executable``, so no registered kernel is needed), with the working
+directory set to the notebook's folder and ``TFM_PROFILE`` in its environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import html
+import json
+import os
+import platform
+import re
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from importlib import metadata as _metadata
+from pathlib import Path
+
+import jupytext
+import nbformat
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = REPO_ROOT / "notebooks"
+TIMES_FILE = REPO_ROOT / "benchmarks" / "results" / "notebook_times.json"
+BOOK_TITLE = "From GRU to Transformer"
+PAIRED_FORMATS = "ipynb,py:percent"
+DEFAULT_KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+VOLATILE_CELL_METADATA = ("execution", "ExecuteTime")
+CHAPTER_RE = re.compile(r"^(?P<nn>\d{2})_")
+
+
+# ---------------------------------------------------------------------------------------------
+# The executor shared by build and refresh
+# ---------------------------------------------------------------------------------------------
+
+
+def current_env_kernel_manager():
+    """An async kernel manager whose ``python3`` kernel is ipykernel in this interpreter."""
+    import ipykernel.kernelspec
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import AsyncKernelManager
+
+    class CurrentEnvSpecs(KernelSpecManager):
+        def get_kernel_spec(self, kernel_name):  # every name resolves to this interpreter
+            return self.kernel_spec_class(
+                resource_dir=ipykernel.kernelspec.RESOURCES, **ipykernel.kernelspec.get_kernel_dict()
+            )
+
+    return AsyncKernelManager(kernel_name="python3", kernel_spec_manager=CurrentEnvSpecs())
+
+
+@dataclass
+class Result:
+    """What executing one notebook gave."""
+
+    nb: nbformat.NotebookNode
+    seconds: float
+    error: str | None = None  # a one-line description of the first error, None if it ran clean
+    error_cell: int | None = None
+    details: str = ""  # the traceback of the error, for the console
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def clear_outputs(nb: nbformat.NotebookNode) -> None:
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
+
+
+def strip_volatile(nb: nbformat.NotebookNode) -> None:
+    """Drop metadata that changes on every run (execution timestamps, widget state)."""
+    for cell in nb.cells:
+        for key in VOLATILE_CELL_METADATA:
+            cell.metadata.pop(key, None)
+    nb.metadata.pop("widgets", None)
+
+
+def first_error(nb: nbformat.NotebookNode) -> tuple[int, str, str] | None:
+    """(cell index, 'Name: value', traceback) of the first error output, or None."""
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error":
+                tb = "\n".join(out.get("traceback", []))
+                tb = re.sub(r"\x1b\[[0-9;]*m", "", tb)  # no ANSI colours in reports
+                return i, f"{out.get('ename', 'Error')}: {out.get('evalue', '')}".strip(), tb
+    return None
+
+
+def execute(
+    nb: nbformat.NotebookNode,
+    cwd: Path,
+    profile: str,
+    timeout: int = 3600,
+    store_widget_state: bool = True,
+) -> Result:
+    """Execute ``nb`` (in memory) in a fresh kernel of this interpreter, cwd = ``cwd``.
+
+    Outputs are cleared first, so a failed run shows nothing stale after its error.
+    """
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+
+    clear_outputs(nb)
+    nb.metadata.setdefault("kernelspec", dict(DEFAULT_KERNELSPEC))
+    os.environ["TFM_PROFILE"] = profile  # the kernel inherits this environment
+    os.environ.pop("MPLBACKEND", None)  # let ipykernel pick the inline backend: figures show
+    client = NotebookClient(
+        nb,
+        km=current_env_kernel_manager(),
+        timeout=timeout,
+        startup_timeout=180,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(cwd)}},
+        record_timing=False,
+        store_widget_state=store_widget_state,
+        allow_errors=False,
+        # ipykernel warns on every start that TCP is unencrypted (it is local); keep the console clean
+        extra_arguments=["--IPKernelApp.log_level=ERROR"],
+    )
+    start = time.perf_counter()
+    error = details = None
+    try:
+        client.execute()
+    except CellExecutionError as exc:
+        error, details = "CellExecutionError", str(exc)
+    except (CellTimeoutError, DeadKernelError, TimeoutError, RuntimeError) as exc:
+        error, details = f"{type(exc).__name__}: {exc}", str(exc)
+    seconds = time.perf_counter() - start
+    result = Result(nb, seconds)
+    found = first_error(nb)
+    if found is not None:
+        result.error_cell, result.error, result.details = found
+    elif error is not None:
+        result.error, result.details = error.splitlines()[0][:300], details or ""
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Notebook discovery and metadata
+# ---------------------------------------------------------------------------------------------
+
+
+def chapter_notebooks(notebooks_dir: Path, suffix: str = ".ipynb") -> tuple[list[Path], list[Path]]:
+    """(chapters, solutions): the notebooks of ``notebooks_dir`` and its ``solutions/``, sorted."""
+    chapters = sorted(notebooks_dir.glob(f"*{suffix}"))
+    solutions = sorted((notebooks_dir / "solutions").glob(f"*{suffix}"))
+    return chapters, solutions
+
+
+def notebook_title(nb: nbformat.NotebookNode, fallback: str) -> str:
+    """The first markdown heading of ``nb`` (without the #s), else ``fallback``."""
+    for cell in nb.cells:
+        if cell.cell_type != "markdown":
+            continue
+        for line in cell.source.splitlines():
+            m = re.match(r"^\s{0,3}#{1,6}\s+(.+?)\s*#*\s*$", line)
+            if m:
+                return m.group(1)
+    return fallback
+
+
+def chapter_number(path: Path) -> str:
+    m = CHAPTER_RE.match(path.name)
+    return m.group("nn") if m else ""
+
+
+def default_profile() -> str:
+    name = os.environ.get("TFM_PROFILE", "").strip().lower()
+    if name:
+        return name
+    try:
+        import torch
+
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    except Exception:
+        return "cpu"
+
+
+def describe_device() -> str:
+    """The device the notebooks will pick (tfmlib.config.pick_device), in words."""
+    try:
+        sys.path.insert(0, str(REPO_ROOT))
+        import torch
+
+        from tfmlib.config import pick_device
+
+        dev = pick_device()
+        if dev.type == "cuda":
+            return f"cuda ({torch.cuda.get_device_name(dev)})"
+        return f"{dev.type} ({os.cpu_count()} CPU cores)"
+    except Exception as exc:  # the index still gets written
+        return f"unknown ({type(exc).__name__}: {exc})"
+
+
+def torch_version() -> str:
+    try:
+        return _metadata.version("torch")
+    except _metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def fmt_seconds(s: float | None) -> str:
+    if s is None:
+        return ""
+    return f"{s:.1f} s" if s < 90 else f"{int(s // 60)} min {int(s % 60):02d} s"
+
+
+# ---------------------------------------------------------------------------------------------
+# build
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    number: str
+    title: str
+    html: str  # relative link from index.html
+    ipynb: str
+    seconds: float | None
+    status: str
+    ok: bool
+    extra: dict = field(default_factory=dict)
+
+
+def render_html(nb: nbformat.NotebookNode, title: str) -> str:
+    from nbconvert import HTMLExporter
+
+    exporter = HTMLExporter(template_name="lab")
+    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})
+    return body
+
+
+def write_index(path: Path, rows: list[Row], solution_rows: list[Row], profile: str, device: str) -> None:
+    def table(rs: list[Row]) -> str:
+        if not rs:
+            return "<p><em>none</em></p>"
+        lines = [
+            "<table>",
+            "<thead><tr><th>#</th><th>chapter</th><th>notebook</th><th>time</th><th>status</th></tr></thead>",
+            "<tbody>",
+        ]
+        for r in rs:
+            cls = "ok" if r.ok else "failed"
+            lines.append(
+                f'<tr class="{cls}"><td>{html.escape(r.number)}</td>'
+                f'<td><a href="{html.escape(r.html)}">{html.escape(r.title)}</a></td>'
+                f'<td><a href="{html.escape(r.ipynb)}">.ipynb</a></td>'
+                f"<td>{fmt_seconds(r.seconds)}</td><td>{html.escape(r.status)}</td></tr>"
+            )
+        lines += ["</tbody>", "</table>"]
+        return "\n".join(lines)
+
+    all_rows = rows + solution_rows
+    n_failed = sum(not r.ok for r in all_rows)
+    total = sum(r.seconds or 0.0 for r in all_rows)
+    now = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
+    summary = (
+        f"{len(all_rows)} notebooks, {n_failed} failed" if n_failed else f"{len(all_rows)} notebooks, all ran"
+    )
+    page = f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>{html.escape(BOOK_TITLE)}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; max-width: 60rem; margin: 2rem auto; padding: 0 1rem; }}
+table {{ border-collapse: collapse; width: 100%; margin-bottom: 2rem; }}
+th, td {{ text-align: left; padding: .35rem .6rem; border-bottom: 1px solid #ddd; }}
+tr.failed td {{ background: #fde8e8; }}
+tr.failed td:last-child {{ color: #a00; font-weight: bold; }}
+.meta {{ color: #555; }}
+</style>
+</head>
+<body>
+<h1>{html.escape(BOOK_TITLE)}</h1>
+<p class="meta">Profile <b>{html.escape(profile)}</b> &middot; device <b>{html.escape(device)}</b>
+&middot; torch {html.escape(torch_version())} &middot; Python {platform.python_version()}
+&middot; built {now} &middot; {summary}, {fmt_seconds(total)} in all.</p>
+<h2>Chapters</h2>
+{table(rows)}
+<h2>Solutions to the exercises</h2>
+{table(solution_rows)}
+</body>
+</html>
+"""
+    path.write_text(page, encoding="utf-8")
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    notebooks_dir = Path(args.notebooks).resolve()
+    out = Path(args.out).resolve()
+    if out == notebooks_dir or notebooks_dir in out.parents:
+        print(f"book: --out {out} must not be inside {notebooks_dir}", file=sys.stderr)
+        return 2
+    profile = args.profile or default_profile()
+    device = describe_device()
+    chapters, solutions = chapter_notebooks(notebooks_dir)
+    if not chapters and not solutions:
+        print(f"book: no notebooks in {notebooks_dir}", file=sys.stderr)
+    copies_dir, html_dir = out / "notebooks", out / "html"
+    for d in (copies_dir, html_dir):
+        d.mkdir(parents=True, exist_ok=True)
+    print(f"book: profile {profile}, device {device}, {len(chapters)} chapters, {len(solutions)} solutions")
+
+    rows: dict[str, list[Row]] = {"chapters": [], "solutions": []}
+    todo = [("chapters", p, Path()) for p in chapters] + [
+        ("solutions", p, Path("solutions")) for p in solutions
+    ]
+    for k, (kind, src, sub) in enumerate(todo, 1):
+        copy = copies_dir / sub / src.name
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, copy)
+        nb = nbformat.read(copy, as_version=4)
+        title = notebook_title(nb, src.stem)
+        print(f"[{k}/{len(todo)}] {sub / src.name} ...", end=" ", flush=True)
+        result = execute(nb, copy.parent, profile, timeout=args.timeout, store_widget_state=True)
+        status = "ok" if result.ok else "failed"
+        if not result.ok:
+            where = f" in cell {result.error_cell}" if result.error_cell is not None else ""
+            status = f"failed{where}: {result.error}"
+        print(f"{status} ({fmt_seconds(result.seconds)})", flush=True)
+        if not result.ok and result.details:
+            print(result.details[-3000:], flush=True)
+        nbformat.write(result.nb, copy)  # the executed copy, to open in Jupyter
+        (html_dir / sub).mkdir(parents=True, exist_ok=True)
+        nbformat.write(result.nb, html_dir / sub / src.name)
+        try:
+            page = render_html(result.nb, title)
+        except Exception as exc:  # rendering must not hide the rest of the book
+            page = (
+                f"<html><body><h1>{html.escape(title)}</h1><pre>render failed: {html.escape(repr(exc))}</pre>"
+            )
+            status = f"{status}; HTML render failed"
+        (html_dir / sub / (src.stem + ".html")).write_text(page, encoding="utf-8")
+        rows[kind].append(
+            Row(
+                number=chapter_number(src),
+                title=title,
+                html=(sub / (src.stem + ".html")).as_posix(),
+                ipynb=(sub / src.name).as_posix(),
+                seconds=result.seconds,
+                status=status,
+                ok=result.ok and "render failed" not in status,
+            )
+        )
+    index = html_dir / "index.html"
+    write_index(index, rows["chapters"], rows["solutions"], profile, device)
+    failed = [r for r in rows["chapters"] + rows["solutions"] if not r.ok]
+    print(f"book: index at {index}")
+    if failed:
+        print(
+            f"book: {len(failed)} notebook(s) failed: " + ", ".join(r.ipynb for r in failed), file=sys.stderr
+        )
+        return 1
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# refresh
+# ---------------------------------------------------------------------------------------------
+
+
+def _resolve_targets(names: list[str], notebooks_dir: Path) -> list[Path]:
+    """.ipynb paths for the given names (.py or .ipynb; default: every chapter and solution)."""
+    if not names:
+        found: dict[str, Path] = {}
+        for suffix in (".ipynb", ".py"):
+            for p in sum(chapter_notebooks(notebooks_dir, suffix), []):
+                found.setdefault(str(p.with_suffix("")), p.with_suffix(".ipynb"))
+        chapters = sorted(p for p in found.values() if p.parent == notebooks_dir)
+        return chapters + sorted(p for p in found.values() if p.parent != notebooks_dir)
+    targets = []
+    for name in names:
+        p = Path(name).resolve()
+        if p.suffix not in (".ipynb", ".py"):
+            raise SystemExit(f"book: {name}: give a .ipynb or its paired .py")
+        if not p.exists() and not p.with_suffix(".py").exists():
+            raise SystemExit(f"book: {name}: no such notebook")
+        targets.append(p.with_suffix(".ipynb"))
+    return targets
+
+
+def read_inputs(ipynb: Path) -> nbformat.NotebookNode:
+    """The notebook to execute: the newer of the pair gives the inputs (as ``jupytext --sync``)."""
+    py = ipynb.with_suffix(".py")
+    if ipynb.exists() and (not py.exists() or ipynb.stat().st_mtime >= py.stat().st_mtime):
+        nb = nbformat.read(ipynb, as_version=4)
+    else:
+        nb = jupytext.read(py)
+        if ipynb.exists():  # keep the ipynb's notebook metadata (kernelspec, language_info)
+            old = nbformat.read(ipynb, as_version=4)
+            for key, value in old.metadata.items():
+                nb.metadata.setdefault(key, value)
+    nb.metadata.setdefault("jupytext", {})
+    nb.metadata.jupytext.pop("text_representation", None)
+    if py.exists() or "formats" not in nb.metadata.jupytext:
+        nb.metadata.jupytext.setdefault("formats", PAIRED_FORMATS)
+    nb.metadata.setdefault("kernelspec", dict(DEFAULT_KERNELSPEC))
+    return nb
+
+
+def write_pair(nb: nbformat.NotebookNode, ipynb: Path) -> None:
+    """Write ``ipynb`` and its paired percent ``.py`` from the same notebook."""
+    jupytext.write(nb, ipynb)
+    jupytext.write(nb, ipynb.with_suffix(".py"), fmt="py:percent")
+
+
+def record_times(times_file: Path, entries: dict[str, dict]) -> None:
+    data = {}
+    if times_file.exists():
+        try:
+            data = json.loads(times_file.read_text(encoding="utf-8"))
+        except json.JSONDecodeError:
+            print(f"book: {times_file} was not valid JSON; starting it afresh", file=sys.stderr)
+    data.update(entries)
+    times_file.parent.mkdir(parents=True, exist_ok=True)
+    times_file.write_text(json.dumps(dict(sorted(data.items())), indent=2) + "\n", encoding="utf-8")
+
+
+def _key(path: Path) -> str:
+    try:
+        return path.resolve().relative_to(REPO_ROOT).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def cmd_refresh(args: argparse.Namespace) -> int:
+    notebooks_dir = Path(args.notebooks).resolve()
+    targets = _resolve_targets(args.notebooks_to_run, notebooks_dir)
+    profile = args.profile
+    env_info = {
+        "profile": profile,
+        "cpu_count": os.cpu_count(),
+        "torch": torch_version(),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+    }
+    print(f"book: refreshing {len(targets)} notebook(s) in profile {profile}")
+    entries, failed = {}, []
+    for k, ipynb in enumerate(targets, 1):
+        print(f"[{k}/{len(targets)}] {_key(ipynb)} ...", end=" ", flush=True)
+        nb = read_inputs(ipynb)
+        result = execute(nb, ipynb.parent, profile, timeout=args.timeout, store_widget_state=False)
+        if not result.ok:
+            where = f" in cell {result.error_cell}" if result.error_cell is not None else ""
+            print(f"FAILED{where}: {result.error} ({fmt_seconds(result.seconds)}); file left untouched")
+            if result.details:
+                print(result.details[-3000:], flush=True)
+            failed.append(ipynb)
+            continue
+        strip_volatile(result.nb)
+        write_pair(result.nb, ipynb)
+        entries[_key(ipynb)] = {
+            "seconds": round(result.seconds, 1),
+            **env_info,
+            "date": _dt.date.today().isoformat(),
+        }
+        print(f"ok ({fmt_seconds(result.seconds)})", flush=True)
+    if entries:
+        times_file = Path(args.times)
+        record_times(times_file, entries)
+        print(f"book: times recorded in {times_file}")
+    if failed:
+        print(
+            f"book: {len(failed)} notebook(s) not written: " + ", ".join(map(_key, failed)), file=sys.stderr
+        )
+        return 1
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("build", help="execute copies of every notebook and write the HTML book")
+    b.add_argument(
+        "--profile", choices=["smoke", "cpu", "gpu"], help="default: TFM_PROFILE, else by hardware"
+    )
+    b.add_argument("--out", default=str(REPO_ROOT / "build"), help="output folder (default: build)")
+    b.set_defaults(func=cmd_build)
+
+    r = sub.add_parser("refresh", help="re-execute committed notebooks in place (developers)")
+    r.add_argument("--profile", default="cpu", choices=["smoke", "cpu", "gpu"], help="default: cpu")
+    r.add_argument("--times", default=str(TIMES_FILE), help="JSON file of recorded notebook times")
+    r.add_argument(
+        "notebooks_to_run", nargs="*", metavar="NOTEBOOK", help="default: all chapters and solutions"
+    )
+    r.set_defaults(func=cmd_refresh)
+
+    for p in (b, r):
+        p.add_argument("--notebooks", default=str(NOTEBOOKS), help="notebooks folder (default: notebooks)")
+        p.add_argument("--timeout", type=int, default=3600, help="seconds per cell (default: 3600)")
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
