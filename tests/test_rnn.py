@@ -1,0 +1,281 @@
+"""tfmlib.rnn: scratch cells equal PyTorch's, the unrolled GRU equals the recurrence, bad input fails."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from tfmlib.data import BOS_ID, EOS_ID, PAD_ID
+from tfmlib.rnn import (
+    GRUCellScratch,
+    GRULanguageModel,
+    GRUScratch,
+    RNNCellScratch,
+    RNNLanguageModel,
+    check_step_inputs,
+    collate_lm,
+    copy_gru_weights,
+    copy_rnn_cell_weights,
+    lm_loss,
+    unrolled_gru_state,
+    unrolled_gru_weights,
+)
+
+# ----------------------------------------------------------------------------- equivalence
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_rnn_cell_equals_torch(seed):
+    g = torch.Generator().manual_seed(seed)
+    I, H, B = (int(v) for v in torch.randint(1, 12, (3,), generator=g))
+    torch.manual_seed(seed)
+    ref = nn.RNNCell(I, H).double()
+    mine = copy_rnn_cell_weights(ref, RNNCellScratch(I, H).double())
+    x = torch.randn(B, I, dtype=torch.double, requires_grad=True)
+    h = torch.randn(B, H, dtype=torch.double)
+    torch.testing.assert_close(mine(x, h), ref(x, h))
+    torch.testing.assert_close(mine(x), ref(x))  # h=None means zeros in both
+    gx_ref, = torch.autograd.grad(ref(x, h).square().sum(), x)
+    gx_mine, = torch.autograd.grad(mine(x, h).square().sum(), x)
+    torch.testing.assert_close(gx_mine, gx_ref)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 4])
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_gru_scratch_equals_torch_forward_and_gradients(seed, batch_first):
+    g = torch.Generator().manual_seed(seed)
+    I, H, B, T = (int(v) for v in torch.randint(1, 10, (4,), generator=g))
+    torch.manual_seed(seed)
+    ref = nn.GRU(I, H, batch_first=batch_first).double()
+    mine = GRUScratch(I, H, batch_first=batch_first).double().copy_from_torch(ref)
+    shape = (B, T, I) if batch_first else (T, B, I)
+    x = torch.randn(*shape, dtype=torch.double, requires_grad=True)
+    h0 = torch.randn(B, H, dtype=torch.double, requires_grad=True)
+    out_ref, h_ref = ref(x, h0[None])
+    out_mine, h_mine = mine(x, h0)
+    torch.testing.assert_close(out_mine, out_ref)
+    torch.testing.assert_close(h_mine, h_ref[0])
+    # gradients with respect to the inputs, the initial state and every weight
+    w = torch.randn_like(out_ref)
+    ref_params = [ref.weight_ih_l0, ref.weight_hh_l0, ref.bias_ih_l0, ref.bias_hh_l0]
+    mine_params = dict(mine.cell.named_parameters())
+    g_ref = torch.autograd.grad((out_ref * w).sum() + h_ref.sum(), [x, h0, *ref_params])
+    g_mine = torch.autograd.grad((out_mine * w).sum() + h_mine.sum(), [x, h0, *mine_params.values()])
+    torch.testing.assert_close(g_mine[0], g_ref[0])
+    torch.testing.assert_close(g_mine[1], g_ref[1])
+    grads = dict(zip(mine_params, g_mine[2:], strict=True))
+    for k, gate in enumerate("rzn"):  # PyTorch stacks the gates as [r; z; n]
+        rows = slice(k * H, (k + 1) * H)
+        torch.testing.assert_close(grads[f"W_i{gate}.weight"], g_ref[2][rows])
+        torch.testing.assert_close(grads[f"W_h{gate}.weight"], g_ref[3][rows])
+        torch.testing.assert_close(grads[f"W_i{gate}.bias"], g_ref[4][rows])
+        torch.testing.assert_close(grads[f"W_h{gate}.bias"], g_ref[5][rows])
+
+
+def test_gru_cell_copies_from_grucell_and_second_layer():
+    torch.manual_seed(0)
+    ref = nn.GRUCell(3, 4).double()
+    cell = copy_gru_weights(ref, GRUCellScratch(3, 4).double())
+    x, h = torch.randn(5, 3, dtype=torch.double), torch.randn(5, 4, dtype=torch.double)
+    torch.testing.assert_close(cell(x, h), ref(x, h))
+    two = nn.GRU(3, 4, num_layers=2, batch_first=True).double()
+    xs = torch.randn(2, 6, 3, dtype=torch.double)
+    out, _ = two(xs)
+    first = GRUScratch(3, 4).double().copy_from_torch(two)
+    second = copy_gru_weights(two, GRUScratch(4, 4).double(), layer=1)
+    torch.testing.assert_close(second(first(xs)[0])[0], out)
+
+
+def test_gru_gates_are_the_gates():
+    """The gates returned for plots are the ones that produce the states."""
+    torch.manual_seed(1)
+    gru = GRUScratch(3, 5).double()
+    x = torch.randn(2, 7, 3, dtype=torch.double)
+    out, h_last, gates = gru(x, return_gates=True)
+    assert all(g.shape == (2, 7, 5) for g in gates)
+    assert ((gates.z > 0) & (gates.z < 1)).all() and ((gates.r > 0) & (gates.r < 1)).all()
+    assert (gates.n.abs() < 1).all()
+    prev = torch.cat([torch.zeros(2, 1, 5, dtype=torch.double), out[:, :-1]], dim=1)
+    torch.testing.assert_close(out, (1 - gates.z) * gates.n + gates.z * prev)
+    torch.testing.assert_close(h_last, out[:, -1])
+
+
+def test_gru_convention_is_pytorchs_not_the_flipped_one():
+    """With z forced to 1 the state is copied (PyTorch: h' = (1 - z) n + z h)."""
+    cell = GRUCellScratch(2, 3)
+    with torch.no_grad():
+        cell.W_iz.bias.fill_(50.0)
+    h = torch.randn(4, 3)
+    torch.testing.assert_close(cell(torch.randn(4, 2), h), h)
+
+
+# ----------------------------------------------------------------------------- unrolled GRU
+
+
+def _recurrence(z, n, h0):
+    h = h0
+    for t in range(z.shape[1]):
+        h = (1 - z[:, t]) * n[:, t] + z[:, t] * h
+    return h
+
+
+@settings(max_examples=40, deadline=None)
+@given(B=st.integers(1, 4), T=st.integers(1, 12), H=st.integers(1, 5), seed=st.integers(0, 10_000))
+def test_unrolled_weights_reproduce_the_recurrence(B, T, H, seed):
+    g = torch.Generator().manual_seed(seed)
+    z = torch.rand(B, T, H, generator=g, dtype=torch.double)
+    n = torch.rand(B, T, H, generator=g, dtype=torch.double) * 2 - 1
+    h0 = torch.randn(B, H, generator=g, dtype=torch.double)
+    w = unrolled_gru_weights(z)
+    assert w.shape == (B, T + 1, H)
+    assert (w >= 0).all()
+    torch.testing.assert_close(w.sum(dim=1), torch.ones(B, H, dtype=torch.double))
+    torch.testing.assert_close(w[:, 0] * h0 + (w[:, 1:] * n).sum(1), _recurrence(z, n, h0))
+    torch.testing.assert_close(unrolled_gru_state(z, n, h0), _recurrence(z, n, h0))
+    # time-major and unbatched layouts give the same weights
+    torch.testing.assert_close(unrolled_gru_weights(z.transpose(0, 1), batch_first=False),
+                               w.transpose(0, 1))
+    torch.testing.assert_close(unrolled_gru_weights(z[0]), w[0])
+
+
+def test_unrolled_weights_by_hand():
+    z = torch.tensor([[0.5], [0.25], [0.8]])  # (T=3, H=1)
+    w = unrolled_gru_weights(z)[:, 0]
+    want = [0.5 * 0.25 * 0.8, 0.5 * 0.25 * 0.8, 0.75 * 0.8, 0.2]  # h0, n1, n2, n3
+    torch.testing.assert_close(w, torch.tensor(want))
+
+
+def test_unrolled_weights_on_a_real_gru_run():
+    torch.manual_seed(3)
+    gru = GRUScratch(4, 6).double()
+    x = torch.randn(3, 9, 4, dtype=torch.double)
+    h0 = torch.randn(3, 6, dtype=torch.double)
+    _, h_last, gates = gru(x, h0, return_gates=True)
+    torch.testing.assert_close(unrolled_gru_state(gates.z, gates.n, h0), h_last)
+
+
+# ----------------------------------------------------------------------------- language model
+
+
+@pytest.mark.parametrize("cls", [GRULanguageModel, RNNLanguageModel])
+def test_lm_shapes_loss_and_generation(cls):
+    torch.manual_seed(0)
+    lm = cls(vocab_size=30, embed_size=8, hidden_size=16, num_layers=2, dropout=0.1)
+    inputs, targets = collate_lm([[5, 6, 7], [8], [9, 10, 11, 12, 13]])
+    assert inputs.shape == targets.shape == (3, 6)
+    assert inputs[:, 0].eq(BOS_ID).all()
+    assert targets[1].tolist() == [8, EOS_ID, PAD_ID, PAD_ID, PAD_ID, PAD_ID]
+    assert lm(inputs).shape == (3, 6, 30)
+    loss, n = lm_loss(lm, (inputs, targets))
+    assert n == 3 + 1 + 1 + 1 + 5 + 1
+    assert abs(loss.item() - math.log(30)) < 1.0  # untrained: near uniform
+    logits, hidden = lm.forward_with_state(inputs)
+    assert hidden.shape == (2, 3, 16)
+    out = lm.generate([BOS_ID, 5], max_new_tokens=7, temperature=1.0,
+                      generator=torch.Generator().manual_seed(0))
+    assert 1 <= len(out) <= 7 and PAD_ID not in out and BOS_ID not in out
+    assert lm.generate([BOS_ID], max_new_tokens=4) == lm.generate([BOS_ID], max_new_tokens=4)
+
+
+def test_lm_loss_ignores_padding():
+    torch.manual_seed(0)
+    lm = GRULanguageModel(12, 4, 8).eval()
+    one = collate_lm([[4, 5, 6]])
+    padded = collate_lm([[4, 5, 6], [7, 8, 9, 10, 11, 4, 5]])
+    l1, _ = lm_loss(lm, one)
+    logits = lm(padded[0])[:1, :4]
+    l2 = torch.nn.functional.cross_entropy(logits[0], padded[1][0, :4])
+    torch.testing.assert_close(l1, l2)
+
+
+def test_lm_gates_match_states():
+    torch.manual_seed(0)
+    lm = GRULanguageModel(20, 6, 10)
+    ids = torch.randint(4, 20, (2, 5))
+    gates = lm.gates(ids)
+    states, _ = lm.rnn(lm.embed(ids))
+    prev = torch.cat([torch.zeros(2, 1, 10), states[:, :-1]], dim=1)
+    torch.testing.assert_close((1 - gates.z) * gates.n + gates.z * prev, states, atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="only a GRU"):
+        RNNLanguageModel(20, 6, 10).gates(ids)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def test_bad_step_inputs():
+    cell = GRUCellScratch(3, 4)
+    with pytest.raises(ValueError, match=r"x must have shape \(batch, input_size=3\), got \(2, 5\)"):
+        cell(torch.randn(2, 5))
+    with pytest.raises(ValueError, match=r"x must have shape.*got \(3,\)"):
+        cell(torch.randn(3))
+    with pytest.raises(ValueError, match=r"h must have shape \(batch=2, hidden_size=4\), got \(2, 3\)"):
+        cell(torch.randn(2, 3), torch.randn(2, 3))
+    with pytest.raises(TypeError, match="floating"):
+        cell(torch.ones(2, 3, dtype=torch.long))
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        check_step_inputs("who", [[1.0]], None, 1, 1)
+    with pytest.raises(ValueError, match=r"RNNCellScratch: x must have shape"):
+        RNNCellScratch(3, 4)(torch.randn(2, 4))
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="positive int"):
+            GRUCellScratch(bad, 3)
+
+
+def test_bad_sequence_inputs():
+    gru = GRUScratch(3, 4)
+    with pytest.raises(ValueError, match="empty sequence"):
+        gru(torch.randn(2, 0, 3))
+    with pytest.raises(ValueError, match=r"\(batch, time, input_size\) with input_size=3, got \(2, 5\)"):
+        gru(torch.randn(2, 5))
+    with pytest.raises(ValueError, match=r"\(time, batch, input_size\)"):
+        GRUScratch(3, 4, batch_first=False)(torch.randn(2, 5, 2))
+    with pytest.raises(ValueError, match="hidden_size"):
+        gru(torch.randn(2, 5, 3), torch.randn(2, 7))
+    with pytest.raises(ValueError, match="empty sequence"):
+        unrolled_gru_weights(torch.rand(2, 0, 3))
+    with pytest.raises(ValueError, match="z must have shape"):
+        unrolled_gru_weights(torch.rand(2, 3, 4, 5))
+    with pytest.raises(TypeError, match="floating"):
+        unrolled_gru_weights(torch.ones(2, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="unrolled_gru_state"):
+        unrolled_gru_state(torch.rand(2, 3, 4), torch.rand(2, 3, 4), torch.rand(2, 5))
+
+
+def test_bad_copies():
+    with pytest.raises(ValueError, match=r"src has \(input_size, hidden_size\)=\(3, 4\), dst has \(3, 5\)"):
+        copy_gru_weights(nn.GRU(3, 4), GRUCellScratch(3, 5))
+    with pytest.raises(ValueError, match="unidirectional"):
+        copy_gru_weights(nn.GRU(3, 4, bidirectional=True), GRUCellScratch(3, 4))
+    with pytest.raises(TypeError, match="nn.GRU or nn.GRUCell"):
+        copy_gru_weights(nn.LSTM(3, 4), GRUCellScratch(3, 4))
+    with pytest.raises(ValueError, match=r"\(3, 4\), dst has \(3, 6\)"):
+        copy_rnn_cell_weights(nn.RNNCell(3, 4), RNNCellScratch(3, 6))
+    with pytest.raises(TypeError, match="tanh"):
+        copy_rnn_cell_weights(nn.RNNCell(3, 4, nonlinearity="relu"), RNNCellScratch(3, 4))
+
+
+def test_bad_lm_inputs():
+    lm = GRULanguageModel(10, 4, 8)
+    with pytest.raises(TypeError, match="torch.long"):
+        lm(torch.rand(2, 3))
+    with pytest.raises(TypeError, match="torch.long"):
+        lm(torch.ones(2, 3, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"\(batch, time\), got \(3,\)"):
+        lm(torch.ones(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="empty sequence"):
+        lm(torch.ones(2, 0, dtype=torch.long))
+    with pytest.raises(ValueError, match="prefix"):
+        lm.generate([])
+    with pytest.raises(ValueError, match="temperature"):
+        lm.generate([BOS_ID], temperature=-1)
+    with pytest.raises(ValueError, match="cell must be"):
+        from tfmlib.rnn import RecurrentLanguageModel
+        RecurrentLanguageModel(10, 4, 8, cell="lstm")
+    with pytest.raises(ValueError, match="vocab_size"):
+        GRULanguageModel(0, 4, 8)
+    with pytest.raises(ValueError, match="empty batch"):
+        collate_lm([])
