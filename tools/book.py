@@ -248,10 +248,34 @@ class Row:
     extra: dict = field(default_factory=dict)
 
 
-def render_html(nb: nbformat.NotebookNode, title: str) -> str:
+MATHJAX_CONFIG = "?config=TeX-AMS-MML_HTMLorMML-full,Safe"
+
+
+def install_mathjax(html_dir: Path) -> Path | None:
+    """Copy MathJax (from the ``jupyter-server-mathjax`` package) beside the HTML pages.
+
+    nbconvert's pages load MathJax from a CDN by default, so offline readers would see raw LaTeX.
+    Returns the folder it was copied to, or None (then pages fall back to the CDN) when the
+    package is not installed.
+    """
+    try:
+        import jupyter_server_mathjax
+    except ImportError:
+        print("book: jupyter-server-mathjax not installed; the HTML loads MathJax from its CDN")
+        return None
+    static = Path(jupyter_server_mathjax.__file__).parent / "static"
+    target = html_dir / "mathjax"
+    if not (target / "MathJax.js").is_file():
+        shutil.copytree(static, target, dirs_exist_ok=True)
+    return target
+
+
+def render_html(nb: nbformat.NotebookNode, title: str, mathjax_url: str | None = None) -> str:
     from nbconvert import HTMLExporter
 
     exporter = HTMLExporter(template_name="lab")
+    if mathjax_url:
+        exporter.mathjax_url = mathjax_url
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})
     return body
 
@@ -327,6 +351,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     for d in (copies_dir, html_dir):
         d.mkdir(parents=True, exist_ok=True)
     print(f"book: profile {profile}, device {device}, {len(chapters)} chapters, {len(solutions)} solutions")
+    mathjax_dir = install_mathjax(html_dir)
 
     rows: dict[str, list[Row]] = {"chapters": [], "solutions": []}
     todo = [("chapters", p, Path()) for p in chapters] + [
@@ -351,7 +376,11 @@ def cmd_build(args: argparse.Namespace) -> int:
         (html_dir / sub).mkdir(parents=True, exist_ok=True)
         nbformat.write(result.nb, html_dir / sub / src.name)
         try:
-            page = render_html(result.nb, title)
+            mathjax_url = None
+            if mathjax_dir is not None:  # a relative link, so the book also reads from a copied folder
+                rel = os.path.relpath(mathjax_dir / "MathJax.js", html_dir / sub)
+                mathjax_url = Path(rel).as_posix() + MATHJAX_CONFIG
+            page = render_html(result.nb, title, mathjax_url)
         except Exception as exc:  # rendering must not hide the rest of the book
             page = (
                 f"<html><body><h1>{html.escape(title)}</h1><pre>render failed: {html.escape(repr(exc))}</pre>"
