@@ -67,6 +67,8 @@ def test_vocab_bad_input():
         Vocab.build([["a"]]).decode([99])
     with pytest.raises(ValueError, match="1-D"):
         Vocab.build([["a"]]).decode(torch.zeros(2, 2, dtype=torch.long))
+    with pytest.raises(TypeError, match="integers, got dtype torch.float32"):
+        Vocab.build([["a"]]).decode(torch.tensor([4.0]))
 
 
 def test_vocab_save_load(tmp_path):
@@ -105,6 +107,12 @@ def test_pad_sequences_shapes_and_mask():
         pad_sequences([])
     with pytest.raises(ValueError, match="sequence 1 is empty"):
         pad_sequences([[1], []])
+    with pytest.raises(TypeError, match="sequence 1 holds non-integer"):
+        pad_sequences([[1, 2], [3.7]])
+    with pytest.raises(TypeError, match="non-integer"):
+        pad_sequences([torch.tensor([0.5, 1.0])])
+    ids, _ = pad_sequences([torch.tensor([4, 5]), [6]])
+    assert ids.tolist() == [[4, 5], [6, PAD_ID]]
 
 
 def test_make_batch_shifts_target_and_masks_padding():

@@ -139,6 +139,8 @@ class Vocab:
         if isinstance(ids, torch.Tensor):
             if ids.dim() != 1:
                 raise ValueError(f"Vocab.decode: expected a 1-D tensor, got shape {tuple(ids.shape)}")
+            if ids.is_floating_point() or ids.dtype == torch.bool:
+                raise TypeError(f"Vocab.decode: token ids must be integers, got dtype {ids.dtype}")
             ids = ids.tolist()
         out = []
         for i in ids:
@@ -226,6 +228,13 @@ def pad_sequences(
     lengths = [len(s) for s in seqs]
     if min(lengths) == 0:
         raise ValueError(f"pad_sequences: sequence {lengths.index(0)} is empty")
+    for i, s in enumerate(seqs):
+        if isinstance(s, torch.Tensor):
+            bad = s.is_floating_point() or s.dtype == torch.bool
+        else:
+            bad = any(not isinstance(t, int) or isinstance(t, bool) for t in s)
+        if bad:
+            raise TypeError(f"pad_sequences: sequence {i} holds non-integer token ids")
     ids = torch.full((len(seqs), max(lengths)), pad_id, dtype=torch.long)
     for i, s in enumerate(seqs):
         ids[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
