@@ -461,3 +461,28 @@ def test_heading_names():
     assert has_heading(["Exercises: questions and code"], "Exercises")
     assert not has_heading(["Summaryish"], "Summary")
     assert not has_heading(["A summary of results"], "Summary")
+
+
+def test_readme_times_table_is_rewritten_between_markers(tmp_path):
+    import book
+
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Book\n\n{book.README_TIMES_START}\nold table\n{book.README_TIMES_END}\n\nend\n")
+    data = {"notebooks/01_x.ipynb": {"seconds": 47.25, "profile": "cpu", "cpu_count": 2,
+                                     "torch": "2.13.0", "date": "2026-11-22"}}
+    book.update_readme_times(readme, data)
+    once = readme.read_text()
+    book.update_readme_times(readme, data)
+    assert readme.read_text() == once, "rewriting must be idempotent"
+    assert "old table" not in once and once.endswith("end\n")
+    assert "| `notebooks/01_x.ipynb` | cpu | 47.2 | 2 | 2.13.0 | 2026-11-22 |" in once
+
+
+def test_readme_times_match_the_recorded_json():
+    import json
+
+    import book
+
+    times = json.loads(book.TIMES_FILE.read_text())
+    readme = (book.REPO_ROOT / "README.md").read_text()
+    assert book.times_table(times) in readme, "run `python tools/book.py refresh` to update README"

@@ -470,6 +470,37 @@ def record_times(times_file: Path, entries: dict[str, dict]) -> None:
     data.update(entries)
     times_file.parent.mkdir(parents=True, exist_ok=True)
     times_file.write_text(json.dumps(dict(sorted(data.items())), indent=2) + "\n", encoding="utf-8")
+    if times_file.resolve() == TIMES_FILE.resolve():
+        update_readme_times(REPO_ROOT / "README.md", data)
+
+
+README_TIMES_START = "<!-- times: filled from notebook_times.json -->"
+README_TIMES_END = "<!-- /times -->"
+
+
+def times_table(data: dict[str, dict]) -> str:
+    """The README's markdown table of recorded notebook times."""
+    lines = ["| notebook | profile | seconds | CPU cores | torch | recorded |", "|---|---|---|---|---|---|"]
+    for name, e in sorted(data.items()):
+        lines.append(
+            f"| `{name}` | {e.get('profile', '?')} | {e.get('seconds', float('nan')):.1f} | "
+            f"{e.get('cpu_count', '?')} | {e.get('torch', '?')} | {e.get('date', '?')} |"
+        )
+    return "\n".join(lines)
+
+
+def update_readme_times(readme: Path, data: dict[str, dict]) -> None:
+    """Rewrite the table between the README's times markers (nothing happens without them)."""
+    if not readme.exists():
+        return
+    text = readme.read_text(encoding="utf-8")
+    start = text.find(README_TIMES_START)
+    if start < 0:
+        return
+    end = text.find(README_TIMES_END, start)
+    tail = text[end:] if end >= 0 else README_TIMES_END + "\n" + text[start + len(README_TIMES_START):]
+    new = text[:start] + README_TIMES_START + "\n\n" + times_table(data) + "\n\n" + tail
+    readme.write_text(new, encoding="utf-8")
 
 
 def _key(path: Path) -> str:
