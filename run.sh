@@ -28,6 +28,10 @@ stamp_value() {
 
 setup() {
     if [ ! -x "$PY" ]; then
+        if ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+            echo "run.sh: the book needs Python 3.10 or newer as python3; found $(python3 --version 2>&1)" >&2
+            exit 1
+        fi
         echo "run.sh: creating $VENV with $(python3 --version 2>&1)"
         python3 -m venv "$VENV"
     fi
@@ -37,8 +41,8 @@ setup() {
         return 0
     fi
     if ! "$PY" -c 'import torch' >/dev/null 2>&1; then
-        # A pinned torch keeps pip from pulling the newest (large, CUDA) build; readers with a GPU
-        # can set TFM_TORCH, e.g. TFM_TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126".
+        # A pinned torch keeps pip from pulling whatever is newest; TFM_TORCH picks the build
+        # (e.g. TFM_TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"; see README).
         echo "run.sh: installing ${TFM_TORCH:-torch==2.13.0}"
         # shellcheck disable=SC2086  # TFM_TORCH may carry pip options on purpose
         "$PY" -m pip install -q ${TFM_TORCH:-torch==2.13.0}
@@ -59,8 +63,11 @@ case "$cmd" in
     book)
         setup
         if [ $# -gt 0 ]; then
-            export TFM_PROFILE="$1"
-            shift
+            case "$1" in
+                smoke|cpu|gpu) export TFM_PROFILE="$1"; shift ;;
+                -*) ;;  # options for tools/book.py build
+                *) echo "run.sh: unknown profile '$1' (choose smoke, cpu or gpu)" >&2; exit 2 ;;
+            esac
         fi
         status=0
         "$PY" tools/book.py build "$@" || status=$?

@@ -299,31 +299,33 @@ def test_real_digests_reject_our_fixture(tmp_path):
 
 @pytest.fixture
 def fake_repo(tmp_path, monkeypatch):
-    """A fake repository root next to a fake ``shared/`` folder; TFM_DATA_DIR unset."""
+    """A fake repository root next to a fake ``shared/`` folder; TFM_CORPORA_DIR unset."""
     repo = tmp_path / "work" / "repo"
     repo.mkdir(parents=True)
     monkeypatch.setattr(corpora, "REPO_ROOT", repo)
-    monkeypatch.delenv("TFM_DATA_DIR", raising=False)
+    monkeypatch.delenv("TFM_CORPORA_DIR", raising=False)
     monkeypatch.delenv("TFM_CORPUS", raising=False)
     return repo
 
 
 def test_corpus_dir_search_order(fake_repo, tmp_path, monkeypatch):
-    shared = write_tiny_multi30k(fake_repo.parent / "shared" / "data" / "multi30k", splits=("train",))
-    assert corpus_dir("multi30k") == shared
+    # a developer's copy beside the repository is not a place readers have: never searched
+    write_tiny_multi30k(fake_repo.parent / "shared" / "data" / "multi30k", splits=("train",))
+    with pytest.raises(FileNotFoundError):
+        corpus_dir("multi30k")
     external = write_tiny_multi30k(fake_repo / "data" / "external" / "multi30k", splits=("train",))
     assert corpus_dir("multi30k") == external
     env = tmp_path / "mydata"
     (env / "multi30k").mkdir(parents=True)  # an empty folder does not count
-    monkeypatch.setenv("TFM_DATA_DIR", str(env))
+    monkeypatch.setenv("TFM_CORPORA_DIR", str(env))
     assert corpus_dir("multi30k") == external
     write_tiny_multi30k(env / "multi30k", splits=("val",))
     assert corpus_dir("multi30k") == env / "multi30k"
-    assert corpora.corpus_candidates("multi30k") == [env / "multi30k", external, shared]
+    assert corpora.corpus_candidates("multi30k") == [env / "multi30k", external]
 
 
 def test_corpus_dir_missing_lists_places_and_download(fake_repo, tmp_path, monkeypatch):
-    monkeypatch.setenv("TFM_DATA_DIR", str(tmp_path / "mydata"))
+    monkeypatch.setenv("TFM_CORPORA_DIR", str(tmp_path / "mydata"))
     with pytest.raises(FileNotFoundError, match=r"(?s)mydata.*data/external.*manythings\.org/anki"):
         corpus_dir("tatoeba-fra-eng")
     with pytest.raises(FileNotFoundError, match=r"(?s)multi30k/dataset"):
@@ -370,12 +372,12 @@ def test_load_corpus_synthetic_is_the_default(fake_repo, monkeypatch):
     assert calls == ["train", "valid", "test"] * 3
 
 
-def test_load_corpus_multi30k_and_tatoeba_from_tfm_data_dir(fake_repo, tmp_path, monkeypatch):
+def test_load_corpus_multi30k_and_tatoeba_from_tfm_corpora_dir(fake_repo, tmp_path, monkeypatch):
     data = tmp_path / "mydata"
     write_tiny_multi30k(data / "multi30k")
     (data / "tatoeba-fra-eng").mkdir(parents=True)
     (data / "tatoeba-fra-eng" / "fra.txt").write_bytes(FRA_SAMPLE.read_bytes())
-    monkeypatch.setenv("TFM_DATA_DIR", str(data))
+    monkeypatch.setenv("TFM_CORPORA_DIR", str(data))
 
     monkeypatch.setenv("TFM_CORPUS", "multi30k")
     splits = load_corpus()

@@ -10,7 +10,7 @@ same chapters on real sentences. The one visible switch is the environment varia
 Every loader returns *pairs* ``(source_text, target_text)`` of plain strings, the convention of
 ``tfmlib.data``. The project ships loader code and checksums, never the corpora themselves: a
 reader downloads them (instructions in each loader's docstring) into ``data/external/<name>/``,
-a folder that git ignores, or into any folder named by ``TFM_DATA_DIR``.
+a folder that git ignores, or into any folder named by ``TFM_CORPORA_DIR``.
 
 =====================  ==================================================================
 folder name            files
@@ -51,7 +51,7 @@ Tatoeba / ManyThings Anki English-French ("fra-eng"):
               https://www.manythings.org/anki/fra-eng.zip
   2. Keep the zip as it is (the loader reads fra.txt inside it) or unzip it there so that
      data/external/tatoeba-fra-eng/fra.txt exists. A gzipped fra.txt.gz works too.
-  Or put the folder tatoeba-fra-eng/ inside any folder and set TFM_DATA_DIR to that folder.
+  Or put the folder tatoeba-fra-eng/ inside any folder and set TFM_CORPORA_DIR to that folder.
   Licence: CC-BY 2.0 (https://creativecommons.org/licenses/by/2.0); attribution required:
   www.manythings.org/anki and tatoeba.org."""
 
@@ -65,7 +65,7 @@ Multi30k (task 1, raw text):
         done
       done
   Keep them gzipped (train.de.gz, ...) or gunzip them (train.de, ...); both are read.
-  Or put the folder multi30k/ inside any folder and set TFM_DATA_DIR to that folder.
+  Or put the folder multi30k/ inside any folder and set TFM_CORPORA_DIR to that folder.
   Terms: the Flickr30K terms apply (non-commercial research and educational use only);
   cite Elliott et al. (2016), "Multi30K: Multilingual English-German Image Descriptions"."""
 
@@ -183,11 +183,10 @@ def corpus_candidates(name: str) -> list[Path]:
     """The folders :func:`corpus_dir` searches for corpus ``name``, in order."""
     _check_corpus_name(name)
     places = []
-    env = os.environ.get("TFM_DATA_DIR")
+    env = os.environ.get("TFM_CORPORA_DIR")
     if env:
         places.append(Path(env).expanduser() / name)
     places.append(REPO_ROOT / "data" / "external" / name)
-    places.append(REPO_ROOT.parent / "shared" / "data" / name)
     return places
 
 
@@ -196,9 +195,9 @@ def corpus_dir(name: str) -> Path:
 
     Searches, in order, and returns the first folder that holds at least one of the corpus files:
 
-    1. ``$TFM_DATA_DIR/<name>`` when the environment variable ``TFM_DATA_DIR`` is set;
-    2. ``<repo>/data/external/<name>``, where the download instructions put it;
-    3. ``<repo>/../shared/data/<name>``, where this project's CI and developers keep a copy.
+    1. ``$TFM_CORPORA_DIR/<name>`` when the environment variable ``TFM_CORPORA_DIR`` is set
+       (a folder that *contains* ``tatoeba-fra-eng/`` and ``multi30k/``);
+    2. ``<repo>/data/external/<name>``, where the download instructions put it.
 
     Raises ``FileNotFoundError`` with the download instructions when none has it.
     """

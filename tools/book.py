@@ -193,6 +193,8 @@ def chapter_number(path: Path) -> str:
 def default_profile() -> str:
     name = os.environ.get("TFM_PROFILE", "").strip().lower()
     if name:
+        if name not in ("smoke", "cpu", "gpu"):
+            raise SystemExit(f"book: TFM_PROFILE={name!r} is not a profile; choose smoke, cpu or gpu")
         return name
     try:
         import torch
