@@ -53,6 +53,14 @@ def test_crashing_answer_is_reported_not_raised(capsys):
     assert "ZeroDivisionError" in capsys.readouterr().out
 
 
+def test_verdict_is_a_bool_that_displays_nothing(capsys):
+    verdict = exercises.check("00.padding_mask", right_mask)
+    assert verdict and verdict.passed and verdict.name == "00.padding_mask"
+    assert not exercises.check("00.padding_mask", stub)
+    assert verdict._ipython_display_() is None  # IPython shows nothing more than the printed line
+    assert "correct!" in capsys.readouterr().out
+
+
 def test_registry():
     assert {"00.padding_mask", "00.padding_fraction"} <= set(exercises.names(0))
     with pytest.raises(KeyError, match="no exercise named"):

@@ -46,6 +46,25 @@ class Exercise:
 _REGISTRY: dict[str, Exercise] = {}
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """What :func:`check` returns: true when the answer was accepted.
+
+    Use it as a bool (``if check(...)``, ``assert check(...)``). In a notebook it displays
+    nothing, because :func:`check` has already printed the verdict.
+    """
+
+    name: str
+    passed: bool
+    message: str
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def _ipython_display_(self) -> None:  # the printed message is the display
+        pass
+
+
 def checker(name: str, hint: str) -> Callable[[Callable[[Any], None]], Callable[[Any], None]]:
     """Register ``fn(answer)`` as the checker of exercise ``name`` (``"NN.short_name"``)."""
     def register(fn: Callable[[Any], None]) -> Callable[[Any], None]:
@@ -71,8 +90,8 @@ def _get(name: str) -> Exercise:
     return _REGISTRY[name]
 
 
-def check(name: str, answer: Any, must_pass: bool = False) -> bool:
-    """Check ``answer`` for exercise ``name``; print the verdict and return ``True`` if accepted.
+def check(name: str, answer: Any, must_pass: bool = False) -> Verdict:
+    """Check ``answer`` for exercise ``name``; print the verdict and return it (true if accepted).
 
     With ``must_pass=True`` (solutions), anything but an accepted answer raises
     :class:`ExerciseFailed`.
@@ -88,11 +107,11 @@ def check(name: str, answer: Any, must_pass: bool = False) -> bool:
         verdict = f"[{name}] your code raised {type(e).__name__}: {e}"
     else:
         print(f"[{name}] correct!")
-        return True
+        return Verdict(name, True, f"[{name}] correct!")
     if must_pass:
         raise ExerciseFailed(verdict)
     print(verdict)
-    return False
+    return Verdict(name, False, verdict)
 
 
 # ----------------------------------------------------------------------------- helpers
