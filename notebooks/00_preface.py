@@ -98,9 +98,12 @@ print("profiles:", PROFILES, "| active:", active_profile(), "| device:", run.dev
 print("PyTorch", torch.__version__, "| CPU threads:", torch.get_num_threads())
 
 # %% [markdown]
-# **Seeds.** A seeded run repeats exactly on the same machine and PyTorch version; on another
-# machine or device the last digits may differ (floating-point sums are not associative, and
-# different hardware adds in different orders). Here is the guarantee, checked:
+# **Seeds.** On the CPU, a seeded run repeats exactly on the same machine and PyTorch version;
+# on another machine the last digits may differ (floating-point sums are not associative, and
+# different hardware adds in different orders). On a GPU some kernels (embedding gradients,
+# cuDNN's recurrent layers) are nondeterministic unless `torch.use_deterministic_algorithms(True)`
+# is set, so GPU reruns agree closely but not always to the last digit. Here is the guarantee,
+# checked:
 
 # %%
 seed_everything(0)
@@ -126,13 +129,13 @@ print("same seed, same numbers:", first[0].tolist())
 #   alignments cross: *the small black cat* → *le petit chat noir*;
 # * **negation in two parts**: *does not see* → *ne voit pas*, one word becoming two around the
 #   verb;
-# * **relative clauses and coordination**, which make sentences long: from 3 to more than 40
-#   tokens.
+# * **relative clauses and coordination**, which make sentences long: from 3 to 60 tokens.
 #
 # It is generated from a fixed seed, so everyone has the same files (a test regenerates them and
 # compares), and the data card in `data/README.md` says how it was made.
 
 # %%
+# NBVAL_CHECK_OUTPUT
 from tfmlib.synthetic import load_bundled
 
 splits = {name: load_bundled(name) for name in ("train", "valid", "test")}
@@ -153,8 +156,8 @@ for lo, hi in [(3, 8), (12, 20), (30, 200)]:
 # %%
 fig, ax = plt.subplots(figsize=(7, 3.5))
 bins = np.arange(1, max(src_len.max(), tgt_len.max()) + 2)
-ax.hist(src_len, bins=bins, alpha=0.6, label="English (source)")
-ax.hist(tgt_len, bins=bins, alpha=0.6, label="French (target)")
+ax.hist(src_len, bins=bins, histtype="step", linewidth=1.5, label="English (source)")
+ax.hist(tgt_len, bins=bins, histtype="step", linewidth=1.5, label="French (target)")
 ax.set(title="Sentence lengths in the bundled training split", xlabel="length (tokens)",
        ylabel="number of sentences", yscale="log")
 ax.legend()
@@ -165,19 +168,26 @@ print(f"mean length: English {src_len.mean():.2f}, French {tgt_len.mean():.2f} t
       f"the two differ by more than 3 tokens in {np.mean(abs(tgt_len - src_len) > 3):.1%} of pairs")
 
 # %% [markdown]
-# The log scale hides nothing: short sentences dominate, as in real corpora, but thousands of
-# sentences have 25 tokens or more. Chapters 02 and 03 need both: short ones to learn the words,
-# long ones to show where a fixed-size summary vector breaks down.
+# On a log scale the long tail stays visible: short sentences dominate, as in real corpora, but
+# thousands have 25 tokens or more (English stops at 60 because the generator redraws longer
+# sentences). Chapters 02 and 03 need both: short sentences to learn the words, long ones to show
+# where a fixed-size summary vector breaks down.
 #
-# Each phenomenon above occurs in the data. A few searches find one example of each:
+# Each phenomenon above occurs in the data. A few searches count the pairs that show it and print
+# the shortest example of each:
 
 # %%
+# NBVAL_CHECK_OUTPUT
+import re
+
 phenomena = {
     "adjective after the noun": lambda en, fr: " black " in en and " noir" in fr,
+    "feminine and plural agreement": lambda en, fr: " black " in en and " noires" in fr,
     "adjective before and after": lambda en, fr: "small black" in en,
-    "ne ... pas (n' before a vowel)": lambda en, fr: " n'" in fr,
+    "ne ... pas around the verb": lambda en, fr: re.search(r"\bne \w+ pas\b", fr),
+    "n' before a vowel": lambda en, fr: " n'" in fr,
     "relative clause: qui": lambda en, fr: " qui " in fr,
-    "relative clause: que": lambda en, fr: " que " in fr or " qu'" in fr,
+    "relative clause: que/qu'": lambda en, fr: re.search(r"(?<!parce) qu(e |')", fr),
     "contraction de + le = du": lambda en, fr: " du " in fr,
     "contraction à + le = au": lambda en, fr: " au " in fr,
 }
@@ -203,6 +213,7 @@ for name, test in phenomena.items():
 # `<unk>`, just as it would for a deployed model:
 
 # %%
+# NBVAL_CHECK_OUTPUT
 from tfmlib.data import Vocab
 
 src_vocab = Vocab.build(tokenize(en) for en, _ in train)
@@ -221,10 +232,11 @@ print(f"French test tokens missing from the training vocabulary: {oov:.3%}")
 
 # %% [markdown]
 # The generated language has a closed vocabulary, so no test word is unknown; real corpora are
-# different (exercise 1 below asks what that changes). Notice also that French needs about a
-# hundred more token types than English for the same sentences: agreement gives one English
-# adjective up to four French forms (*noir, noire, noirs, noires*) and one verb two (*voit,
-# voient*). A translation model has to learn which form the context demands.
+# different (question 5 below asks what that changes). Notice also that French needs about a
+# hundred more token types than English for sentences of the same length: agreement gives one
+# English adjective up to five French forms (*beau, bel, belle, beaux, belles*), and a French verb
+# has three forms (*voit, voient*, and the infinitive *voir* after *peut*) where English has two
+# (*sees, see*). A translation model has to learn which form the context demands.
 
 # %% [markdown]
 # A translation batch needs three views of the target. The decoder *reads* the target shifted
@@ -248,10 +260,11 @@ print("tgt_out:", tgt_vocab.decode(batch.tgt_out[0], strip_special=False))
 # %%
 from tfmlib.plot import plot_heatmap
 
-labels = [" ".join(src_vocab.decode(batch.src[i]))[:40] for i in range(3)]
-ax = plot_heatmap(batch.src_mask.int(), title="Source mask: 1 = real token, 0 = padding",
+labels = [" ".join(t for t in src_vocab.decode(batch.src[i], strip_special=False) if t != "<pad>")
+          for i in range(3)]
+ax = plot_heatmap(batch.src_mask.int(), title="Source mask: black = real token (<eos> included), white = padding",
                   xlabel="position in the padded batch", ylabel="sentence", y_labels=labels,
-                  cmap="Greys", vmin=0, vmax=1)
+                  cmap="Greys", vmin=0, vmax=1, colorbar=False)
 ax.figure.set_size_inches(8, 2.4)
 plt.show()
 
@@ -270,6 +283,7 @@ plt.show()
 # similar length. How much padding does it save on this corpus?
 
 # %%
+# NBVAL_CHECK_OUTPUT
 from tfmlib.data import BucketBatchSampler, padding_fraction
 
 lengths = dataset.lengths()
@@ -328,7 +342,9 @@ print(f"speed-up from bucketing: {seconds['random'] / seconds['bucketed']:.2f}x"
 #
 # The same models run on real sentences. `tfmlib.corpora` reads two standard datasets from a
 # folder you download them to: the Tatoeba/Anki English–French pairs (167k pairs, short
-# everyday sentences) and Multi30k (29k image captions in English, German and French). Their
+# everyday sentences) and Multi30k (29k image captions in English, German and French;
+# `TFM_CORPUS=multi30k` translates German→English, the usual benchmark direction, and
+# `multi30k-en-fr` keeps the English→French direction of the bundled corpus). Their
 # loaders check the files' SHA-256 digests, and split Tatoeba *by distinct English sentence*:
 # many English sentences have several French translations, and a split by line would leak test
 # sentences into training. The translation chapters read their data through one switch,
@@ -349,8 +365,9 @@ for folder in ("tatoeba-fra-eng", "multi30k"):
 
 # %% [markdown]
 # If a corpus is missing, the message above and the docstrings of `tfmlib.corpora` say where to
-# download it from and where to put it (`data/external/`, which git ignores). Nothing in the book
-# needs it: every chapter runs on the bundled corpus by default.
+# download it from and where to put it: `data/external/` (which git ignores), or any folder named
+# by `TFM_CORPORA_DIR`. Nothing in the book needs it: every chapter runs on the bundled corpus by
+# default.
 #
 # ## The map of `tfmlib`
 #
@@ -384,15 +401,15 @@ for chapter, name, summary in sorted(rows):
 # ## Summary
 #
 # * One variable, `TFM_PROFILE` (`smoke`, `cpu`, `gpu`), sizes every chapter through its first
-#   cell; `setup` also picks the device and seeds the run, and seeded runs repeat exactly on one
-#   machine.
+#   cell; `setup` also picks the device and seeds the run, and seeded CPU runs repeat exactly on
+#   one machine.
 # * The bundled corpus is a generated English→French-like language with agreement, reordering,
 #   two-part negation and long sentences: enough structure to make attention necessary, small
 #   enough to train on a CPU.
 # * Text becomes tensors in three steps (tokenize, look up ids with `<pad>`/`<bos>`/`<eos>`/`<unk>`,
 #   pad with a mask). The mask keeps padding out of losses and, later, out of attention.
-# * Batching sentences of similar length cut the padding from the first measurement above to the
-#   second, and the GRU's time with it.
+# * Batching sentences of similar length cut the padding of the training split from most of each
+#   batch to a few percent, and the GRU's time in proportion (both measured above).
 # * Real corpora load through `tfmlib.corpora` and the `TFM_CORPUS` switch.
 #
 # ## Exercises
@@ -405,7 +422,11 @@ for chapter, name, summary in sorted(rows):
 #    dataset. What would a full sort do to training? What happens to padding as the pool shrinks?
 # 3. Splitting Tatoeba by line puts some English sentences in both training and test (with
 #    different French translations). Which number in a results table would that inflate?
-# 4. French is longer than English on this corpus. Which grammar rules make it so?
+# 4. French needs about a hundred more token types than English on this corpus, although its
+#    sentences are no longer. Which grammar rules make it so?
+# 5. On a real corpus some test words are not in the training vocabulary. What does the model
+#    read in their place, and what can it write in the translation? How would you reduce the
+#    number of unknown words without making the vocabulary huge?
 #
 # ### Coding exercises
 #
@@ -427,9 +448,11 @@ def padding_mask(lengths: torch.Tensor, max_len: int) -> torch.Tensor:
 exercises.check("00.padding_mask", padding_mask)
 
 # %% [markdown]
-# **2.** Write `padding_fraction(batches, lengths)`: the fraction of all padded token slots
-# (over all batches, each padded to its own longest sentence) that is padding. Then compare your
-# number on `random_batches` with the one printed above.
+# **2.** Write `my_padding_fraction(batches, lengths)` (named so it does not shadow
+# `tfmlib.data.padding_fraction`, imported above): the fraction of all padded token slots (over
+# all batches, each padded to its own longest sentence) that is padding. Then run
+# `my_padding_fraction(random_batches, lengths)` and compare it with the fraction printed in the
+# bucketing section.
 
 # %%
 def my_padding_fraction(batches: list[list[int]], lengths: list[int]) -> float:
@@ -441,7 +464,8 @@ exercises.check("00.padding_fraction", my_padding_fraction)
 # %% [markdown]
 # ## References
 #
-# * A. Vaswani et al., *Attention Is All You Need*, NeurIPS 2017: the destination of this book.
+# * A. Vaswani et al., *Attention Is All You Need*, NeurIPS 2017: the destination of this book
+#   (§3 the architecture, chapters 05–07; §5 training, chapter 08).
 # * D. Bahdanau, K. Cho, Y. Bengio, *Neural Machine Translation by Jointly Learning to Align and
 #   Translate*, ICLR 2015 (arXiv:1409.0473), §5 and Figure 2: the length experiment that chapters
 #   02–03 repeat, which is why the bundled corpus has long sentences.

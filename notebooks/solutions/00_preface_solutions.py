@@ -73,10 +73,10 @@ exercises.check("00.padding_fraction", my_padding_fraction, must_pass=True)
 #    sentence in training, with a French translation that often shares most words with the
 #    reference.
 # 4. **More French token types.** Agreement: an English adjective has one form, its French
-#    translation up to four (masculine/feminine × singular/plural), an English verb two forms
-#    and its French one at least two; articles split by gender and elision (*le, la, l', les*).
-#    The cell below counts, for each English adjective of the corpus, how many French forms it
-#    takes.
+#    translation up to five (masculine/feminine × singular/plural, and *bel, vieil, nouvel*
+#    before a vowel); a French verb has a singular, a plural and an infinitive (after *peut*),
+#    where English has two forms; articles split by gender and elision (*le, la, l', les*). The
+#    cell below counts, for each English adjective of the corpus, how many French forms it takes.
 
 # %%
 from tfmlib.data import tokenize
@@ -84,9 +84,25 @@ from tfmlib.synthetic import ADJECTIVES, load_bundled
 
 french_types = {t for _, fr in load_bundled("train") for t in tokenize(fr)}
 english_types = {t for en, _ in load_bundled("train") for t in tokenize(en)}
+
+
+def french_forms(adjective) -> set[str]:
+    """The forms of an adjective that occur in the French side of the corpus."""
+    forms = {adjective.fr_ms, adjective.fr_fs, adjective.fr_mp, adjective.fr_fp, adjective.fr_ms_vowel}
+    return (forms - {None}) & french_types
+
+
 for adjective in ADJECTIVES[:8]:
-    forms = {adjective.fr_ms, adjective.fr_fs, adjective.fr_mp, adjective.fr_fp} & french_types
-    print(f"{adjective.en:8s} -> {len(forms)} French forms: {sorted(forms)}")
-total_forms = sum(len({a.fr_ms, a.fr_fs, a.fr_mp, a.fr_fp} & french_types) for a in ADJECTIVES)
+    forms = french_forms(adjective)
+    print(f"{adjective.en:9s} -> {len(forms)} French forms: {sorted(forms)}")
+total_forms = sum(len(french_forms(a)) for a in ADJECTIVES)
 print(f"{len(ADJECTIVES)} English adjectives, {total_forms} French adjective forms in the corpus; "
       f"{len(english_types)} English vs {len(french_types)} French token types overall")
+
+# %% [markdown]
+# 5. **Unknown words.** The model reads `<unk>` in place of every unknown source word, so all of
+#    them look alike; it can only write words of its target vocabulary, so a name or a rare word
+#    comes out as `<unk>` or as a wrong guess. Two standard remedies: copy the source word when
+#    the model emits `<unk>` (using attention to find which source word to copy, Luong et al.
+#    2015), or split words into subword units (byte-pair encoding, Sennrich et al. 2016), so
+#    that every word is a sequence of known pieces and the vocabulary stays small.
