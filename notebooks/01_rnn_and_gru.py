@@ -22,13 +22,15 @@
 # made recurrent networks work in practice. Along the way it derives a formula that is the
 # seed of the rest of the book: **the state of a GRU is a weighted average of everything it
 # has proposed so far**, with weights that are positive and sum to one. Attention (chapters
-# 03 and 04) is what you get when you let a network choose those weights freely.
+# 03 and 04) is what you get when a network may compute those weights afresh for every
+# question it asks of the past, instead of fixing them once, word by word, as it reads.
 #
 # **This chapter builds**
 #
 # 1. a vanilla (Elman) RNN cell from scratch, checked against `nn.RNNCell`;
 # 2. a measurement of vanishing and exploding gradients, with the Jacobian product that explains it;
-# 3. a GRU from scratch, checked against `nn.GRU` (outputs and gradients);
+# 3. a GRU from scratch, checked against `nn.GRU` (outputs and gradients), and a measurement of
+#    what its gates do to the gradient;
 # 4. the unrolled GRU: $h_T$ as a convex combination of candidate vectors, derived and checked;
 # 5. a GRU language model (and a vanilla RNN one) trained on the bundled corpus, compared with
 #    count-based baselines, and a look inside its gates.
@@ -45,6 +47,7 @@ from __future__ import annotations  # lets the classes below name themselves in 
 
 import math
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -103,7 +106,8 @@ run = setup(
 #    W_{xh} \in \mathbb{R}^{H \times I},\; W_{hh} \in \mathbb{R}^{H \times H},\; b \in \mathbb{R}^H . $$
 #
 # Here it is, exactly as `tfmlib.rnn` defines it. On a batch, `x` is `(B, I)` and `h` is
-# `(B, H)`, so the matrix products are written `x @ W.T`. The argument checks
+# `(B, H)`: each row is one example, so $W_{xh} x_t$ for every row at once is written
+# `x @ W_xh.T`, of shape `(B, H)`. The argument checks
 # (`check_sizes`, `check_step_inputs`) only raise a readable error on bad shapes.
 
 # %%
@@ -136,7 +140,7 @@ class RNNCellScratch(nn.Module):
 # %% [markdown]
 # PyTorch's `nn.RNNCell` computes the same function with two bias vectors
 # ($b_{ih} + b_{hh}$, which is one bias in disguise). Copy its weights into our cell and compare
-# on a random batch, outputs and gradients:
+# on a random batch: the outputs, and the gradients with respect to the input:
 
 # %%
 torch.manual_seed(0)
@@ -156,43 +160,45 @@ assert err_out < 1e-6 and err_grad < 1e-6, "the scratch RNN cell should equal nn
 #
 # To learn that the word at position $t$ matters for a prediction at position $T$, gradient
 # descent needs the derivative of the loss at $T$ with respect to what happened at $t$. By the
-# chain rule it passes through every state in between:
+# chain rule it passes through every state in between (gradients written as row vectors, so
+# the Jacobians multiply from the left, latest step first):
 #
-# $$ \frac{\partial \ell_T}{\partial h_t} = \frac{\partial \ell_T}{\partial h_T}
-#    \prod_{k=t+1}^{T} \frac{\partial h_k}{\partial h_{k-1}},
+# $$ \frac{\partial \ell_T}{\partial h_t} = \frac{\partial \ell_T}{\partial h_T}\,
+#    \underbrace{\frac{\partial h_T}{\partial h_{T-1}}\,\frac{\partial h_{T-1}}{\partial h_{T-2}}
+#    \cdots \frac{\partial h_{t+1}}{\partial h_t}}_{\partial h_T / \partial h_t},
 #    \qquad
 #    \frac{\partial h_k}{\partial h_{k-1}} = \operatorname{diag}\!\big(1 - h_k^2\big)\, W_{hh} . $$
 #
-# Each factor is the same matrix $W_{hh}$ scaled row by row by $\tanh' = 1 - h_k^2 \in (0, 1]$.
+# (The second formula: $h_k = \tanh(a_k)$ with $a_k = W_{xh} x_k + W_{hh} h_{k-1} + b$, so
+# $\partial h_k / \partial a_k = \operatorname{diag}(\tanh'(a_k)) = \operatorname{diag}(1 - h_k^2)$
+# and $\partial a_k / \partial h_{k-1} = W_{hh}$.) Each factor is the same matrix $W_{hh}$ scaled
+# row by row by $\tanh' = 1 - h_k^2 \in (0, 1]$.
 # So the size of the product is governed by $W_{hh}$ raised to the power $T - t$: since
 # $\lVert \operatorname{diag}(1 - h_k^2) \rVert \le 1$,
 #
 # $$ \Big\lVert \frac{\partial h_T}{\partial h_t} \Big\rVert \;\le\; \lVert W_{hh} \rVert^{\,T-t}, $$
 #
-# and over many steps the product shrinks or grows roughly like $\rho^{T-t}$, where $\rho$ is
-# the spectral radius (largest eigenvalue modulus) of $W_{hh}$, pulled down further by the
-# $\tanh'$ factors. Below one, the signal from far away decays *exponentially* with distance
-# (it vanishes); well above one, it can blow up (explodes). Bengio, Simard & Frasconi (1994)
+# with $\lVert \cdot \rVert$ the spectral norm (largest singular value). If
+# $\lVert W_{hh} \rVert < 1$ the gradient must vanish exponentially. The bound is loose, though:
+# over many steps the product shrinks or grows roughly like $\rho^{T-t}$, where $\rho \le
+# \lVert W_{hh} \rVert$ is the spectral radius (largest eigenvalue modulus) of $W_{hh}$, pulled
+# down further by the $\tanh'$ factors. Below one, the signal from far away decays
+# *exponentially* with distance (it vanishes); above one, it can grow exponentially instead
+# (it explodes). Bengio, Simard & Frasconi (1994)
 # showed this makes long-range dependencies hard to learn by gradient descent; Pascanu,
 # Mikolov & Bengio (2013, §2–3) give the sufficient conditions and the geometry.
 #
 # Let us measure it instead of trusting the bound. We run a cell on random inputs for
 # `run.grad_steps` steps, back-propagate from a random projection $u^\top h_T$ of the last
 # state, and record $\lVert \partial (u^\top h_T) / \partial h_t \rVert$ for every $t$,
-# averaged over a batch and over `run.grad_seeds` random initialisations. Four cells:
+# averaged over a batch and over `run.grad_seeds` random initialisations. Two cells:
 #
 # * **RNN, default init**: PyTorch's $U(-1/\sqrt H, 1/\sqrt H)$ weights;
-# * **RNN, $W_{hh} \times 3$**: the same with a three times larger recurrent matrix;
-# * **GRU, default init** (the gated cell of section 3, run here ahead of its derivation);
-# * **GRU, update gate biased to +4**: a GRU whose update gate starts near
-#   $\sigma(4) \approx 0.98$, i.e. one that mostly *keeps* its state.
+# * **RNN, $W_{hh} \times 3$**: the same with a three times larger recurrent matrix.
 #
-# The GRU cell is only defined in section 3; for this measurement we take `tfmlib`'s copy.
+# (Section 3 runs the same measurement on the GRU.)
 
 # %%
-from tfmlib.rnn import GRUCellScratch as PackageGRUCell  # the same code as section 3 below
-
-
 def gradient_by_distance(make_cell, steps: int, hidden: int, seeds: int, batch: int = 32,
                          input_size: int = 32) -> Tensor:
     """Mean ||d(u . h_T) / d h_t|| as a function of the distance T - t (index 0 is t = T)."""
@@ -222,57 +228,48 @@ def rnn_scaled(scale: float):
     return make
 
 
-def gru_update_bias(bias: float):
-    def make(input_size: int, hidden: int) -> PackageGRUCell:
-        cell = PackageGRUCell(input_size, hidden)
-        with torch.no_grad():
-            cell.W_iz.bias.fill_(bias)
-            cell.W_hz.bias.zero_()
-        return cell
-    return make
+def show_reach(ratios: dict[str, np.ndarray], title: str) -> None:
+    """Plot the relative gradient norm against distance, and print it at a few distances."""
+    plot_curves(ratios, logy=True, x=np.arange(run.grad_steps), title=title,
+                xlabel="distance T - t (time steps)",
+                ylabel="||d(u.h_T)/dh_t|| / ||d(u.h_T)/dh_T||  (log)")
+    plt.show()
+    print(f"{'cell':28s}" + "".join(f"{'d=' + str(d):>11s}" for d in (1, 5, 10, 20)))
+    for name, r in ratios.items():
+        print(f"{name:28s}" + "".join(f"{r[d]:11.2e}" for d in (1, 5, 10, 20)))
 
 
-cells = {
-    "RNN, default init": rnn_scaled(1.0),
-    "RNN, W_hh x 3": rnn_scaled(3.0),
-    "GRU, default init": PackageGRUCell,
-    "GRU, update-gate bias +4": gru_update_bias(4.0),
-}
+cells = {"RNN, default init": rnn_scaled(1.0), "RNN, W_hh x 3": rnn_scaled(3.0)}
 grad_curves = {name: gradient_by_distance(make, run.grad_steps, run.grad_hidden, run.grad_seeds)
                for name, make in cells.items()}
 ratios = {name: (c / c[0]).numpy() for name, c in grad_curves.items()}
-
-ax = plot_curves({name: r for name, r in ratios.items()}, logy=True,
-                 x=np.arange(run.grad_steps),
-                 title="How far back does the gradient reach? (random weights, random inputs)",
-                 xlabel="distance T - t (time steps)",
-                 ylabel="||dL/dh_t|| / ||dL/dh_T|| (log scale)")
-plt.show()
-
-print(f"{'cell':28s}" + "".join(f"{'d=' + str(d):>11s}" for d in (1, 5, 10, 20)))
-for name, r in ratios.items():
-    print(f"{name:28s}" + "".join(f"{r[d]:11.2e}" for d in (1, 5, 10, 20)))
+show_reach(ratios, "How far back does an RNN's gradient reach? (random weights and inputs)")
 
 # %% [markdown]
 # The vertical axis is logarithmic, so a straight line is exponential decay or growth. The
-# measured slope of the default RNN can be compared with its weights: the geometric-mean
-# factor per step against the spectral radius $\rho(W_{hh})$ and the norm $\lVert W_{hh}\rVert_2$.
+# measured slope can be compared with the weights: the factor per step (the geometric mean
+# over the last 20 steps, $r_{20}^{1/20}$) against the spectral radius $\rho(W_{hh})$ and the
+# norm $\lVert W_{hh}\rVert_2$ of the very matrices the measurement used.
 
 # %%
-torch.manual_seed(0)
-W_hh = RNNCellScratch(32, run.grad_hidden).W_hh.detach()
-rho = torch.linalg.eigvals(W_hh).abs().max().item()
-sigma_max = torch.linalg.matrix_norm(W_hh, ord=2).item()
+rhos, norms = [], []
+for seed in range(run.grad_seeds):  # rebuild each initialisation exactly as gradient_by_distance did
+    torch.manual_seed(seed)
+    W_hh = rnn_scaled(1.0)(32, run.grad_hidden).W_hh.detach()
+    rhos.append(torch.linalg.eigvals(W_hh).abs().max().item())
+    norms.append(torch.linalg.matrix_norm(W_hh, ord=2).item())
+rho, sigma_max = float(np.mean(rhos)), float(np.mean(norms))
 per_step = {name: float(r[20] ** (1 / 20)) for name, r in ratios.items()}
-print(f"default RNN: spectral radius rho(W_hh) = {rho:.2f}, largest singular value = {sigma_max:.2f}")
+print(f"default W_hh (mean over {run.grad_seeds} initialisations): spectral radius rho = {rho:.2f}, "
+      f"largest singular value = {sigma_max:.2f}")
+print(f"3 x W_hh: spectral radius 3 rho = {3 * rho:.2f}")
 for name, f in per_step.items():
-    print(f"  measured factor per step over 20 steps, {name:26s}: {f:.3f}")
+    print(f"  measured factor per step, {name:18s}: {f:.3f}")
 
 assert ratios["RNN, default init"][20] < 1e-3, "the default RNN's gradient should vanish within 20 steps"
 assert per_step["RNN, default init"] < rho, "tanh' < 1 makes the decay faster than rho alone"
 assert ratios["RNN, W_hh x 3"][20] > ratios["RNN, default init"][20] * 1e3, "larger W_hh: much less decay"
-assert ratios["GRU, update-gate bias +4"][20] > 0.1, "a GRU that keeps its state keeps its gradient"
-assert ratios["GRU, update-gate bias +4"][20] > 100 * ratios["GRU, default init"][20]
+assert per_step["RNN, W_hh x 3"] < 3 * rho, "saturated tanh' factors should damp the x3 growth"
 
 # %% [markdown]
 # What the numbers say (read them off the printed table, they are this run's):
@@ -282,16 +279,16 @@ assert ratios["GRU, update-gate bias +4"][20] > 100 * ratios["GRU, default init"
 #   further. Twenty steps back, the signal is a tiny fraction of what it was at $T$, so a
 #   dependency twenty words long contributes almost nothing to the weight update.
 # * Scaling $W_{hh}$ up does not fix this; it trades vanishing for **explosion**: the
-#   $\times 3$ curve grows with distance, and a network in that regime takes huge, erratic
-#   steps. Gradient clipping (Pascanu et al., 2013, §3.2), which `tfmlib.train.fit` applies by
-#   default, tames the explosion; nothing as simple cures the vanishing.
-# * A **GRU at its default initialisation also vanishes.** Gates are not magic.
-# * A GRU whose update gate is near one keeps most of its gradient over the whole window. The
-#   reason is visible in its Jacobian (derived in section 3): it contains the term
-#   $\operatorname{diag}(z_t)$, an identity-like path that does not pass through a weight
-#   matrix or a $\tanh'$. The gate is a *learnable* knob between "overwrite" and "carry":
-#   training can open a long path exactly for the hidden units that need one. Section 6 checks
-#   whether a trained model actually does.
+#   $\times 3$ curve *grows* with distance. It grows far more slowly than $3\rho$ per step,
+#   because larger weights push the pre-activations into the flat parts of $\tanh$, where
+#   $\tanh' = 1 - h^2$ is small; but exponential growth, however slow, dominates over long
+#   sequences, and the gradient of a long sentence is then ruled by its far end. Gradient
+#   clipping (Pascanu et al., 2013, §3.2), which `tfmlib.train.fit` applies by default, caps
+#   the size of an update and so tames the explosion; nothing as simple cures the vanishing.
+# * There is no good setting in between: the same matrix is applied at every step, so the
+#   gradient is multiplied by (roughly) the same factor again and again, and any factor other
+#   than exactly one compounds. The repair has to be architectural: a path from $h_{t-1}$ to
+#   $h_t$ whose Jacobian can stay close to the identity. That is what the GRU's gates provide.
 #
 # ## 3. The gated recurrent unit (GRU)
 #
@@ -315,7 +312,8 @@ assert ratios["GRU, update-gate bias +4"][20] > 100 * ratios["GRU, default init"
 #   $z_t \approx 0$ replaces it by the candidate (overwrite). The new state is an
 #   interpolation, never a sum that could grow without bound.
 #
-# Differentiating the last line shows the path section 2 measured:
+# Differentiating the last line (product rule; $z_t$ and $n_t$ both depend on $h_{t-1}$) shows
+# the path that section 2 asked for:
 #
 # $$ \frac{\partial h_t}{\partial h_{t-1}} = \operatorname{diag}(z_t)
 #    + \operatorname{diag}(1 - z_t)\,\frac{\partial n_t}{\partial h_{t-1}}
@@ -323,7 +321,9 @@ assert ratios["GRU, update-gate bias +4"][20] > 100 * ratios["GRU, default init"
 #
 # When $z_t \to 1$ the first term tends to the identity and the other two vanish: the state
 # and its gradient pass through unchanged, much as in a residual connection or the LSTM's
-# "constant error carousel" (Hochreiter & Schmidhuber, 1997, §4).
+# "constant error carousel" (Hochreiter & Schmidhuber, 1997, §4). Unlike the RNN's Jacobian,
+# this term involves no weight matrix and no $\tanh'$, and the network controls it, unit by
+# unit and step by step, through $z_t$.
 #
 # Two conventions circulate, so be careful when you read papers and blog posts:
 #
@@ -341,13 +341,15 @@ assert ratios["GRU, update-gate bias +4"][20] > 100 * ratios["GRU, default init"
 # %%
 # tfmlib-source: tfmlib.rnn.GRUCellScratch
 class GRUCellScratch(nn.Module):
-    """One GRU step, in PyTorch's convention (Cho et al., 2014, with the gates named as in ``nn.GRU``)::
+    """One GRU step (Cho et al., 2014) in PyTorch's convention, the one ``nn.GRU`` computes::
 
         r  = sigmoid(W_ir x + b_ir + W_hr h + b_hr)        reset gate
         z  = sigmoid(W_iz x + b_iz + W_hz h + b_hz)        update gate
         n  = tanh(W_in x + b_in + r * (W_hn h + b_hn))     candidate
         h' = (1 - z) * n + z * h
 
+    Cho et al. apply the reset gate before the matrix product, ``W_hn (r * h)``; PyTorch (and this
+    cell) applies it after, ``r * (W_hn h + b_hn)``. ``z`` near 1 keeps the old state.
     Each ``W_i*`` is an ``nn.Linear(I, H)`` and each ``W_h*`` an ``nn.Linear(H, H)``, bias included.
     ``forward(x, h)``: ``x`` is ``(B, I)``, ``h`` is ``(B, H)`` (zeros when ``None``); returns
     ``h'`` of shape ``(B, H)``. ``step(x, h)`` returns ``(h', GRUGates(z, r, n))``.
@@ -457,18 +459,23 @@ out_ref, h_ref = ref_gru(x, h0[None])  # nn.GRU's states carry a layer axis: (1,
 out_mine, h_mine = my_gru(x, h0)
 
 probe = torch.randn_like(out_ref)  # a random loss, so every output gets a different gradient
+ref_names = ["weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0"]
+grads_ref = torch.autograd.grad((out_ref * probe).sum(), [x] + [getattr(ref_gru, n) for n in ref_names])
 params = dict(my_gru.named_parameters())  # "cell.W_ir.weight", "cell.W_ir.bias", ...
-grads_ref = torch.autograd.grad((out_ref * probe).sum(), [x, ref_gru.weight_ih_l0, ref_gru.weight_hh_l0])
 grads_mine = torch.autograd.grad((out_mine * probe).sum(), [x, *params.values()])
 g = dict(zip(params, grads_mine[1:], strict=True))
-mine_w_ih = torch.cat([g[f"cell.W_i{gate}.weight"] for gate in "rzn"])  # stacked like nn.GRU's
-mine_w_hh = torch.cat([g[f"cell.W_h{gate}.weight"] for gate in "rzn"])
+stacked_like_torch = {  # our per-gate gradients, stacked in nn.GRU's order (reset, update, candidate)
+    "weight_ih_l0": torch.cat([g[f"cell.W_i{gate}.weight"] for gate in "rzn"]),
+    "weight_hh_l0": torch.cat([g[f"cell.W_h{gate}.weight"] for gate in "rzn"]),
+    "bias_ih_l0": torch.cat([g[f"cell.W_i{gate}.bias"] for gate in "rzn"]),
+    "bias_hh_l0": torch.cat([g[f"cell.W_h{gate}.bias"] for gate in "rzn"]),
+}
 errors = {
     "outputs": (out_mine - out_ref).abs().max().item(),
     "last state": (h_mine - h_ref[0]).abs().max().item(),
     "d/d inputs": (grads_mine[0] - grads_ref[0]).abs().max().item(),
-    "d/d weight_ih": (mine_w_ih - grads_ref[1]).abs().max().item(),
-    "d/d weight_hh": (mine_w_hh - grads_ref[2]).abs().max().item(),
+    **{f"d/d {n[:-3]}": (stacked_like_torch[n] - gr).abs().max().item()
+       for n, gr in zip(ref_names, grads_ref[1:], strict=True)},
 }
 for what, err in errors.items():
     print(f"max |ours - nn.GRU| {what:14s}: {err:.1e}")
@@ -477,6 +484,50 @@ assert max(errors.values()) < 1e-12, "the scratch GRU should equal nn.GRU (float
 # %% [markdown]
 # They agree to rounding error in float64. From here on, wherever speed matters we use
 # `nn.GRU` (a fused kernel, much faster than a Python loop), and we know exactly what it computes.
+#
+# ### Does the gate fix the vanishing gradient?
+#
+# Back to the measurement of section 2, now with two GRU cells beside the two RNNs:
+#
+# * **GRU, default init**: PyTorch's default weights, so every gate starts around
+#   $\sigma(\text{small}) \approx 0.5$;
+# * **GRU, update-gate bias +4**: the same, but with the biases of the update gate set so that
+#   it starts near $\sigma(4) \approx 0.98$, a GRU that mostly *keeps* its state.
+
+# %%
+def gru_update_bias(bias: float):
+    def make(input_size: int, hidden: int) -> GRUCellScratch:
+        cell = GRUCellScratch(input_size, hidden)
+        with torch.no_grad():
+            cell.W_iz.bias.fill_(bias)  # b_iz + b_hz = bias
+            cell.W_hz.bias.zero_()
+        return cell
+    return make
+
+
+for name, make in {"GRU, default init": GRUCellScratch, "GRU, update-gate bias +4": gru_update_bias(4.0)}.items():
+    grad_curves[name] = gradient_by_distance(make, run.grad_steps, run.grad_hidden, run.grad_seeds)
+ratios = {name: (c / c[0]).numpy() for name, c in grad_curves.items()}
+show_reach(ratios, "How far back does the gradient reach? RNN vs GRU (random weights)")
+per_step = {name: float(r[20] ** (1 / 20)) for name, r in ratios.items()}
+for name in ("GRU, default init", "GRU, update-gate bias +4"):
+    print(f"measured factor per step, {name:25s}: {per_step[name]:.3f}")
+print(f"sigma(4) = {torch.sigmoid(torch.tensor(4.0)).item():.3f}")
+
+assert ratios["GRU, default init"][20] < 1e-2, "a GRU at default init should lose most of its gradient"
+assert ratios["GRU, update-gate bias +4"][20] > 0.1, "a GRU that keeps its state keeps its gradient"
+assert ratios["GRU, update-gate bias +4"][20] > 100 * ratios["GRU, default init"][20], \
+    "the update-gate bias should be what keeps the gradient"
+
+# %% [markdown]
+# * A **GRU at its default initialisation also vanishes**, a little more slowly than the RNN.
+#   With $z \approx 0.5$ the $\operatorname{diag}(z_t)$ path keeps only about half of the
+#   gradient per step. Gates are not magic: they help only once they are set to keep.
+# * A GRU whose update gate is near one keeps most of its gradient over the whole window, and
+#   its printed factor per step is close to $\sigma(4)$: the $\operatorname{diag}(z_t)$ term of
+#   the Jacobian dominates. The gate is a *learnable* knob between "overwrite" and "carry":
+#   training can open a long path exactly for the hidden units that need one (question 2 asks
+#   what a gate stuck at "carry" costs). Section 6 checks whether a trained model does.
 #
 # ## 4. The unrolled GRU: a weighted average of candidates
 #
@@ -497,7 +548,15 @@ assert max(errors.values()) < 1e-12, "the scratch GRU should equal nn.GRU (float
 #
 # Read the weight $w_i$ of candidate $n_i$ from right to left in time: it was written at step
 # $i$ with strength $1 - z_i$, and then it had to *survive* every later step $j = i+1, \dots,
-# T$, keeping a fraction $z_j$ each time. (The empty product, for $i = T$, is 1.) Some popular
+# T$, keeping a fraction $z_j$ each time. (The empty product, for $i = T$, is 1.)
+#
+# The dots hide an induction on $T$, which is short. For $T = 1$ the formula is the GRU's last
+# line, $h_1 = z_1 h_0 + (1 - z_1) n_1$. If it holds for $h_{T-1}$, then
+# $h_T = (1 - z_T)\, n_T + z_T\, h_{T-1}$ multiplies every weight of $h_{T-1}$ by $z_T$ (each
+# product gains the factor $j = T$) and adds $n_T$ with weight $1 - z_T$, which is exactly the
+# formula for $T$.
+#
+# Some popular
 # write-ups of this expansion multiply the gates of the *first* steps, $\prod_{j=1}^{T-i+1}$, and
 # the factors $1 - z_k$ for $k < i$: those indices are wrong, and we check below that they do not
 # reproduce $h_T$. The correct products run over the steps *after* $i$.
@@ -510,11 +569,14 @@ assert max(errors.values()) < 1e-12, "the scratch GRU should equal nn.GRU (float
 # Every $w_i$ is in $[0, 1]$, so **for every hidden unit, $h_T$ is a convex combination of
 # $h_0$ and the candidates $n_1, \dots, n_T$**. Compare this with attention, which you will
 # meet in chapter 03: an output $\sum_i \alpha_i v_i$ with $\alpha_i \ge 0$ and
-# $\sum_i \alpha_i = 1$. The GRU already averages over the past; what it cannot do is choose
-# the weights freely. They are products of gates, so a far-away candidate can only be reached
-# by keeping $z \approx 1$ at *every* step in between, and the candidates themselves depend on
-# the previous states. Chapter 04 frees these pieces one at a time and arrives at
-# self-attention.
+# $\sum_i \alpha_i = 1$. The GRU already averages over the past. What it cannot do is choose
+# the weights *when it needs them*. Each $w_i$ is settled while the sentence is read, by gates
+# that see only the current input and state; a far-away candidate survives only if the gate
+# says "keep" at *every* step in between; and what survives is blended into one vector of size
+# $H$, from which no later question can pull a single candidate back out. The candidates
+# themselves also depend on the previous states, so they cannot be computed in parallel.
+# Attention keeps every $v_i$ and computes fresh weights for each query. Chapter 04 frees these
+# pieces one at a time and arrives at self-attention.
 #
 # The package's `unrolled_gru_weights(z)` computes all $w_i$ at once with a reversed
 # cumulative product. We check it against the recurrence on a real GRU run, and we check the
@@ -566,12 +628,15 @@ plot_curves({"mean over units": w[0].mean(dim=1).numpy()}, x=positions, ax=axes[
             xlabel="position i (0 = initial state h_0)", ylabel="weight w_i")
 plt.tight_layout()
 plt.show()
-print(f"weight of the last 5 candidates (mean over units): {w[0, -5:].sum(0).mean():.3f}")
+print(f"mean update gate z on this sequence: {gates.z[0].mean():.3f}")
+print(f"weight of the last 5 candidates (mean over units): {w[0, -5:].sum(0).mean():.3f}; "
+      f"with every z = 0.5 it would be 1 - 0.5**5 = {1 - 0.5**5:.3f}")
 
 # %% [markdown]
-# With random weights, $z \approx 0.5$, so the weights halve with every step back: the state
-# is dominated by the last few candidates, the same short memory section 2 measured for the
-# gradient. Training has to learn gates near one for the units that should remember.
+# With random weights, $z \approx 0.5$, so the weights roughly halve with every step back (a
+# straight line on the log scale): the state is dominated by the last few candidates, the same
+# short memory that sections 2 and 3 measured for the gradient. Training has to learn gates
+# near one for the units that should remember.
 #
 # ## 5. A GRU language model on the bundled corpus
 #
@@ -660,16 +725,18 @@ for name, ppl in baselines.items():
 # Now the GRU language model, `tfmlib.rnn.GRULanguageModel`: an embedding, a fast `nn.GRU`,
 # and a linear read-out. Its twin `RNNLanguageModel` is identical except for a vanilla tanh
 # RNN in the middle; training both with the same data, sizes, seed and optimiser isolates
-# what the gates buy. `tfmlib.train.fit` is a plain loop (loss, backward, clip the gradient
+# what the gates buy. (Same sizes is not same parameter count: a GRU layer has three weight
+# blocks where the RNN has one, and the cell below prints both counts.) `tfmlib.train.fit` is a plain loop (loss, backward, clip the gradient
 # norm to 1, step) that records every step's loss and evaluates after every epoch.
 
 # %%
-histories, models = {}, {}
+histories, models, n_params = {}, {}, {}
 for name, cls in [("GRU", GRULanguageModel), ("vanilla RNN", RNNLanguageModel)]:
     torch.manual_seed(run.seed)
     model = cls(len(vocab), run.embed, run.hidden).to(run.device)
     optimizer = torch.optim.Adam(model.parameters(), lr=run.lr)
-    print(f"{name}: {sum(p.numel() for p in model.parameters()):,} parameters")
+    n_params[name] = sum(p.numel() for p in model.parameters())
+    print(f"{name}: {n_params[name]:,} parameters")
     histories[name] = fit(model, train_loader, lm_loss, optimizer, epochs=run.lm_epochs,
                           device=run.device, eval_fn=evaluate, desc=name)
     models[name] = model
@@ -681,33 +748,68 @@ plot_curves({name: h.step_loss for name, h in histories.items()}, smooth=25, ax=
             title="Training loss (moving average of 25 steps)", xlabel="optimisation step",
             ylabel="cross-entropy (nats per token)")
 epochs = np.arange(1, run.lm_epochs + 1)
-plot_curves({**{name: h.metric("valid_ppl") for name, h in histories.items()},
-             **{name: [ppl] * run.lm_epochs for name, ppl in baselines.items()}},
-            x=epochs, ax=axes[1], logy=True, title="Validation perplexity vs count baselines",
-            xlabel="epoch", ylabel="perplexity (log scale, lower is better)")
+plot_curves({name: h.metric("valid_ppl") for name, h in histories.items()},
+            x=epochs, ax=axes[1], title="Validation perplexity per epoch",
+            xlabel="epoch", ylabel="perplexity (lower is better)")
+axes[1].axhline(baselines["bigram (counts)"], color="gray", ls="--", label="bigram (counts)")
+axes[1].margins(y=0.1)
+axes[1].legend()
+axes[1].set_xticks(epochs)
 plt.tight_layout()
 plt.show()
 
+
+def ms_per_step(model: nn.Module, batch: tuple[Tensor, Tensor], repeats: int = 10) -> float:
+    """Best-of-`repeats` time of one forward and backward pass, in ms (the least disturbed run)."""
+    batch = tuple(t.to(run.device) for t in batch)
+    times = []
+    for _ in range(repeats):
+        if run.device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        lm_loss(model, batch)[0].backward()
+        if run.device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    model.zero_grad()
+    return 1000 * min(times)
+
+
+timing_batch = collate_lm(train_ids[: run.batch_size])
 final = {name: h.epochs[-1]["valid_ppl"] for name, h in histories.items()}
-print(f"{'model':18s}{'valid perplexity':>18s}{'train time (s)':>16s}")
+best = {name: min(h.metric("valid_ppl")) for name, h in histories.items()}
+step_ms = {name: ms_per_step(m, timing_batch) for name, m in models.items()}
+print(f"{'model':18s}{'parameters':>12s}{'valid ppl':>11s}{'best epoch':>12s}{'ms / step':>11s}"
+      f"{'train time (s)':>16s}")
 for name, ppl in {**baselines, **final}.items():
-    secs = f"{histories[name].seconds:16.1f}" if name in histories else f"{'-':>16s}"
-    print(f"{name:18s}{ppl:18.2f}{secs}")
+    if name in histories:
+        print(f"{name:18s}{n_params[name]:12,d}{ppl:11.2f}{best[name]:12.2f}{step_ms[name]:11.1f}"
+              f"{histories[name].seconds:16.1f}")
+    else:
+        print(f"{name:18s}{'-':>12s}{ppl:11.2f}{'-':>12s}{'-':>11s}{'-':>16s}")
 assert final["GRU"] < baselines["unigram (counts)"], "the GRU LM should beat the unigram baseline"
 if run.profile != "smoke":  # a few seconds of training (smoke) is too little for the finer comparisons
     assert final["GRU"] < baselines["bigram (counts)"], "the GRU LM should beat the bigram baseline"
-    assert final["GRU"] < final["vanilla RNN"], "the GRU LM should beat the RNN LM of the same size"
+    assert final["GRU"] < final["vanilla RNN"], "the GRU LM should beat the RNN LM of the same sizes"
+    assert best["GRU"] < best["vanilla RNN"], "the GRU LM's best epoch should beat the RNN LM's"
 
 # %% [markdown]
 # Read the table from the top. Context matters a lot on this corpus: the bigram model, which
-# sees only the previous word, is far better than the unigram model. The recurrent models see
-# the whole prefix and do better still, and the GRU ends below the vanilla RNN of the same
-# size (the `cpu` run asserts both; in the `smoke` profile, a few seconds of training, only the
-# unigram comparison is meaningful). The GRU costs more time per step (three gates instead of
-# one affine map), as the last column shows. The table compares the last epoch of each model;
-# the right-hand curve shows the per-epoch values, and that the vanilla RNN's are the less steady. Samples show what
-# the perplexity means: greedy decoding picks the most likely word every time, sampling at
-# temperature 0.8 draws from the model's distribution, slightly sharpened.
+# sees only the previous word, is far better than the unigram model (the unigram line would sit
+# far above the right-hand plot, so only the bigram is drawn). The recurrent models see the
+# whole prefix and do better still, and the GRU ends below the vanilla RNN of the same sizes,
+# both at the last epoch and at each model's best epoch (the `cpu` run asserts all three
+# comparisons; in the `smoke` profile, a few seconds of training, only the unigram one is
+# meaningful). The gap is modest and the per-epoch values are noisy, so do not read much into
+# a single epoch; and the GRU has more parameters, so this comparison shows what the gated
+# layer buys at equal width, not at equal parameter count (question 6). The GRU also costs
+# more time per step (three affine maps, for $r$, $z$ and $n$, instead of one): the `ms / step`
+# column times one forward and backward pass on the same batch, best of ten. (The total
+# training time in the last column is a single measurement and moves with whatever else the
+# machine is doing.)
+#
+# Samples show what the perplexity means: greedy decoding picks the most likely word every
+# time, sampling at temperature 0.8 draws from the model's distribution, slightly sharpened.
 
 # %%
 def show(ids: list[int]) -> str:
@@ -816,8 +918,8 @@ if run.profile != "smoke":
     assert frac["after"] > frac["before"], "training should create long-memory gates"
 
 # %% [markdown]
-# **How far back does the gradient reach in the trained models?** The measurement of section 2
-# again, now with trained weights on real sentences. Which prediction should we differentiate?
+# **How far back does the gradient reach in the trained models?** The measurement of sections
+# 2 and 3 again, now with trained weights on real sentences. Which prediction should we differentiate?
 # The period is a good one: to know that a sentence may end, the model must know that every
 # clause opened earlier has been closed, which can depend on words far back. For validation
 # sentences of at least 22 tokens, we take the loss of predicting the final `.` and measure the
@@ -857,9 +959,9 @@ if run.profile != "smoke":
 # %% [markdown]
 # Both curves fall with distance (most of what predicts a word is nearby), but the vanilla RNN's
 # falls faster: twenty tokens back, the printed ratio says how many times more gradient the GRU
-# still receives. That is the measurement of section 2 again, now on a trained model and real
-# text, and it is the learned part that matters: at initialisation the GRU's gradient vanished
-# too. Training pushed the update gates from around 0.5 towards the two ends (the histogram):
+# still receives. That is the measurement of sections 2 and 3 again, now on a trained model and
+# real text, and it is the learned part that matters: at initialisation (section 3) the GRU's
+# gradient vanished too. Training pushed the update gates from around 0.5 towards the two ends (the histogram):
 # mostly near 0, "overwrite with the new word", and a sizeable share near 1, "carry this
 # along". The second kind is the path the gradient takes.
 #
@@ -876,18 +978,22 @@ if run.profile != "smoke":
 #   $h_t = \tanh(W_{xh} x_t + W_{hh} h_{t-1} + b)$; ours equals `nn.RNNCell`.
 # * The gradient from step $T$ to step $t$ is a product of $T - t$ Jacobians
 #   $\operatorname{diag}(1 - h_k^2) W_{hh}$. Measured: with default weights it decays
-#   geometrically (by the printed factor per step); with larger weights it explodes instead.
-#   Clipping handles explosion; vanishing needs a different architecture.
+#   geometrically (by the printed factor per step, below the spectral radius of $W_{hh}$); with
+#   larger weights it grows instead. Clipping handles explosion; vanishing needs a different
+#   architecture.
 # * The GRU adds a reset gate (how much of the past the candidate reads) and an update gate
 #   (keep or overwrite, per unit): $h_t = (1 - z_t) \odot n_t + z_t \odot h_{t-1}$, PyTorch's
 #   convention. Its Jacobian contains $\operatorname{diag}(z_t)$, a path that carries gradient
-#   when $z \approx 1$. Ours equals `nn.GRU` in outputs and gradients.
+#   when $z \approx 1$: measured, a GRU whose update gates start near one keeps its gradient,
+#   one at default initialisation does not. Ours equals `nn.GRU` in outputs and gradients.
 # * Unrolled, $h_T = \big(\prod_{j=1}^T z_j\big) h_0 + \sum_{i=1}^T (1 - z_i) \prod_{j=i+1}^T z_j\,
 #   n_i$: a convex combination of the candidates, per hidden unit, with weights that sum to one.
-#   This is the shape of attention, with weights the GRU cannot choose freely.
+#   This is the shape of attention, but the GRU fixes its weights as it reads and keeps only the
+#   blend, where attention keeps every vector and weighs them afresh for each query.
 # * A small GRU language model beats count-based baselines (unigram, bigram) on the bundled
-#   corpus and a vanilla RNN trained the same way; training moves many of its update gates
-#   towards 1, and its gradients reach further back than the RNN's (all measured above).
+#   corpus and a vanilla RNN of the same sizes trained the same way. Training pushes its update
+#   gates from around 0.5 to both ends, "overwrite" and "carry", and its gradients reach further
+#   back than the RNN's (all measured above).
 #
 # ## Exercises
 #
@@ -897,14 +1003,21 @@ if run.profile != "smoke":
 #    $|\tanh'| \le 1$. The printed largest singular value $\lVert W_{hh} \rVert_2$ of the default
 #    RNN can exceed 1 while its gradient still decays. Why is there no contradiction?
 #    What quantity governs the decay over many steps?
-# 2. In section 2 the GRU with update-gate bias +4 keeps its gradient, but what does such a
+# 2. In section 3 the GRU with update-gate bias +4 keeps its gradient, but what does such a
 #    network do with new inputs? What would happen to a language model initialised that way?
 #    (Consider the weight $1 - z_t$ of each new candidate.)
 # 3. Show that if $z_t = z$ is a constant vector, the unrolled weights are $w_i = (1 - z) z^{T-i}$:
 #    an exponential moving average. What is the "half-life" of a candidate for $z = 0.9$?
-# 4. The unrolled weights are non-negative and sum to one, like attention weights. Name two
-#    things attention weights can do that these cannot.
-# 5. Why does the language model's loss ignore padding positions, and what would happen to the
+# 4. Show the converse of section 4: for *any* non-negative weights $w_0, \dots, w_T$ that sum
+#    to one (for one hidden unit), there are gates $z_1, \dots, z_T \in [0, 1]$ that produce
+#    them. (Hint: what is $P_i = \prod_{j=i+1}^T z_j$ in terms of the $w$'s?) So which weights
+#    the GRU can express is not its limitation. What is?
+# 5. The unrolled weights are non-negative and sum to one, like attention weights. Name two
+#    things attention can do with its weights that the GRU cannot do with these.
+# 6. The GRU language model has more parameters than the vanilla RNN of the same sizes
+#    (printed in section 5). How many more, as a formula in the embedding size $E$ and the
+#    hidden size $H$? Design a comparison at equal parameter count.
+# 7. Why does the language model's loss ignore padding positions, and what would happen to the
 #    reported perplexity if it did not?
 #
 # ### Coding exercises
@@ -913,7 +1026,8 @@ if run.profile != "smoke":
 # or, while the stub still raises `NotImplementedError`, gives a hint. Solutions are in
 # `notebooks/solutions/01_rnn_and_gru_solutions.ipynb`.
 #
-# **1. One vanilla RNN step.** `x` is `(B, D)`, `h` is `(B, H)`, `W_xh` is `(H, D)`, `W_hh` is
+# **1. One vanilla RNN step.** `x` is `(B, D)` (`D` is the input size, $I$ in the text), `h` is
+# `(B, H)`, `W_xh` is `(H, D)`, `W_hh` is
 # `(H, H)`, `b` is `(H,)`. Return $h' = \tanh(W_{xh} x + W_{hh} h + b)$, shape `(B, H)`.
 
 # %%
@@ -926,7 +1040,8 @@ exercises.check("01.rnn_step", rnn_step)
 # %% [markdown]
 # **2. One GRU step from PyTorch's stacked weights.** `W_ih` is `(3H, D)` $= [W_{ir}; W_{iz};
 # W_{in}]$, `W_hh` is `(3H, H)`, `b_ih` and `b_hh` are `(3H,)`, in the layout of
-# `nn.GRUCell.weight_ih` etc. Return $h'$ as `nn.GRUCell` computes it.
+# `nn.GRUCell.weight_ih` etc. Return $h'$ as `nn.GRUCell` computes it (the equations of
+# section 3).
 
 # %%
 def gru_step(x: Tensor, h: Tensor, W_ih: Tensor, W_hh: Tensor, b_ih: Tensor, b_hh: Tensor) -> Tensor:

@@ -139,13 +139,15 @@ class GRUGates(NamedTuple):
 
 
 class GRUCellScratch(nn.Module):
-    """One GRU step, in PyTorch's convention (Cho et al., 2014, with the gates named as in ``nn.GRU``)::
+    """One GRU step (Cho et al., 2014) in PyTorch's convention, the one ``nn.GRU`` computes::
 
         r  = sigmoid(W_ir x + b_ir + W_hr h + b_hr)        reset gate
         z  = sigmoid(W_iz x + b_iz + W_hz h + b_hz)        update gate
         n  = tanh(W_in x + b_in + r * (W_hn h + b_hn))     candidate
         h' = (1 - z) * n + z * h
 
+    Cho et al. apply the reset gate before the matrix product, ``W_hn (r * h)``; PyTorch (and this
+    cell) applies it after, ``r * (W_hn h + b_hn)``. ``z`` near 1 keeps the old state.
     Each ``W_i*`` is an ``nn.Linear(I, H)`` and each ``W_h*`` an ``nn.Linear(H, H)``, bias included.
     ``forward(x, h)``: ``x`` is ``(B, I)``, ``h`` is ``(B, H)`` (zeros when ``None``); returns
     ``h'`` of shape ``(B, H)``. ``step(x, h)`` returns ``(h', GRUGates(z, r, n))``.

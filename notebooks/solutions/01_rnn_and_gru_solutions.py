@@ -66,7 +66,7 @@ exercises.check("01.gru_step", gru_step, must_pass=True)
 # %%
 def unrolled_weights(z: Tensor) -> Tensor:
     T, H = z.shape
-    w = torch.empty(T + 1, H, dtype=z.dtype)
+    w = z.new_empty(T + 1, H)  # same dtype and device as z
     w[0] = z.prod(dim=0)
     for i in range(1, T + 1):
         w[i] = (1 - z[i - 1]) * z[i:].prod(dim=0)
@@ -87,46 +87,94 @@ def unrolled_weights_vectorised(z: Tensor) -> Tensor:
 
 
 exercises.check("01.unrolled_weights", unrolled_weights_vectorised, must_pass=True)
-z = torch.rand(7, 3)
+z = torch.rand(7, 3, generator=torch.Generator().manual_seed(0))
 assert torch.allclose(unrolled_weights(z).sum(0), torch.ones(3)), "the weights should sum to one"
+assert torch.allclose(unrolled_weights(z), unrolled_weights_vectorised(z)), "loop and cumprod should agree"
 
 # %% [markdown]
 # ## Questions
 #
 # **1. A bound above one, yet decay.** $\lVert W_{hh}\rVert_2$ bounds how much *one* step can
-# stretch a vector; the bound $\lVert W_{hh}\rVert^{T-t}$ is only an upper bound and is loose
-# when the stretched direction is not the one that gets stretched again. Over many steps the
-# product of the same matrix behaves like $\rho(W_{hh})^{T-t}$, where $\rho$ is the spectral
-# radius (Gelfand's formula: $\lVert W^k \rVert^{1/k} \to \rho(W)$). The chapter printed
-# $\rho < 1 < \lVert W_{hh}\rVert_2$ for the default RNN, and the $\tanh'$ factors (at most 1)
-# shrink the product further. So the measured decay is consistent with the bound; it is just
-# governed by the spectral radius, not the norm.
+# stretch a vector; the bound $\lVert W_{hh}\rVert^{T-t}$ is only an upper bound, and it is loose
+# when the direction stretched most by one step is not the one stretched most by the next (for a
+# non-symmetric matrix it usually is not). Over many steps the powers of a fixed matrix behave
+# like $\rho(W)^{k}$, where $\rho$ is the spectral radius (Gelfand's formula:
+# $\lVert W^k \rVert^{1/k} \to \rho(W)$), and $\rho \le \lVert W \rVert_2$ always. The chapter
+# printed $\rho$ below one and $\lVert W_{hh}\rVert_2$ above one for the default RNN, and the
+# $\tanh'$ factors (at most 1) shrink the product further, which is why the measured factor per
+# step was below even $\rho$. So the measured decay does not contradict the bound: the bound
+# just says nothing useful when $\lVert W_{hh} \rVert_2 > 1$, and the decay over many steps is
+# governed by the spectral radius (times the typical $\tanh'$), not by the norm.
 #
 # **2. A GRU that always keeps.** With $z_t \approx 0.98$, each new candidate enters the state
 # with weight $1 - z_t \approx 0.02$: the network barely listens to its input, and its state
-# moves slowly. Gradients reach far back, but what they reach is a state that hardly depends on
-# the recent words. A language model initialised that way starts as a very smooth, slow
-# integrator; it can learn (the biases are trainable), but it must first learn to *lower* $z$
-# for the units that should react to the current word. A moderate positive bias on the update
-# gate (the GRU analogue of the LSTM "forget-gate bias of 1", Jozefowicz et al., 2015) is a
-# common compromise.
+# moves slowly. The same factor scales learning: differentiating
+# $h_t = (1 - z_t) \odot n_t + z_t \odot h_{t-1}$ with respect to the input,
+#
+# $$ \frac{\partial h_t}{\partial x_t} = \operatorname{diag}(1 - z_t)\,\frac{\partial n_t}{\partial x_t}
+#    + \operatorname{diag}(h_{t-1} - n_t)\,\operatorname{diag}\big(z_t (1 - z_t)\big)\, W_{iz}, $$
+#
+# and both terms carry a factor $1 - z_t \approx 0.02$. The gradients that would teach the
+# input-side weights are about 25 times smaller than in a GRU with $z \approx 0.5$. Gradients reach far back, but
+# what they reach is a state that hardly depends on any one word. A language model initialised
+# that way starts as a slow, smooth integrator of its inputs and predicts poorly at first; it
+# can learn (the biases are trainable), but it must first learn to *lower* $z$ for the units
+# that should react to the current word. A moderate positive bias on the update gate (the GRU
+# analogue of the LSTM "forget-gate bias of 1", Jozefowicz, Zaremba & Sutskever, 2015) is
+# a common compromise.
 #
 # **3. A constant gate.** With $z_t = z$, $\prod_{j=i+1}^{T} z_j = z^{T-i}$, so
 # $w_i = (1 - z)\, z^{T-i}$ and $w_0 = z^T$: an exponential moving average of the candidates.
 # A candidate's weight halves after $k$ steps when $z^k = 1/2$, i.e. $k = \ln 2 / (-\ln z)$;
 # for $z = 0.9$ that is about 6.6 steps.
 #
-# **4. What attention weights can do that these cannot.** (a) Be large for a far-away position
-# and small for the positions in between: the GRU's weight of $n_i$ is a product over every
-# later step, so it can only stay large if every later gate keeps it. (b) Depend on a *query*
-# chosen at read time (the decoder's current state, another word): the GRU fixes the weights
-# while it reads, before it knows what will be asked. Also: attention weights are computed in
-# parallel for all positions, and the values they average do not depend on each other, while
-# the GRU's candidates $n_i$ depend on the previous states.
+# **4. Every weighting is reachable.** Work backwards from $P_T = 1$. Since
+# $w_i = P_i - P_{i-1}$ (section 4), $P_{i-1} = P_i - w_i$, so
+# $P_i = 1 - \sum_{k > i} w_k = \sum_{k \le i} w_k$, a non-decreasing sequence in $[0, 1]$
+# with $P_0 = w_0$. Choose $z_i = P_{i-1} / P_i$ (and $z_i = 0$ where $P_i = 0$); then
+# $0 \le z_i \le 1$, the product $\prod_{j > i} z_j$ telescopes to $P_i / P_T = P_i$, and
+# $(1 - z_i) P_i = P_i - P_{i-1} = w_i$. (Where $P_i = 0$, all weights up to $i$ are zero, and
+# the first later $z_j = 0$ makes the product zero, as it should be.) So a GRU unit could in
+# principle put, say, all its weight on the third word of the sentence: write at step 3
+# ($z_3 = 0$), then keep ($z_j = 1$) at every later step. The limitation is *when and from
+# what* the weights are chosen: $z_i$ must be decided at step $i$ from $x_i$ and $h_{i-1}$
+# alone, before the network knows which later prediction will need the word, and the choice is
+# then fixed for every later use.
 #
-# **5. Padding in the loss.** Padding positions are not words of the sentence: their "targets"
+# **5. What attention can do that these weights cannot.** (a) Depend on a *query* chosen at read
+# time (the decoder's current state, another word of the sentence): different queries get
+# different weights over the same positions. The GRU commits to one weighting per unit while
+# it reads (question 4). (b) Keep every value vector and retrieve any one of them later: the
+# GRU stores only the blend, $H$ numbers, and once two candidates have been averaged into a
+# unit no later question can separate them again. Attention's memory grows with the length
+# of the input; the GRU's is fixed. Also: attention weights are computed in parallel for all
+# positions, and the values they average do not depend on each other, while each GRU
+# candidate $n_i$ depends on the previous state. (One thing goes the other way: the GRU has a
+# separate weighting for every hidden unit, while one attention head uses the same weight for
+# all features of a value vector; multi-head attention, chapter 05, recovers some of that.)
+#
+# **6. Parameters at equal width.** An `nn.RNN` layer has $W_{ih}$ ($H \times E$), $W_{hh}$
+# ($H \times H$) and two biases: $HE + H^2 + 2H$ parameters. An `nn.GRU` layer has three of
+# each, one per block ($r$, $z$, $n$): $3(HE + H^2 + 2H)$. The embedding and the read-out are
+# the same, so the GRU model has $2(HE + H^2 + 2H)$ more parameters; with $E = 64$, $H = 128$
+# that is $2(8192 + 16384 + 256) = 49{,}664$, the difference of the two printed counts. For a
+# comparison at equal parameter count, widen the RNN to $H'$ such that its total matches:
+# $H'^2 + H'(E + 2 + V) + V(E + 1) = N_{\text{GRU}}$, where the $H' V$ term is the wider
+# read-out. With the `cpu` profile's sizes ($V = 292$) that is $H' \approx 200$. Then compare
+# at equal training time as well: the GRU is slower per step, and a fair comparison gives
+# both the same budget.
+#
+# **7. Padding in the loss.** Padding positions are not words of the sentence: their "targets"
 # are `PAD`, which the model would learn to predict trivially after `EOS`. Counting them would
 # add many near-zero losses to the average and report a perplexity that is better than the
 # model really is (and that changes with how batches are padded). `ignore_index=PAD_ID` drops
 # them, and `lm_loss` returns the number of real targets so that epoch averages weight each
 # batch by its real tokens.
+#
+# ## References
+#
+# * R. Jozefowicz, W. Zaremba, I. Sutskever (2015). *An empirical exploration of recurrent
+#   network architectures.* ICML. Among other findings, that a forget-gate bias of 1 closes
+#   most of the gap between the LSTM and the GRU.
+# * The chapter's references, in particular Pascanu, Mikolov & Bengio (2013, §2) for the
+#   spectral radius and the norm of $W_{hh}$.
