@@ -290,3 +290,68 @@ def test_verbs_agree_with_the_number_of_an_english_subject():
             verb = next(v for v in VERBS if v.en_sg == e[2] or v.en_base == e[2])
             plural = e[2] == verb.en_base and verb.en_base != verb.en_sg
             assert f[-2] == (verb.fr_pl if plural else verb.fr_sg), (en, fr)
+
+
+# --------------------------------------------------------------------------- errors a reviewer found
+
+_ADVERBS_FR = "souvent|toujours|parfois|rarement"
+_LIKING_FORMS = sorted({f for v in VERBS if v.liking for f in (v.fr_sg, v.fr_pl, v.fr_inf)})
+
+
+def test_liking_verbs_are_marked():
+    # every verb of liking or preference in the lexicon carries the flag the grammar uses
+    liking = {"aimer", "adorer", "détester", "préférer"}
+    assert {v.fr_inf for v in VERBS if v.liking} == {v.fr_inf for v in VERBS if v.fr_inf in liking}
+    assert {"aimer", "adorer"} <= {v.fr_inf for v in VERBS if v.liking}
+
+
+def test_without_drops_the_indefinite_article(all_pairs):
+    # "sans chanson", "sans oncles", never "sans une chanson", "sans des oncles", "sans de petits oncles"
+    bad = re.compile(r"\bsans (?:un|une|des|de|du)\b|\bsans d'")
+    kept = re.compile(r"\bsans (?:le|la|les|l'|ce|cet|cette|ces|mon|ma|mes)\b|\bsans l'")
+    bare = re.compile(r"\bsans (?!(?:le|la|les|ce|cet|cette|ces|mon|ma|mes)\b|l')")
+    n_bare = n_kept = 0
+    for en, fr in all_pairs:
+        assert not bad.search(fr), fr
+        assert "without some" not in en, en  # "without any uncles" -> "sans oncles"
+        # each "without a / an / any" is one bare "sans"; the other articles stay
+        n_indef = len(re.findall(r"\bwithout (?:a|an|any)\b", en))
+        assert len(bare.findall(fr)) == n_indef, (en, fr)
+        n_bare += n_indef
+        n_kept += len(kept.findall(fr))
+    assert n_bare > 500 and n_kept > 500
+    # adjectives still agree with the bare noun: "sans chanson triste", "sans petits chats"
+    checked = 0
+    for _, fr in all_pairs:
+        toks = tokenize(fr)
+        for i, w in enumerate(toks[:-2]):
+            if w != "sans" or toks[i + 1] in ARTICLES or toks[i + 1] == "l'":
+                continue
+            j = i + 2 if toks[i + 1] in PRE_ADJ_FORMS and toks[i + 1] not in NOUN_FORMS else i + 1
+            options = NOUN_FORMS[toks[j]]
+            if j > i + 1:
+                assert options & ADJ_FORMS[toks[i + 1]], fr
+            if toks[j + 1] in POST_ADJ_FORMS and toks[j + 1] not in NOUN_FORMS:
+                assert options & ADJ_FORMS[toks[j + 1]], fr
+                checked += 1
+    assert checked > 50
+
+
+def test_liking_verbs_take_no_indefinite_object(all_pairs):
+    # French says "il n'aime pas les pommes", not "il n'aime pas de pomme"; the English never has
+    # "likes an apple" either: a verb of liking has a definite, demonstrative, possessive or pronoun object
+    verb = "|".join(_LIKING_FORMS)
+    fr_bad = re.compile(rf"\b(?:{verb})(?: pas| jamais)?(?: (?:{_ADVERBS_FR}))? (?:de\b|d'|un\b|une\b|des\b)")
+    en_bad = re.compile(r"\b(?:likes?|loves?) (?:a|an|some|any)\b")
+    for en, fr in all_pairs:
+        assert not fr_bad.search(fr), fr
+        assert not en_bad.search(en), en
+    for phrase in ("n'aime pas", "n'aiment pas", "n'adore pas", "n'adorent pas", "ne déteste pas",
+                   "ne détestent pas", "ne préfère pas", "ne préfèrent pas", "aimer", "adorer"):
+        found = re.compile(rf"\b{phrase} (?:de\b|d')")  # "n'aime pas devant" (in front of) is fine
+        assert not any(found.search(fr) for _, fr in all_pairs), phrase
+    # the liking verbs keep their objects, and "pas de" stays for the other verbs
+    assert sum(bool(re.search(rf"\bn'(?:{verb}) pas (?:le|la|les|l'|ce|cet|cette|ces|mon|ma|mes)\b", fr))
+               for _, fr in all_pairs) > 100
+    assert sum(" pas de " in fr or " pas d'" in fr for _, fr in all_pairs) > 500
+    assert any(fr == "il n'ouvre pas de livre." for _, fr in all_pairs)

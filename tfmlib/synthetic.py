@@ -14,6 +14,10 @@ word-by-word substitution:
   ``the small black cats`` -> ``les petits chats noirs`` (alignments cross);
 * verbs conjugated for the 3rd person: ``sees / see`` -> ``voit / voient``;
 * negation around the verb: ``does not like`` -> ``n'aime pas``, ``never sleeps`` -> ``ne dort jamais``;
+  an indefinite object of a negated verb becomes ``de``: ``does not open a book`` -> ``n'ouvre pas de livre``
+  (verbs of liking, ``aimer`` and ``adorer``, never take an indefinite object: French uses the
+  definite article there, ``il aime les pommes``);
+* ``without`` drops the indefinite article: ``without a song`` -> ``sans chanson``;
 * an adverb that moves: ``the cat often sees the dog`` -> ``le chat voit souvent le chien``;
 * object pronouns that move before the verb: ``the cat sees her`` -> ``le chat la voit``;
 * nested relative clauses: ``the dog that the cat sees`` -> ``le chien que le chat voit``;
@@ -96,6 +100,9 @@ class Verb:
 
     ``frame`` is how it is used: ``"intr"`` (sleeps), ``"tr"`` (sees X), ``"ditr"`` (gives X to Y),
     ``"motion"`` (goes to a place). ``objects`` lists the noun kinds its object can be.
+    ``liking`` marks verbs of liking (``aimer``, ``adorer``): in French their object takes the definite
+    article in generic use (``il aime les pommes``, ``il n'aime pas les pommes``), so the grammar never
+    gives them an indefinite object (no ``likes an apple`` / ``n'aime pas de pomme``).
     """
 
     en_sg: str
@@ -105,6 +112,7 @@ class Verb:
     fr_inf: str
     frame: str
     objects: tuple[str, ...] = ()
+    liking: bool = False
 
 
 # english, english plural, french, french plural, gender, kind
@@ -235,8 +243,8 @@ VERBS: tuple[Verb, ...] = (
     Verb("waits", "wait", "attend", "attendent", "attendre", "intr"),
     # transitive
     Verb("sees", "see", "voit", "voient", "voir", "tr", ANY),
-    Verb("likes", "like", "aime", "aiment", "aimer", "tr", ANY),
-    Verb("loves", "love", "adore", "adorent", "adorer", "tr", ANY),
+    Verb("likes", "like", "aime", "aiment", "aimer", "tr", ANY, liking=True),
+    Verb("loves", "love", "adore", "adorent", "adorer", "tr", ANY, liking=True),
     Verb("eats", "eat", "mange", "mangent", "manger", "tr", ("food",)),
     Verb("finds", "find", "trouve", "trouvent", "trouver", "tr", ("thing", "food", "animal")),
     Verb("watches", "watch", "regarde", "regardent", "regarder", "tr", ANY),
@@ -276,6 +284,8 @@ ADVERBS: dict[str, str] = {
 
 # English preposition -> (French words, the article-contracting preposition or None).
 # "near the garden" -> "près" + de + le -> "près du jardin".
+# After "without" an indefinite article disappears in French: "without a song" -> "sans chanson",
+# "without any uncles" -> "sans oncles" (see NounPhrase.french(bare_indefinite=True)).
 PREPOSITIONS: dict[str, tuple[str, str | None]] = {
     "near": ("près", "de"), "far from": ("loin", "de"), "next to": ("à côté", "de"),
     "in": ("dans", None), "on": ("sur", None), "under": ("sous", None), "behind": ("derrière", None),
@@ -346,6 +356,7 @@ class NounPhrase:
         return self.noun.feminine
 
     def english(self, negated_object: bool = False) -> list[str]:
+        """English words; ``negated_object`` (also the object of ``without``) turns ``some`` into ``any``."""
         adjs = [a.en for a in (self.pre, self.post) if a is not None]
         noun = self.noun.en_plural if self.plural else self.noun.en
         first = (adjs + [noun])[0]
@@ -360,10 +371,13 @@ class NounPhrase:
             det = self.det
         return [det, *adjs, noun, *self.tail_en]
 
-    def french(self, linker: str | None = None, negated_object: bool = False) -> list[str]:
+    def french(self, linker: str | None = None, negated_object: bool = False,
+               bare_indefinite: bool = False) -> list[str]:
         """French words; ``linker`` is ``"de"`` or ``"à"`` when a preposition contracts with the article.
 
         ``negated_object``: the direct object of a negated verb, where ``un/une/des`` become ``de``.
+        ``bare_indefinite``: the object of ``sans``, where ``un/une/des`` disappear (``sans chanson
+        triste``, ``sans oncles``); definite, demonstrative and possessive articles stay.
         """
         fem, pl = self.noun.feminine, self.plural
         noun = self.noun.fr_plural if pl else self.noun.fr
@@ -374,7 +388,10 @@ class NounPhrase:
         if self.post is not None:
             words.append(self.post.form(fem, pl))
         first = words[0]
-        det = self._french_determiner(first, linker, negated_object)
+        if bare_indefinite and self.det == "a":
+            det: list[str] = []  # "sans chanson", "sans petits chats"
+        else:
+            det = self._french_determiner(first, linker, negated_object)
         return det + words + list(self.tail_fr)
 
     def _french_determiner(self, first: str, linker: str | None, negated_object: bool) -> list[str]:
@@ -441,8 +458,8 @@ LEVELS: tuple[tuple[float, Complexity], ...] = (
 class SentenceGenerator:
     """Draws (English, French) sentence pairs from one ``random.Random(seed)``.
 
-    >>> SentenceGenerator(seed=0).sentence()  # doctest: +SKIP
-    ('the small cat sleeps.', 'le petit chat dort.')
+    >>> SentenceGenerator(seed=2024).sentence()  # the first pair of the bundled train split
+    ('a farmer hears my goat.', 'un fermier entend ma chèvre.')
     """
 
     def __init__(self, seed: int = 0):
@@ -468,11 +485,15 @@ class SentenceGenerator:
         return self.rng.choice(self._nouns_by_kind[kind])
 
     # ---- noun phrases
-    def noun_phrase(self, kinds: Sequence[str], depth: int, allow_rel: bool = True) -> NounPhrase:
-        """A noun phrase whose noun is of one of ``kinds``, with optional adjectives, PP and relative."""
+    def noun_phrase(self, kinds: Sequence[str], depth: int, allow_rel: bool = True,
+                    allow_indefinite: bool = True) -> NounPhrase:
+        """A noun phrase whose noun is of one of ``kinds``, with optional adjectives, PP and relative.
+
+        ``allow_indefinite=False`` (the object of a verb of liking) never draws ``a / some``.
+        """
         lv, rng = self.level, self.rng
         noun = self._noun(kinds)
-        det = rng.choices(("the", "a", "this", "my"), weights=(6, 3, 1, 1))[0]
+        det = rng.choices(("the", "a", "this", "my"), weights=(6, 3 if allow_indefinite else 0, 1, 1))[0]
         np_ = NounPhrase(det=det, noun=noun, plural=self._chance(0.3))
         pool = self._adjectives[noun.kind]
         if self._chance(lv.p_adj):
@@ -504,7 +525,9 @@ class SentenceGenerator:
             noun_kinds = [k for k in _PREP_OBJECTS[prep] if k in kinds]
         np_ = self.noun_phrase(noun_kinds, depth, allow_rel=False)
         fr_words, linker = PREPOSITIONS[prep]
-        return [*prep.split(), *np_.english()], [*fr_words.split(), *np_.french(linker=linker)]
+        without = prep == "without"  # "without a song / any songs" -> "sans chanson / sans chansons"
+        return ([*prep.split(), *np_.english(negated_object=without)],
+                [*fr_words.split(), *np_.french(linker=linker, bare_indefinite=without)])
 
     def relative_clause(self, head: NounPhrase, depth: int) -> tuple[list[str], list[str]]:
         """``that sees the dog`` -> ``qui voit le chien`` or ``that the cat sees`` -> ``que le chat voit``."""
@@ -590,7 +613,7 @@ class SentenceGenerator:
             obj_pronoun = rng.choice(("him", "her", "them") if "person" in verb.objects else ("them",))
         en, fr = self._verb_group(verb, plural, obj_pronoun, negated, adverb, modal)
         if frame in ("tr", "ditr") and obj_pronoun is None:
-            obj = self.noun_phrase(verb.objects, depth)
+            obj = self.noun_phrase(verb.objects, depth, allow_indefinite=not verb.liking)
             en += obj.english(negated_object=is_negative)
             fr += obj.french(negated_object=is_negative)
         if frame == "ditr":
