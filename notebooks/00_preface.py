@@ -357,16 +357,18 @@ for name, description in CORPORA.items():
     print(f"TFM_CORPUS={name:16s} {description}")
 
 # %%
+from tfmlib.corpora import DOWNLOAD_INSTRUCTIONS
+
 for folder in ("tatoeba-fra-eng", "multi30k"):
     try:
-        print(f"{folder}: found at {corpus_dir(folder)}")
-    except FileNotFoundError as missing:
-        print(f"{folder}: not downloaded. {str(missing).splitlines()[0]}")
+        print(f"{folder}: found in {corpus_dir(folder)}\n")
+    except FileNotFoundError:
+        print(f"{folder}: not downloaded. To get it:\n{DOWNLOAD_INSTRUCTIONS[folder]}\n")
 
 # %% [markdown]
-# If a corpus is missing, the message above and the docstrings of `tfmlib.corpora` say where to
-# download it from and where to put it: `data/external/` (which git ignores), or any folder named
-# by `TFM_CORPORA_DIR`. Nothing in the book needs it: every chapter runs on the bundled corpus by
+# The instructions above (also in the docstrings of `tfmlib.corpora`) say where to download each
+# corpus and where to put it: `data/external/` (which git ignores), or any folder named by
+# `TFM_CORPORA_DIR`; `tfmlib.corpora.verify` checks the downloaded files against their SHA-256. Nothing in the book needs it: every chapter runs on the bundled corpus by
 # default.
 #
 # ## The map of `tfmlib`

@@ -954,16 +954,22 @@ for name, r in reach.items():
     print(f"{name:12s} relative gradient at distance 10: {r[10]:.2e}, at 20: {r[20]:.2e}")
 print(f"GRU / RNN at distance 20: {reach['GRU'][20] / reach['vanilla RNN'][20]:.1f}x")
 if run.profile != "smoke":
-    assert reach["GRU"][20] > reach["vanilla RNN"][20], "the trained GRU's gradient should reach further"
+    for name, r in reach.items():
+        assert r[20] < r[1], f"{name}: the gradient should fall with distance"
 
 # %% [markdown]
-# Both curves fall with distance (most of what predicts a word is nearby), but the vanilla RNN's
-# falls faster: twenty tokens back, the printed ratio says how many times more gradient the GRU
-# still receives. That is the measurement of sections 2 and 3 again, now on a trained model and
-# real text, and it is the learned part that matters: at initialisation (section 3) the GRU's
-# gradient vanished too. Training pushed the update gates from around 0.5 towards the two ends (the histogram):
-# mostly near 0, "overwrite with the new word", and a sizeable share near 1, "carry this
-# along". The second kind is the path the gradient takes.
+# Read the printed numbers before the textbook story. Both curves fall with distance (most of
+# what predicts a word is nearby), and after training they fall at much the same rate: twenty
+# tokens back the ratio GRU/RNN is close to one, nothing like the many orders of magnitude that
+# separated the random-weight cells of sections 2 and 3. Two things changed. Training moved the
+# weights: the RNN learned recurrent weights that do not shrink the gradient as fast as random
+# ones, and the GRU pushed its update gates from around 0.5 to the two ends (the histogram),
+# mostly near 0, "overwrite with the new word", with a sizeable share near 1, "carry this
+# along". And this task asks little of long memory: predicting the period of a sentence on this
+# corpus depends mostly on the last few words, so neither model is forced to carry gradient
+# further. Where the gates pay off here is the perplexity in the table above, at a cost of more
+# parameters and time per step. The gap reopens when a task needs distant information, which is
+# exactly what translation with a single summary vector will demand in chapter 02.
 #
 # Keep the unrolled form in mind for what comes next. In chapter 02 a GRU encoder squeezes a
 # whole English sentence into its last state $h_T$, a convex combination whose weights decay
@@ -992,8 +998,9 @@ if run.profile != "smoke":
 #   blend, where attention keeps every vector and weighs them afresh for each query.
 # * A small GRU language model beats count-based baselines (unigram, bigram) on the bundled
 #   corpus and a vanilla RNN of the same sizes trained the same way. Training pushes its update
-#   gates from around 0.5 to both ends, "overwrite" and "carry", and its gradients reach further
-#   back than the RNN's (all measured above).
+#   gates from around 0.5 to both ends, "overwrite" and "carry". After training, on a task that
+#   needs little long-range memory, the two models' gradients fall with distance at a similar
+#   rate: the dramatic gap is a property of weights and tasks, not a law (all measured above).
 #
 # ## Exercises
 #
@@ -1026,8 +1033,8 @@ if run.profile != "smoke":
 # or, while the stub still raises `NotImplementedError`, gives a hint. Solutions are in
 # `notebooks/solutions/01_rnn_and_gru_solutions.ipynb`.
 #
-# **1. One vanilla RNN step.** `x` is `(B, D)` (`D` is the input size, $I$ in the text), `h` is
-# `(B, H)`, `W_xh` is `(H, D)`, `W_hh` is
+# **1. One vanilla RNN step.** `x` is `(B, I)` ($I$ is the input size), `h` is
+# `(B, H)`, `W_xh` is `(H, I)`, `W_hh` is
 # `(H, H)`, `b` is `(H,)`. Return $h' = \tanh(W_{xh} x + W_{hh} h + b)$, shape `(B, H)`.
 
 # %%

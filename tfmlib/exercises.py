@@ -175,7 +175,7 @@ def _ch01_cases(seed: int) -> tuple[int, int, int, torch.Generator]:
     return batch, inp, hidden, g
 
 
-@checker("01.rnn_step", hint="h' = tanh(x @ W_xh.T + h @ W_hh.T + b): x is (B, D), W_xh is (H, D), "
+@checker("01.rnn_step", hint="h' = tanh(x @ W_xh.T + h @ W_hh.T + b): x is (B, I), W_xh is (H, I), "
          "so x @ W_xh.T is (B, H)")
 def _check_rnn_step(rnn_step: Callable[..., torch.Tensor]) -> None:
     for seed in range(4):

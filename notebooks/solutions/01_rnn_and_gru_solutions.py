@@ -29,7 +29,7 @@ from tfmlib import exercises
 # %% [markdown]
 # ## Coding exercises
 #
-# **1. One vanilla RNN step.** With `x` of shape `(B, D)` and `W_xh` of shape `(H, D)`,
+# **1. One vanilla RNN step.** With `x` of shape `(B, I)` and `W_xh` of shape `(H, I)`,
 # `x @ W_xh.T` is `(B, H)`: the batch version of $W_{xh} x$. The bias broadcasts over the batch.
 
 # %%
