@@ -191,17 +191,14 @@ def chapter_number(path: Path) -> str:
 
 
 def default_profile() -> str:
-    name = os.environ.get("TFM_PROFILE", "").strip().lower()
-    if name:
-        if name not in ("smoke", "cpu", "gpu"):
-            raise SystemExit(f"book: TFM_PROFILE={name!r} is not a profile; choose smoke, cpu or gpu")
-        return name
-    try:
-        import torch
+    """The profile the notebooks will pick (``TFM_PROFILE``, else by hardware), as tfmlib.config says."""
+    sys.path.insert(0, str(REPO_ROOT))
+    from tfmlib.config import active_profile
 
-        return "gpu" if torch.cuda.is_available() else "cpu"
-    except Exception:
-        return "cpu"
+    try:
+        return active_profile()
+    except ValueError as exc:  # a mistyped TFM_PROFILE: say so before starting any kernel
+        raise SystemExit(f"book: {exc}") from exc
 
 
 def describe_device() -> str:
