@@ -46,6 +46,14 @@ def test_setup_rejects_inconsistent_profiles():
         config.setup(0, smoke=dict(a=1), cpu=dict(a=1))
     with pytest.raises(ValueError, match="unknown profile"):
         config.setup(0, smoke=dict(a=1), cpu=dict(a=1), gpu=dict(a=1), tpu=dict(a=1))
+    with pytest.raises(TypeError, match=r"must be a dict, got \{'cpu': 'int'\}"):
+        config.setup(0, smoke=dict(a=1), cpu=5, gpu=dict(a=1))
+
+
+def test_setup_refuses_a_bad_seed_before_printing(capsys):
+    with pytest.raises(ValueError, match="seed must be a non-negative int, got -1"):
+        config.setup(-1)
+    assert capsys.readouterr().out == ""
 
 
 def test_seed_everything_makes_runs_repeatable():

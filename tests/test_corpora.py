@@ -342,6 +342,8 @@ def test_load_corpus_unknown_name_lists_choices():
         load_corpus("nope")
     with pytest.raises(ValueError, match="multi30k-en-en"):
         load_corpus("multi30k-en-en")
+    with pytest.raises(TypeError, match="name must be a str or None, got int"):
+        load_corpus(3)
 
 
 def test_corpora_describes_every_choice_in_one_line(fake_repo):

@@ -69,6 +69,8 @@ def test_vocab_bad_input():
         Vocab.build([["a"]]).decode(torch.zeros(2, 2, dtype=torch.long))
     with pytest.raises(TypeError, match="integers, got dtype torch.float32"):
         Vocab.build([["a"]]).decode(torch.tensor([4.0]))
+    with pytest.raises(TypeError, match="token ids must be ints, got 4.0"):
+        Vocab.build([["a"]]).decode([4.0])
 
 
 def test_vocab_save_load(tmp_path):
@@ -113,6 +115,12 @@ def test_pad_sequences_shapes_and_mask():
         pad_sequences([torch.tensor([0.5, 1.0])])
     ids, _ = pad_sequences([torch.tensor([4, 5]), [6]])
     assert ids.tolist() == [[4, 5], [6, PAD_ID]]
+    with pytest.raises(ValueError, match=r"sequence 0 must be a 1-D tensor.*got shape \(2, 2\)"):
+        pad_sequences([torch.ones(2, 2, dtype=torch.long)])
+    with pytest.raises(TypeError, match="sequence 0 must be a list of token ids, got str"):
+        pad_sequences(["abc"])
+    with pytest.raises(TypeError, match="non-integer"):
+        pad_sequences([[True, False]])
 
 
 def test_make_batch_shifts_target_and_masks_padding():
@@ -125,6 +133,18 @@ def test_make_batch_shifts_target_and_masks_padding():
     assert b.to("cpu").src.equal(b.src)
     with pytest.raises(ValueError, match="empty batch"):
         make_batch([])
+
+
+def test_make_batch_accepts_tensors_and_rejects_bad_examples():
+    as_lists = make_batch([([10, 11], [20, 21, 22]), ([12], [23])])
+    as_tensors = make_batch([(torch.tensor([10, 11]), torch.tensor([20, 21, 22])),
+                             (torch.tensor([12]), torch.tensor([23]))])
+    for f in ("src", "src_mask", "tgt_in", "tgt_out", "tgt_mask"):
+        assert torch.equal(getattr(as_tensors, f), getattr(as_lists, f)), f
+    with pytest.raises(TypeError, match="target of example 1 holds non-integer"):
+        make_batch([([1], [2]), ([3], [0.5])])
+    with pytest.raises(TypeError, match=r"example 0 must be a \(source_ids, target_ids\) pair"):
+        make_batch([[1, 2, 3]])
 
 
 def test_translation_dataset_and_loader():
@@ -140,13 +160,22 @@ def test_translation_dataset_and_loader():
 
 
 @given(st.lists(st.integers(1, 60), min_size=1, max_size=300), st.integers(1, 17), st.booleans(),
-       st.integers(0, 5))
-def test_bucket_sampler_yields_every_index_once(lengths, batch_size, shuffle, seed):
-    sampler = BucketBatchSampler(lengths, batch_size, shuffle=shuffle, seed=seed, pool_factor=4)
+       st.integers(0, 5), st.booleans())
+def test_bucket_sampler_yields_every_index_once(lengths, batch_size, shuffle, seed, drop_last):
+    sampler = BucketBatchSampler(lengths, batch_size, shuffle=shuffle, seed=seed, pool_factor=4,
+                                 drop_last=drop_last)
     batches = list(sampler)
-    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
-    assert all(1 <= len(b) <= batch_size for b in batches)
+    seen = sorted(i for b in batches for i in b)
     assert len(batches) == len(sampler)
+    if drop_last:
+        assert all(len(b) == batch_size for b in batches)
+        assert len(set(seen)) == len(seen) == len(lengths) // batch_size * batch_size
+    else:
+        assert seen == list(range(len(lengths)))
+        assert all(1 <= len(b) <= batch_size for b in batches)
+    if not shuffle:  # evaluation order: sorted by length
+        order = [i for b in batches for i in b]
+        assert [lengths[i] for i in order] == sorted(lengths[i] for i in order)
 
 
 def test_bucket_sampler_reduces_padding_and_reshuffles_each_epoch():
@@ -169,4 +198,17 @@ def test_bucket_sampler_bad_input():
         BucketBatchSampler([1, 2], 0)
     with pytest.raises(ValueError, match="empty"):
         BucketBatchSampler([], 4)
+    with pytest.raises(ValueError, match="pool_factor must be an int >= 1, got 0"):
+        BucketBatchSampler([1, 2], 2, pool_factor=0)
+    with pytest.raises(ValueError, match="batch_size must be an int >= 1, got 2.5"):
+        BucketBatchSampler([1, 2], 2.5)
     assert len(BucketBatchSampler([1] * 10, 4, drop_last=True)) == 2
+
+
+def test_padding_fraction_by_hand_and_bad_input():
+    # batch [0, 1]: lengths 3, 1 -> grid 2 x 3 = 6, real 4; batch [2]: grid 2, real 2
+    assert padding_fraction([[0, 1], [2]], [3, 1, 2]) == pytest.approx(1 - 6 / 8)
+    with pytest.raises(ValueError, match="no batches"):
+        padding_fraction([], [1, 2])
+    with pytest.raises(ValueError, match="batch 1 is empty"):
+        padding_fraction([[0], []], [1, 2])

@@ -67,3 +67,5 @@ def test_registry():
         exercises.check("99.nope", right_mask)
     with pytest.raises(ValueError, match="registered twice"):
         exercises.checker("00.padding_mask", hint="")(right_mask)
+    with pytest.raises(ValueError, match="must look like 'NN.short_name'"):
+        exercises.checker("1.padding", hint="")  # names(1) could never find it

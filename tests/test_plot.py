@@ -43,3 +43,30 @@ def test_curves_and_history():
     with pytest.raises(ValueError, match="no steps"):
         plot_history(History(), title="t")
     plt.close("all")
+
+
+def test_smoothed_curve_stays_aligned_with_x():
+    """A moving average over points i-k+1..i is drawn at point i, not shifted to the left."""
+    ys = [float(v) for v in range(10)]
+    line = plot_curves({"a": ys}, title="t", xlabel="x", ylabel="y", smooth=3).lines[0]
+    assert list(line.get_xdata()) == list(range(3, 11))        # default x: 1..10
+    assert list(line.get_ydata()) == pytest.approx([1.0 + i for i in range(8)])  # mean of i..i+2
+    line = plot_curves({"a": ys}, x=[10 * i for i in range(10)], title="t", xlabel="x", ylabel="y",
+                       smooth=3).lines[0]
+    assert list(line.get_xdata()) == [10 * i for i in range(2, 10)]
+    line = plot_curves({"a": torch.arange(4.0)}, title="t", xlabel="x", ylabel="y").lines[0]
+    assert list(line.get_ydata()) == [0.0, 1.0, 2.0, 3.0]  # a tensor is a curve too
+    plt.close("all")
+
+
+def test_curves_and_heatmap_bad_input():
+    kw = dict(title="t", xlabel="x", ylabel="y")
+    with pytest.raises(ValueError, match="smooth must be an int >= 1, got 0"):
+        plot_curves({"a": [1, 2]}, smooth=0, **kw)
+    with pytest.raises(ValueError, match=r"x has shape \(2,\), curve 'a' has 3 points"):
+        plot_curves({"a": [1, 2, 3]}, x=[0, 1], **kw)
+    with pytest.raises(ValueError, match=r"curve 'a' must be a non-empty 1-D sequence, got shape \(0,\)"):
+        plot_curves({"a": []}, **kw)
+    with pytest.raises(ValueError, match=r"non-empty, got shape \(0, 3\)"):
+        plot_heatmap(torch.rand(0, 3), **kw)
+    plt.close("all")

@@ -279,3 +279,69 @@ def test_bad_lm_inputs():
         GRULanguageModel(0, 4, 8)
     with pytest.raises(ValueError, match="empty batch"):
         collate_lm([])
+
+
+def test_empty_batches_and_mismatched_dtypes_are_refused():
+    with pytest.raises(ValueError, match=r"GRUCellScratch: empty batch \(x has shape \(0, 3\)\)"):
+        GRUCellScratch(3, 4)(torch.randn(0, 3))
+    with pytest.raises(ValueError, match="RNNCellScratch: empty batch"):
+        RNNCellScratch(3, 4)(torch.randn(0, 3))
+    with pytest.raises(ValueError, match="empty batch"):
+        GRUScratch(3, 4)(torch.randn(0, 5, 3))
+    with pytest.raises(TypeError, match="h must have x's dtype torch.float32, got torch.float64"):
+        GRUCellScratch(3, 4)(torch.randn(2, 3), torch.randn(2, 4, dtype=torch.double))
+    with pytest.raises(ValueError, match="empty batch"):
+        GRULanguageModel(10, 4, 8)(torch.ones(0, 3, dtype=torch.long))
+    with pytest.raises(TypeError, match="dst must be an RNNCellScratch"):
+        copy_rnn_cell_weights(nn.RNNCell(3, 4), GRUCellScratch(3, 4))
+    with pytest.raises(TypeError, match="h0 must be a floating tensor"):
+        unrolled_gru_state(torch.rand(2, 3, 4), torch.rand(2, 3, 4), [[0.0] * 4] * 2)
+
+
+def test_lm_refuses_unknown_ids_and_bad_hidden_state():
+    lm = GRULanguageModel(10, 4, 8, num_layers=2)
+    with pytest.raises(ValueError, match=r"ids must be in \[0, vocab_size=10\), got values in \[1, 10\]"):
+        lm(torch.tensor([[1, 10]]))
+    with pytest.raises(ValueError, match=r"got values in \[-1, 2\]"):
+        lm(torch.tensor([[-1, 2]]))
+    with pytest.raises(ValueError, match=r"hidden must have shape.*=\(2, 3, 8\), got \(1, 3, 8\)"):
+        lm.forward_with_state(torch.ones(3, 4, dtype=torch.long), torch.zeros(1, 3, 8))
+    _, hidden = lm.forward_with_state(torch.ones(3, 4, dtype=torch.long))
+    assert lm.forward_with_state(torch.ones(3, 1, dtype=torch.long), hidden)[1].shape == (2, 3, 8)
+
+
+def test_generate_restores_the_training_mode_even_after_an_error():
+    lm = GRULanguageModel(10, 4, 8).train()
+    lm.generate([BOS_ID], max_new_tokens=2)
+    assert lm.training
+    with pytest.raises(ValueError, match="vocab_size"):
+        lm.generate([BOS_ID, 99])
+    assert lm.training
+    lm.eval()
+    lm.generate([BOS_ID], max_new_tokens=2)
+    assert not lm.training
+    assert lm.generate([BOS_ID], max_new_tokens=0) == []
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        lm.generate([BOS_ID], max_new_tokens=-1)
+
+
+def test_lm_gates_work_in_double_precision():
+    torch.manual_seed(0)
+    lm = GRULanguageModel(20, 6, 10).double()
+    ids = torch.randint(4, 20, (2, 5))
+    gates = lm.gates(ids)
+    assert gates.z.dtype == torch.double
+    states, _ = lm.rnn(lm.embed(ids))
+    prev = torch.cat([torch.zeros(2, 1, 10, dtype=torch.double), states[:, :-1]], dim=1)
+    torch.testing.assert_close((1 - gates.z) * gates.n + gates.z * prev, states)
+
+
+def test_collate_lm_accepts_tensors_and_rejects_non_integer_ids():
+    from_lists = collate_lm([[5, 6], [7]])
+    from_tensors = collate_lm([torch.tensor([5, 6]), torch.tensor([7])])
+    assert all(torch.equal(a, b) for a, b in zip(from_lists, from_tensors, strict=True))
+    assert collate_lm([[]])[0].tolist() == [[BOS_ID]] and collate_lm([[]])[1].tolist() == [[EOS_ID]]
+    with pytest.raises(TypeError, match="sentence 1 holds non-integer token ids"):
+        collate_lm([[5], [1.5]])
+    with pytest.raises(TypeError, match="sentence 0 must be a list of token ids, got str"):
+        collate_lm(["the cat"])

@@ -14,6 +14,8 @@ from tfmlib.synthetic import (
     NOUNS,
     VERBS,
     generate_pairs,
+    length_buckets,
+    length_histogram,
     load_bundled,
     starts_with_vowel_sound,
 )
@@ -115,6 +117,18 @@ def test_bad_inputs_raise_clear_errors():
             generate_pairs(bad)
     with pytest.raises(ValueError, match=r"\['train', 'valid', 'test'\].*'training'"):
         load_bundled("training")
+    with pytest.raises(ValueError, match="side must be 0 .* or 1 .*, got 2"):
+        length_histogram([("a b.", "c.")], side=2)
+    with pytest.raises(ValueError, match=r"strictly increasing, got \[3, 3\]"):
+        length_buckets([("a b.", "c.")], edges=(3, 3))
+
+
+def test_length_statistics_by_hand():
+    pairs = [("the cat sleeps.", "le chat dort."), ("go.", "va."), ("a b c d e f.", "x.")]
+    assert length_histogram(pairs) == {2: 1, 4: 1, 7: 1}
+    assert length_histogram(pairs, side=1) == {2: 2, 4: 1}
+    assert length_buckets(pairs, edges=(1, 3, 5)) == [("1-2", 1, 1 / 3), ("3-4", 1, 1 / 3),
+                                                       (">=5", 1, 1 / 3)]
 
 
 # --------------------------------------------------------------------------- determinism and splits

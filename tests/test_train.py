@@ -1,3 +1,5 @@
+from collections import namedtuple
+
 import pytest
 import torch
 from torch import nn
@@ -63,13 +65,61 @@ def test_fit_stops_at_max_steps_and_rejects_bad_input():
 
 
 def test_move_to_handles_nested_batches():
-    b = move_to({"x": (torch.ones(1), [torch.zeros(1)]), "n": 3}, "cpu")
-    assert b["n"] == 3 and b["x"][1][0].device.type == "cpu"
+    # the "meta" device exists everywhere, so the move is visible without a GPU
+    b = move_to({"x": (torch.ones(1), [torch.zeros(1)]), "n": 3}, "meta")
+    assert b["n"] == 3 and b["x"][0].device.type == "meta" and b["x"][1][0].device.type == "meta"
+    assert isinstance(b["x"], tuple) and isinstance(b["x"][1], list)
+    Pair = namedtuple("Pair", "inputs targets")
+    p = move_to(Pair(torch.ones(2), torch.zeros(2)), "meta")
+    assert isinstance(p, Pair) and p.inputs.device.type == p.targets.device.type == "meta"
+
+
+def test_fit_evaluates_in_eval_mode_without_grad_and_steps_the_scheduler():
+    model = nn.Sequential(nn.Linear(4, 1), nn.Dropout(0.5))
+    seen = []
+
+    def eval_fn(m):
+        seen.append((m.training, torch.is_grad_enabled()))
+        return {}
+
+    def loss_fn(m, batch):
+        assert m.training, "training steps run in train mode"
+        return mse(m, batch)
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    batches = regression_problem(n=96)  # 3 batches
+    fit(model, batches, loss_fn, opt, epochs=2, eval_fn=eval_fn, scheduler=sched, verbose=False)
+    assert seen == [(False, False), (False, False)]
+    assert sched.last_epoch == 6 and opt.param_groups[0]["lr"] == pytest.approx(0.01 * 0.5**6)
+
+
+def test_fit_stops_at_the_time_budget():
+    model = nn.Linear(4, 1)
+    hist = fit(model, regression_problem(), mse, torch.optim.SGD(model.parameters(), lr=0.01),
+               epochs=3, time_budget_s=0.0, verbose=False)
+    assert len(hist.step_loss) == 1 and len(hist.epochs) == 1
+
+
+def test_fit_checks_what_the_loss_function_returns():
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    per_example = lambda m, b: (nn.functional.mse_loss(m(b[0]).squeeze(-1), b[1], reduction="none"), 2)  # noqa: E731
+    with pytest.raises(TypeError, match=r"the loss is \(32,\) at step 1"):
+        fit(model, regression_problem(), per_example, opt, epochs=1, verbose=False)
+    with pytest.raises(TypeError, match="n_tokens an int >= 0, got 2.5"):
+        fit(model, regression_problem(), lambda m, b: (mse(m, b)[0], 2.5), opt, epochs=1, verbose=False)
+    hist = fit(model, regression_problem(), lambda m, b: (mse(m, b)[0], torch.tensor(len(b[1]))), opt,
+               epochs=1, verbose=False)  # a 0-d integer tensor is a count too
+    assert len(hist.epochs) == 1
+    with pytest.raises(ValueError, match="clip_norm"):
+        fit(model, regression_problem(), mse, opt, epochs=1, clip_norm=0.0)
 
 
 def test_perplexity():
     assert perplexity(0.0) == 1.0
     assert perplexity(torch.log(torch.tensor(50.0)).item()) == pytest.approx(50.0)
+    assert perplexity(1e4) == float("inf")  # overflow is an infinite perplexity, not a crash
 
 
 def make_model():
@@ -115,6 +165,20 @@ def test_checkpoint_errors(tmp_path):
         load_checkpoint(path, model, torch.optim.SGD(model.parameters(), lr=0.1))
     with pytest.raises(TypeError, match="config"):
         save_checkpoint(tmp_path / "x.pt", model, config={"device": torch.device("cpu")})
+    with pytest.raises(TypeError, match=r"vocabs\['src'\] must be a Vocab, got list"):
+        save_checkpoint(tmp_path / "x.pt", model, vocabs={"src": ["<pad>"]})
+
+
+def test_checkpoint_damaged_payload_and_wrong_optimizer(tmp_path):
+    model = make_model()
+    torch.save({"format": "tfmlib-checkpoint-1", "model": model.state_dict()}, tmp_path / "half.pt")
+    with pytest.raises(CheckpointError, match="damaged.*model_class"):
+        load_checkpoint(tmp_path / "half.pt")
+    opt = torch.optim.Adam(model.parameters())
+    path = save_checkpoint(tmp_path / "m.pt", model, opt)
+    one_group = torch.optim.Adam([next(model.parameters())])
+    with pytest.raises(CheckpointError, match="optimizer state does not fit"):
+        load_checkpoint(path, model, one_group)
 
 
 def test_checkpoint_refuses_code_in_the_file(tmp_path):

@@ -108,6 +108,9 @@ def setup(seed: int = 0, *, device: str | None = None, verbose: bool = True,
     unknown = set(profiles) - set(PROFILES)
     if unknown:
         raise ValueError(f"setup: unknown profile(s) {sorted(unknown)}; profiles are {PROFILES}")
+    bad = {name: type(d).__name__ for name, d in profiles.items() if not isinstance(d, dict)}
+    if bad:
+        raise TypeError(f"setup: each profile's sizes must be a dict, got {bad}")
     if profiles:
         missing = set(PROFILES) - set(profiles)
         if missing:
@@ -116,8 +119,8 @@ def setup(seed: int = 0, *, device: str | None = None, verbose: bool = True,
         if len({frozenset(k) for k in keys.values()}) != 1:
             raise ValueError(f"setup: the profiles must name the same sizes, got {keys}")
     profile = active_profile()
+    seed_everything(seed)  # validates the seed before anything is printed
     run = Run(profile, pick_device(device), seed, dict(profiles.get(profile, {})))
-    seed_everything(seed)
     if verbose:
         print(run)
     return run

@@ -485,6 +485,8 @@ def load_corpus(name: str | None = None) -> dict[str, list[Pair]]:
     """
     if name is None:
         name = os.environ.get("TFM_CORPUS") or "synthetic"
+    if not isinstance(name, str):
+        raise TypeError(f"load_corpus: name must be a str or None, got {type(name).__name__}")
     key = name.strip().lower()
     if key == "synthetic":
         from tfmlib.synthetic import load_bundled

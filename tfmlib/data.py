@@ -144,6 +144,8 @@ class Vocab:
             ids = ids.tolist()
         out = []
         for i in ids:
+            if not isinstance(i, int) or isinstance(i, bool):
+                raise TypeError(f"Vocab.decode: token ids must be ints, got {i!r} ({type(i).__name__})")
             if not 0 <= i < len(self.itos):
                 raise IndexError(f"Vocab.decode: id {i} outside the vocabulary (size {len(self)})")
             if strip_special:
@@ -215,29 +217,44 @@ def write_pairs_tsv(path: str | Path, pairs: Iterable[Pair]) -> None:
 # --------------------------------------------------------------------------- batches
 
 
+def as_id_list(seq: Sequence[int] | torch.Tensor, who: str, what: str) -> list[int]:
+    """``seq`` (a 1-D integer tensor or a sequence of ints) as a list of ints.
+
+    Raises ``TypeError`` for non-integer ids and ``ValueError`` for a tensor that is not 1-D,
+    naming ``who`` (the function) and ``what`` (e.g. ``"sequence 2"``).
+    """
+    if isinstance(seq, torch.Tensor):
+        if seq.dim() != 1:
+            raise ValueError(f"{who}: {what} must be a 1-D tensor of token ids, got shape "
+                             f"{tuple(seq.shape)}")
+        if seq.is_floating_point() or seq.is_complex() or seq.dtype == torch.bool:
+            raise TypeError(f"{who}: {what} holds non-integer token ids (dtype {seq.dtype})")
+        return seq.tolist()
+    if isinstance(seq, (str, bytes)) or not isinstance(seq, Sequence):
+        raise TypeError(f"{who}: {what} must be a list of token ids, got {type(seq).__name__}")
+    if any(not isinstance(t, int) or isinstance(t, bool) for t in seq):
+        raise TypeError(f"{who}: {what} holds non-integer token ids")
+    return list(seq)
+
+
 def pad_sequences(
-    seqs: Sequence[Sequence[int]], pad_id: int = PAD_ID
+    seqs: Sequence[Sequence[int] | torch.Tensor], pad_id: int = PAD_ID
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pad id lists to one length.
+    """Pad ``batch`` id lists (or 1-D integer tensors) of lengths ``L_i`` to ``max_len = max L_i``.
 
     Returns ``ids`` of shape ``(batch, max_len)`` (``long``) and ``mask`` of the same shape
-    (``bool``, ``True`` at real tokens). Raises ``ValueError`` for an empty batch or an empty sequence.
+    (``bool``, ``True`` at real tokens). Raises ``ValueError`` for an empty batch, an empty
+    sequence or a tensor that is not 1-D, and ``TypeError`` for non-integer ids.
     """
     if len(seqs) == 0:
         raise ValueError("pad_sequences: empty batch (no sequences)")
-    lengths = [len(s) for s in seqs]
+    lists = [as_id_list(s, "pad_sequences", f"sequence {i}") for i, s in enumerate(seqs)]
+    lengths = [len(s) for s in lists]
     if min(lengths) == 0:
         raise ValueError(f"pad_sequences: sequence {lengths.index(0)} is empty")
-    for i, s in enumerate(seqs):
-        if isinstance(s, torch.Tensor):
-            bad = s.is_floating_point() or s.dtype == torch.bool
-        else:
-            bad = any(not isinstance(t, int) or isinstance(t, bool) for t in s)
-        if bad:
-            raise TypeError(f"pad_sequences: sequence {i} holds non-integer token ids")
-    ids = torch.full((len(seqs), max(lengths)), pad_id, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+    ids = torch.full((len(lists), max(lengths)), pad_id, dtype=torch.long)
+    for i, s in enumerate(lists):
+        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
     mask = torch.arange(ids.shape[1])[None, :] < torch.as_tensor(lengths)[:, None]
     return ids, mask
 
@@ -278,13 +295,23 @@ def make_batch(examples: Sequence[tuple[Sequence[int], Sequence[int]]]) -> Batch
     """Collate ``(source_ids, target_ids)`` examples (without BOS/EOS) into a :class:`Batch`.
 
     Use it as a ``DataLoader``'s ``collate_fn``. The source gets EOS appended; the target is
-    split into ``tgt_in = [BOS] + y`` and ``tgt_out = y + [EOS]``.
+    split into ``tgt_in = [BOS] + y`` and ``tgt_out = y + [EOS]``. With ``B`` examples the
+    batch holds ``src``/``src_mask`` ``(B, S)`` with ``S = 1 + longest source`` and
+    ``tgt_in``/``tgt_out``/``tgt_mask`` ``(B, T)`` with ``T = 1 + longest target``. Ids may be
+    lists of ints or 1-D integer tensors.
     """
     if len(examples) == 0:
         raise ValueError("make_batch: empty batch")
-    src, src_mask = pad_sequences([list(s) + [EOS_ID] for s, _ in examples])
-    tgt_in, _ = pad_sequences([[BOS_ID] + list(t) for _, t in examples])
-    tgt_out, tgt_mask = pad_sequences([list(t) + [EOS_ID] for _, t in examples])
+    srcs, tgts = [], []
+    for i, example in enumerate(examples):
+        if not isinstance(example, (tuple, list)) or len(example) != 2:
+            raise TypeError(f"make_batch: example {i} must be a (source_ids, target_ids) pair, "
+                            f"got {type(example).__name__}")
+        srcs.append(as_id_list(example[0], "make_batch", f"source of example {i}"))
+        tgts.append(as_id_list(example[1], "make_batch", f"target of example {i}"))
+    src, src_mask = pad_sequences([s + [EOS_ID] for s in srcs])
+    tgt_in, _ = pad_sequences([[BOS_ID] + t for t in tgts])
+    tgt_out, tgt_mask = pad_sequences([t + [EOS_ID] for t in tgts])
     return Batch(src, src_mask, tgt_in, tgt_out, tgt_mask)
 
 
@@ -323,8 +350,9 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
 
     def __init__(self, lengths: Sequence[int], batch_size: int, shuffle: bool = True,
                  pool_factor: int = 50, drop_last: bool = False, seed: int = 0):
-        if batch_size < 1:
-            raise ValueError(f"BucketBatchSampler: batch_size must be >= 1, got {batch_size}")
+        for name, value in (("batch_size", batch_size), ("pool_factor", pool_factor)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"BucketBatchSampler: {name} must be an int >= 1, got {value!r}")
         if len(lengths) == 0:
             raise ValueError("BucketBatchSampler: no lengths (empty dataset)")
         self.lengths = list(lengths)
@@ -361,9 +389,15 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
 
 
 def padding_fraction(batches: Iterable[Sequence[int]], lengths: Sequence[int]) -> float:
-    """Fraction of the padded ``(batch, max_len)`` grids that is padding, over all batches."""
+    """Fraction of the padded ``(batch, max_len)`` grids that is padding, over all batches.
+
+    ``batches`` holds lists of indices into ``lengths`` (what :class:`BucketBatchSampler` yields).
+    Raises ``ValueError`` for no batches or an empty batch.
+    """
     real = total = 0
-    for b in batches:
+    for k, b in enumerate(batches):
+        if len(b) == 0:
+            raise ValueError(f"padding_fraction: batch {k} is empty")
         lens = [lengths[i] for i in b]
         real += sum(lens)
         total += max(lens) * len(lens)

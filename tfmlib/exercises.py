@@ -19,6 +19,7 @@ solution or a broken checker. A checker is a function ``answer -> None`` that ra
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +68,9 @@ class Verdict:
 
 def checker(name: str, hint: str) -> Callable[[Callable[[Any], None]], Callable[[Any], None]]:
     """Register ``fn(answer)`` as the checker of exercise ``name`` (``"NN.short_name"``)."""
+    if not re.fullmatch(r"\d\d\.\w+", name):
+        raise ValueError(f"exercise name {name!r} must look like 'NN.short_name' (NN: the chapter)")
+
     def register(fn: Callable[[Any], None]) -> Callable[[Any], None]:
         if name in _REGISTRY:
             raise ValueError(f"exercise {name!r} is registered twice")
@@ -210,7 +214,7 @@ def _check_gru_step(gru_step: Callable[..., torch.Tensor]) -> None:
             z = torch.sigmoid(x @ W_iz.T + b_iz + h @ W_hz.T + b_hz)
             n = torch.tanh(x @ W_in.T + b_in + torch.sigmoid(x @ W_ir.T + b_ir + h @ W_hr.T + b_hr)
                            * (h @ W_hn.T + b_hn))
-            if torch.allclose(got, z * n + (1 - z) * h, atol=1e-5):
+            if torch.allclose(got.double(), (z * n + (1 - z) * h).double(), atol=1e-5):
                 raise Wrong("you swapped the roles of z: in PyTorch's convention z keeps the old "
                             "state, h' = (1 - z) * n + z * h")
         expect_close(got, want, f"gru_step(x {tuple(x.shape)}, h {tuple(h.shape)}, ...)")

@@ -36,17 +36,32 @@ def plot_curves(
     x: Sequence[float] | None = None,
     smooth: int = 1,
 ) -> plt.Axes:
-    """One line per named curve. ``smooth`` > 1 draws a moving average over that many points."""
+    """One line per named curve: each a 1-D sequence (list, array or tensor) of ``n`` values.
+
+    ``x`` gives the positions of the points (at least ``n`` of them; ``1..n`` when ``None``).
+    ``smooth`` > 1 draws a trailing moving average over that many points, each average drawn at
+    the position of the last point of its window (so a smoothed curve stays aligned with ``x``).
+    """
     if not curves:
         raise ValueError("plot_curves: no curves given")
+    if not isinstance(smooth, int) or isinstance(smooth, bool) or smooth < 1:
+        raise ValueError(f"plot_curves: smooth must be an int >= 1, got {smooth!r}")
     ax = _axes(ax, (6, 3.5))
     for name, ys in curves.items():
+        if isinstance(ys, torch.Tensor):
+            ys = ys.detach().float().cpu().numpy()
         ys = np.asarray(ys, dtype=float)
         if ys.ndim != 1 or len(ys) == 0:
-            raise ValueError(f"plot_curves: curve {name!r} must be a non-empty 1-D sequence")
+            raise ValueError(f"plot_curves: curve {name!r} must be a non-empty 1-D sequence, "
+                             f"got shape {ys.shape}")
+        xs = np.asarray(x, dtype=float) if x is not None else np.arange(1, len(ys) + 1)
+        if xs.ndim != 1 or len(xs) < len(ys):
+            raise ValueError(f"plot_curves: x has shape {xs.shape}, curve {name!r} has {len(ys)} "
+                             "points: give x one position per point")
+        xs = xs[: len(ys)]
         if smooth > 1 and len(ys) >= smooth:
             ys = np.convolve(ys, np.ones(smooth) / smooth, mode="valid")
-        xs = np.asarray(x[: len(ys)]) if x is not None else np.arange(1, len(ys) + 1)
+            xs = xs[smooth - 1:]  # the average of points i-smooth+1..i is drawn at point i
         ax.plot(xs, ys, label=name, marker="o" if len(ys) <= 20 else None)
     if logy:
         ax.set_yscale("log")
@@ -65,10 +80,10 @@ def plot_history(history: History, *, title: str, ax: plt.Axes | None = None,
     ax = _axes(ax, (6, 3.5))
     plot_curves({"train (per step)": history.step_loss}, title=title, xlabel="optimisation step",
                 ylabel="loss (nats per token)", ax=ax, smooth=smooth)
-    if history.epochs and "valid_loss" in history.epochs[0]:
+    if history.epochs and all("valid_loss" in e for e in history.epochs):
         steps_per_epoch = len(history.step_loss) / len(history.epochs)
         xs = [steps_per_epoch * e["epoch"] for e in history.epochs]
-        ax.plot(xs, [e["valid_loss"] for e in history.epochs], "o-", label="valid (per epoch)")
+        ax.plot(xs, history.metric("valid_loss"), "o-", label="valid (per epoch)")
         ax.legend()
     return ax
 
@@ -96,8 +111,8 @@ def plot_heatmap(
     if isinstance(matrix, torch.Tensor):
         matrix = matrix.detach().float().cpu().numpy()
     m = np.asarray(matrix, dtype=float)
-    if m.ndim != 2:
-        raise ValueError(f"plot_heatmap: matrix must be 2-D, got shape {m.shape}")
+    if m.ndim != 2 or 0 in m.shape:
+        raise ValueError(f"plot_heatmap: matrix must be 2-D and non-empty, got shape {m.shape}")
     if x_labels is not None and len(x_labels) != m.shape[1]:
         raise ValueError(f"plot_heatmap: {len(x_labels)} x_labels for {m.shape[1]} columns")
     if y_labels is not None and len(y_labels) != m.shape[0]:

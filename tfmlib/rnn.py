@@ -18,13 +18,14 @@ Shapes: ``B`` batch, ``T`` time steps, ``I`` input features, ``H`` hidden units,
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tfmlib.data import BOS_ID, EOS_ID, PAD_ID
+from tfmlib.data import BOS_ID, EOS_ID, PAD_ID, as_id_list
 
 INTRODUCED_IN = 1
 
@@ -54,8 +55,9 @@ def check_step_inputs(who: str, x: Tensor, h: Tensor | None, input_size: int,
                       hidden_size: int) -> Tensor:
     """Check one time step's inputs and return ``h`` (zeros of shape ``(B, H)`` when ``None``).
 
-    ``x`` must be a floating tensor of shape ``(B, input_size)`` and ``h`` one of shape
-    ``(B, hidden_size)``; anything else raises ``ValueError``/``TypeError`` naming the argument.
+    ``x`` must be a floating tensor of shape ``(B, input_size)`` with ``B >= 1`` and ``h`` one of
+    shape ``(B, hidden_size)`` and ``x``'s dtype; anything else raises ``ValueError``/``TypeError``
+    naming the argument.
     """
     if not isinstance(x, Tensor):
         raise TypeError(f"{who}: x must be a torch.Tensor, got {type(x).__name__}")
@@ -65,6 +67,8 @@ def check_step_inputs(who: str, x: Tensor, h: Tensor | None, input_size: int,
     if x.dim() != 2 or x.shape[1] != input_size:
         raise ValueError(f"{who}: x must have shape (batch, input_size={input_size}), "
                          f"got {tuple(x.shape)}")
+    if x.shape[0] == 0:
+        raise ValueError(f"{who}: empty batch (x has shape {tuple(x.shape)})")
     if h is None:
         return x.new_zeros(x.shape[0], hidden_size)
     if not isinstance(h, Tensor):
@@ -72,6 +76,8 @@ def check_step_inputs(who: str, x: Tensor, h: Tensor | None, input_size: int,
     if h.shape != (x.shape[0], hidden_size):
         raise ValueError(f"{who}: h must have shape (batch={x.shape[0]}, hidden_size={hidden_size}), "
                          f"got {tuple(h.shape)}")
+    if h.dtype != x.dtype:
+        raise TypeError(f"{who}: h must have x's dtype {x.dtype}, got {h.dtype}")
     return h
 
 
@@ -115,6 +121,9 @@ def copy_rnn_cell_weights(src: nn.RNNCell, dst: RNNCellScratch) -> RNNCellScratc
     """Copy a tanh ``nn.RNNCell``'s weights into ``dst`` (its two biases add up to ``dst.b``)."""
     if not isinstance(src, nn.RNNCell) or src.nonlinearity != "tanh":
         raise TypeError(f"copy_rnn_cell_weights: src must be a tanh nn.RNNCell, got {src!r}")
+    # by attributes, not class: the chapter copies into its own (identical) RNNCellScratch
+    if not all(hasattr(dst, a) for a in ("W_xh", "W_hh", "b", "input_size", "hidden_size")):
+        raise TypeError(f"copy_rnn_cell_weights: dst must be an RNNCellScratch, got {type(dst).__name__}")
     if (src.input_size, src.hidden_size) != (dst.input_size, dst.hidden_size):
         raise ValueError(
             f"copy_rnn_cell_weights: src has (input_size, hidden_size)="
@@ -302,6 +311,10 @@ def unrolled_gru_state(z: Tensor, n: Tensor, h0: Tensor) -> Tensor:
 
     ``z`` and ``n`` are ``(B, T, H)``, ``h0`` is ``(B, H)``; returns ``(B, H)``.
     """
+    for name, t in (("z", z), ("n", n), ("h0", h0)):
+        if not isinstance(t, Tensor) or not t.is_floating_point():
+            raise TypeError(f"unrolled_gru_state: {name} must be a floating tensor, got "
+                            f"{getattr(t, 'dtype', type(t).__name__)}")
     if z.shape != n.shape or z.dim() != 3 or h0.shape != (z.shape[0], z.shape[2]):
         raise ValueError(f"unrolled_gru_state: need z, n of shape (B, T, H) and h0 of shape (B, H), "
                          f"got z {tuple(z.shape)}, n {tuple(n.shape)}, h0 {tuple(h0.shape)}")
@@ -325,7 +338,7 @@ class RecurrentLanguageModel(nn.Module):
         super().__init__()
         for name, v in (("vocab_size", vocab_size), ("embed_size", embed_size),
                         ("hidden_size", hidden_size), ("num_layers", num_layers)):
-            if not isinstance(v, int) or v < 1:
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{type(self).__name__}: {name} must be a positive int, got {v!r}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"{type(self).__name__}: dropout must be in [0, 1), got {dropout}")
@@ -346,15 +359,36 @@ class RecurrentLanguageModel(nn.Module):
         if ids.dim() != 2:
             raise ValueError(f"{type(self).__name__}: ids must have shape (batch, time), "
                              f"got {tuple(ids.shape)}")
+        if ids.shape[0] == 0:
+            raise ValueError(f"{type(self).__name__}: empty batch (ids has shape {tuple(ids.shape)})")
         if ids.shape[1] == 0:
             raise ValueError(f"{type(self).__name__}: empty sequence (ids has shape {tuple(ids.shape)})")
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= self.vocab_size:
+            raise ValueError(f"{type(self).__name__}: ids must be in [0, vocab_size={self.vocab_size}), "
+                             f"got values in [{lo}, {hi}] (unknown tokens should map to UNK_ID)")
+
+    def _check_hidden(self, ids: Tensor, hidden: Tensor | None) -> None:
+        if hidden is None:
+            return
+        want = (self.rnn.num_layers, ids.shape[0], self.rnn.hidden_size)
+        if not isinstance(hidden, Tensor) or tuple(hidden.shape) != want:
+            got = tuple(hidden.shape) if isinstance(hidden, Tensor) else type(hidden).__name__
+            raise ValueError(f"{type(self).__name__}: hidden must have shape (num_layers, batch, "
+                             f"hidden_size)={want}, got {got}")
 
     def forward_with_state(self, ids: Tensor, hidden: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """``ids`` ``(B, T)`` long, ``hidden`` ``(num_layers, B, H)`` or ``None`` (zeros).
+
+        Returns the logits ``(B, T, V)`` and the final hidden state ``(num_layers, B, H)``.
+        """
         self._check_ids(ids)
+        self._check_hidden(ids, hidden)
         states, hidden = self.rnn(self.drop(self.embed(ids)), hidden)
         return self.out(self.drop(states)), hidden
 
     def forward(self, ids: Tensor, hidden: Tensor | None = None) -> Tensor:
+        """``ids`` ``(B, T)`` long -> next-token logits ``(B, T, V)``."""
         return self.forward_with_state(ids, hidden)[0]
 
     @torch.no_grad()
@@ -371,24 +405,28 @@ class RecurrentLanguageModel(nn.Module):
             raise ValueError("generate: prefix must hold at least one token (e.g. [BOS_ID])")
         if temperature < 0:
             raise ValueError(f"generate: temperature must be >= 0, got {temperature}")
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
+            raise ValueError(f"generate: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
         was_training = self.training
         self.eval()
-        device = next(self.parameters()).device
-        logits, hidden = self.forward_with_state(prefix[None].to(device))
-        new: list[int] = []
-        for _ in range(max_new_tokens):
-            last = logits[0, -1].float().cpu()
-            last[[PAD_ID, BOS_ID]] = -math.inf  # never produce padding or a second start token
-            if temperature == 0:
-                nxt = int(last.argmax())
-            else:
-                probs = torch.softmax(last / temperature, dim=-1)
-                nxt = int(torch.multinomial(probs, 1, generator=generator))
-            new.append(nxt)
-            if nxt == eos_id:
-                break
-            logits, hidden = self.forward_with_state(torch.tensor([[nxt]], device=device), hidden)
-        self.train(was_training)
+        try:
+            device = next(self.parameters()).device
+            logits, hidden = self.forward_with_state(prefix[None].to(device))
+            new: list[int] = []
+            for _ in range(max_new_tokens):
+                last = logits[0, -1].float().cpu()
+                last[[PAD_ID, BOS_ID]] = -math.inf  # never produce padding or a second start token
+                if temperature == 0:
+                    nxt = int(last.argmax())
+                else:
+                    probs = torch.softmax(last / temperature, dim=-1)
+                    nxt = int(torch.multinomial(probs, 1, generator=generator))
+                new.append(nxt)
+                if nxt == eos_id:
+                    break
+                logits, hidden = self.forward_with_state(torch.tensor([[nxt]], device=device), hidden)
+        finally:
+            self.train(was_training)  # also after an error: leave the model as it was
         return new
 
     @torch.no_grad()
@@ -402,7 +440,7 @@ class RecurrentLanguageModel(nn.Module):
             raise ValueError(f"gates: only a GRU has gates, this model's cell is {self.cell_type!r}")
         self._check_ids(ids)
         scratch = GRUScratch(self.rnn.input_size, self.rnn.hidden_size)
-        scratch.copy_from_torch(self.rnn).to(ids.device)
+        scratch.copy_from_torch(self.rnn).to(device=ids.device, dtype=self.embed.weight.dtype)
         return scratch(self.embed(ids), return_gates=True)[2]
 
 
@@ -422,19 +460,22 @@ class RNNLanguageModel(RecurrentLanguageModel):
         super().__init__(vocab_size, embed_size, hidden_size, num_layers, dropout, cell="rnn")
 
 
-def collate_lm(seqs: list[list[int]]) -> tuple[Tensor, Tensor]:
+def collate_lm(seqs: Sequence[Sequence[int] | Tensor]) -> tuple[Tensor, Tensor]:
     """Sentences (id lists without BOS/EOS) -> ``(inputs, targets)``, both ``(B, T)`` ``long``.
+
+    ``B = len(seqs)`` and ``T = 1 + the longest sentence``; a sentence may be a list of ints or a
+    1-D integer tensor (anything else raises ``TypeError``/``ValueError`` naming it).
 
     ``inputs = [BOS] + s`` and ``targets = s + [EOS]``, padded with ``PAD_ID`` (which the loss
     ignores). Use it as a ``DataLoader``'s ``collate_fn``.
     """
     if len(seqs) == 0:
         raise ValueError("collate_lm: empty batch")
+    seqs = [as_id_list(s, "collate_lm", f"sentence {b}") for b, s in enumerate(seqs)]
     longest = max(len(s) for s in seqs) + 1
     inputs = torch.full((len(seqs), longest), PAD_ID, dtype=torch.long)
     targets = torch.full((len(seqs), longest), PAD_ID, dtype=torch.long)
     for b, s in enumerate(seqs):
-        s = list(s)
         inputs[b, : len(s) + 1] = torch.tensor([BOS_ID] + s)
         targets[b, : len(s) + 1] = torch.tensor(s + [EOS_ID])
     return inputs, targets

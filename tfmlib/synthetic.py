@@ -763,13 +763,21 @@ def length_histogram(pairs: Iterable[Pair], side: int = 0) -> dict[int, int]:
 
     ``side`` is 0 for the source (English) and 1 for the target (French).
     """
+    if side not in (0, 1) or isinstance(side, bool):
+        raise ValueError(f"length_histogram: side must be 0 (source) or 1 (target), got {side!r}")
     counts = Counter(len(tokenize(p[side])) for p in pairs)
     return dict(sorted(counts.items()))
 
 
 def length_buckets(pairs: Sequence[Pair], edges: Sequence[int] = (3, 11, 18, 25, 40), side: int = 0
                    ) -> list[tuple[str, int, float]]:
-    """Counts of lengths in ``[edges[i], edges[i+1])`` and ``>= edges[-1]``: ``(label, count, fraction)``."""
+    """Counts of lengths in ``[edges[i], edges[i+1])`` and ``>= edges[-1]``: ``(label, count, fraction)``.
+
+    ``edges`` must be non-empty and strictly increasing (``ValueError`` otherwise).
+    """
+    if len(edges) == 0 or any(edges[i] >= edges[i + 1] for i in range(len(edges) - 1)):
+        raise ValueError(f"length_buckets: edges must be non-empty and strictly increasing, "
+                         f"got {list(edges)}")
     hist = length_histogram(pairs, side)
     total = sum(hist.values())
     rows = []

@@ -13,6 +13,7 @@ code from the file.
 from __future__ import annotations
 
 import math
+import operator
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -59,11 +60,25 @@ def move_to(batch: Any, device: torch.device | str) -> Any:
     """Move a batch (a tensor, a tuple/list/dict of tensors, or an object with ``.to``) to ``device``."""
     if isinstance(batch, torch.Tensor) or hasattr(batch, "to"):
         return batch.to(device)
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a NamedTuple takes positional fields
+        return type(batch)(*(move_to(b, device) for b in batch))
     if isinstance(batch, (list, tuple)):
         return type(batch)(move_to(b, device) for b in batch)
     if isinstance(batch, Mapping):
         return {k: move_to(v, device) for k, v in batch.items()}
     return batch
+
+
+def _token_count(n_tokens: Any, step: int) -> int:
+    """``n_tokens`` (an int, a NumPy integer or a 0-d integer tensor) as an int >= 0."""
+    try:
+        count = -1 if isinstance(n_tokens, bool) else operator.index(n_tokens)
+    except TypeError:
+        count = -1
+    if count < 0:
+        raise TypeError(f"fit: loss_fn must return (loss, n_tokens) with n_tokens an int >= 0, "
+                        f"got {n_tokens!r} at step {step}")
+    return count
 
 
 def fit(
@@ -90,10 +105,13 @@ def fit(
     of metrics to record. ``scheduler.step()`` is called after every optimiser step.
     ``clip_norm`` clips the global gradient norm (``None`` disables it). Training stops early
     after ``max_steps`` steps or ``time_budget_s`` seconds, finishing the epoch's bookkeeping.
-    Raises ``ValueError`` for a non-positive ``epochs``, an empty loader or a non-finite loss.
+    Raises ``ValueError`` for a non-positive ``epochs``, an empty loader or a non-finite loss, and
+    ``TypeError`` when ``loss_fn`` does not return a scalar tensor and a non-negative int.
     """
-    if epochs < 1:
-        raise ValueError(f"fit: epochs must be >= 1, got {epochs}")
+    if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
+        raise ValueError(f"fit: epochs must be an int >= 1, got {epochs!r}")
+    if clip_norm is not None and not clip_norm > 0:
+        raise ValueError(f"fit: clip_norm must be positive or None, got {clip_norm!r}")
     model.to(device)
     history = History()
     start, steps, stop = time.perf_counter(), 0, False
@@ -104,8 +122,14 @@ def fit(
         for batch in bar:
             batch = move_to(batch, device)
             loss, n_tokens = loss_fn(model, batch)
-            if not torch.isfinite(loss):
-                raise ValueError(f"fit: loss became {loss.item()} at step {steps + 1}")
+            if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+                got = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+                raise TypeError(f"fit: loss_fn must return (scalar loss tensor, n_tokens); the loss "
+                                f"is {got} at step {steps + 1} (reduce it with .mean())")
+            n_tokens = _token_count(n_tokens, steps + 1)
+            loss_value = loss.item()
+            if not math.isfinite(loss_value):
+                raise ValueError(f"fit: loss became {loss_value} at step {steps + 1}")
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if clip_norm is not None:
@@ -114,10 +138,10 @@ def fit(
             if scheduler is not None:
                 scheduler.step()
             steps += 1
-            history.step_loss.append(loss.item())
-            total_loss += loss.item() * n_tokens
+            history.step_loss.append(loss_value)
+            total_loss += loss_value * n_tokens
             total_tokens += n_tokens
-            bar.set_postfix(loss=f"{loss.item():.3f}")
+            bar.set_postfix(loss=f"{loss_value:.3f}")
             if (max_steps is not None and steps >= max_steps) or (
                 time_budget_s is not None and time.perf_counter() - start >= time_budget_s
             ):
@@ -125,7 +149,7 @@ def fit(
                 break
         if total_tokens == 0:
             raise ValueError("fit: the loader yielded no batches (or no tokens)")
-        seconds = time.perf_counter() - t0
+        seconds = max(time.perf_counter() - t0, 1e-9)
         record = {"epoch": epoch, "train_loss": total_loss / total_tokens, "seconds": seconds,
                   "tokens_per_second": total_tokens / seconds}
         if eval_fn is not None:
@@ -142,8 +166,11 @@ def fit(
 
 
 def perplexity(mean_nll: float) -> float:
-    """``exp`` of a mean negative log-likelihood per token (nats)."""
-    return math.exp(mean_nll)
+    """``exp`` of a mean negative log-likelihood per token (nats); ``inf`` when that overflows."""
+    try:
+        return math.exp(mean_nll)
+    except OverflowError:
+        return math.inf
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -186,6 +213,9 @@ def save_checkpoint(
     and a plain-data ``config`` (what is needed to rebuild the model) in one file."""
     config = dict(config or {})
     _check_plain(config, "config")
+    for name, v in (vocabs or {}).items():
+        if not isinstance(v, Vocab):
+            raise TypeError(f"save_checkpoint: vocabs[{name!r}] must be a Vocab, got {type(v).__name__}")
     payload = {
         "format": CHECKPOINT_FORMAT,
         "model_class": type(model).__name__,
@@ -232,13 +262,17 @@ def load_checkpoint(
         raise CheckpointError(f"{path} is not a readable checkpoint ({type(e).__name__}: {e})") from e
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{path} is not a {CHECKPOINT_FORMAT} file")
-    ckpt = Checkpoint(
-        model_class=payload["model_class"],
-        model_state=payload["model"],
-        optimizer_state=payload["optimizer"],
-        vocabs={name: Vocab.from_dict(d) for name, d in payload["vocabs"].items()},
-        config=payload["config"],
-    )
+    try:
+        ckpt = Checkpoint(
+            model_class=payload["model_class"],
+            model_state=payload["model"],
+            optimizer_state=payload["optimizer"],
+            vocabs={name: Vocab.from_dict(d) for name, d in payload["vocabs"].items()},
+            config=payload["config"],
+        )
+    except (KeyError, AttributeError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{path} is a damaged {CHECKPOINT_FORMAT} file "
+                              f"({type(e).__name__}: {e})") from e
     if model is not None:
         if type(model).__name__ != ckpt.model_class:
             raise CheckpointError(
@@ -261,5 +295,8 @@ def load_checkpoint(
     if optimizer is not None:
         if ckpt.optimizer_state is None:
             raise CheckpointError(f"{path} holds no optimizer state")
-        optimizer.load_state_dict(ckpt.optimizer_state)
+        try:
+            optimizer.load_state_dict(ckpt.optimizer_state)
+        except (KeyError, ValueError) as e:  # other parameter groups or another optimizer class
+            raise CheckpointError(f"{path}: the optimizer state does not fit this optimizer ({e})") from e
     return ckpt
