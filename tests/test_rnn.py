@@ -345,3 +345,22 @@ def test_collate_lm_accepts_tensors_and_rejects_non_integer_ids():
         collate_lm([[5], [1.5]])
     with pytest.raises(TypeError, match="sentence 0 must be a list of token ids, got str"):
         collate_lm(["the cat"])
+
+
+def test_lm_loss_counts_real_targets_and_rejects_bad_batches():
+    from tfmlib.data import PAD_ID
+    from tfmlib.rnn import GRULanguageModel, collate_lm, lm_loss
+
+    torch.manual_seed(0)
+    model = GRULanguageModel(10, 4, 8)
+    inputs, targets = collate_lm([[4, 5, 6], [7]])
+    loss, n = lm_loss(model, (inputs, targets))
+    assert n == 4 + 2, "three words + EOS, one word + EOS"
+    logits = model(inputs)
+    real = targets != PAD_ID
+    expected = torch.nn.functional.cross_entropy(logits[real], targets[real])
+    assert torch.allclose(loss, expected)
+    with pytest.raises(ValueError, match="every target is padding"):
+        lm_loss(model, (inputs, torch.full_like(targets, PAD_ID)))
+    with pytest.raises(ValueError, match="differ"):
+        lm_loss(model, (inputs, targets[:, :-1]))

@@ -202,7 +202,8 @@ class GRUScratch(nn.Module):
         self.cell = GRUCellScratch(input_size, hidden_size)
         self.input_size, self.hidden_size, self.batch_first = input_size, hidden_size, batch_first
 
-    def forward(self, x: Tensor, h0: Tensor | None = None, return_gates: bool = False):
+    def forward(self, x: Tensor, h0: Tensor | None = None, return_gates: bool = False,
+                ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, GRUGates]:
         if not isinstance(x, Tensor):
             raise TypeError(f"GRUScratch: x must be a torch.Tensor, got {type(x).__name__}")
         layout = "(batch, time, input_size)" if self.batch_first else "(time, batch, input_size)"
@@ -482,8 +483,17 @@ def collate_lm(seqs: Sequence[Sequence[int] | Tensor]) -> tuple[Tensor, Tensor]:
 
 
 def lm_loss(model: nn.Module, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, int]:
-    """Mean next-token cross-entropy over the real (non-pad) targets, and how many there were."""
+    """Mean next-token cross-entropy over the real (non-pad) targets, and how many there were.
+
+    ``batch`` is ``(inputs, targets)``, both ``(B, T)`` ids as :func:`collate_lm` makes them;
+    ``model(inputs)`` must return logits ``(B, T, V)``. Padded targets do not count.
+    """
     inputs, targets = batch
+    if inputs.shape != targets.shape:
+        raise ValueError(f"lm_loss: inputs {tuple(inputs.shape)} and targets {tuple(targets.shape)} differ")
+    n_tokens = int((targets != PAD_ID).sum())
+    if n_tokens == 0:
+        raise ValueError("lm_loss: every target is padding (nothing to predict)")
     logits = model(inputs)                                  # (B, T, V)
     loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=PAD_ID)
-    return loss, int((targets != PAD_ID).sum())
+    return loss, n_tokens
