@@ -4,18 +4,22 @@ Every module holds what one chapter builds, and is introduced by that chapter; a
 only modules introduced by its own or earlier chapters (``tests/test_book.py`` checks this). The
 chapter of each module is the constant ``INTRODUCED_IN`` at its top.
 
-==============  =======  ==============================================================
-module          chapter  what it holds
-==============  =======  ==============================================================
-``config``      00       profiles (smoke / cpu / gpu), device choice, seeding
-``data``        00       tokenizer, vocabulary, padding and masks, bucket-by-length batches
-``synthetic``   00       the generator of the bundled English->French corpus
-``corpora``     00       loaders for real corpora (Tatoeba/Anki, Multi30k)
-``plot``        00       loss curves and labelled heatmaps
-``exercises``   00       checkers for the coding exercises at the end of every chapter
-``rnn``         01       RNN and GRU cells from scratch, the unrolled GRU, a GRU language model
-``train``       01       the training loop, checkpoints
-==============  =======  ==============================================================
+=================  =======  ==============================================================
+module             chapter  what it holds
+=================  =======  ==============================================================
+``config``         00       profiles (smoke / cpu / gpu), device choice, seeding
+``data``           00       tokenizer, vocabulary, padding and masks, bucket-by-length batches
+``synthetic``      00       the generator of the bundled English->French corpus
+``corpora``        00       loaders for real corpora (Tatoeba/Anki, Multi30k)
+``plot``           00       loss curves and labelled heatmaps
+``exercises``      00       checkers for the coding exercises at the end of every chapter
+``rnn``            01       RNN and GRU cells from scratch, the unrolled GRU, a GRU language model
+``train``          01       the training loop, checkpoints
+``seq2seq``        02       the encoder-decoder interface, a GRU encoder-decoder, the padded loss
+``decoding``       02       greedy decoding, translating texts, evaluating a translator
+``metrics``        02       corpus BLEU (sacreBLEU) and BLEU by source length
+``rnn_attention``  03       Bahdanau and Luong attention, RNNsearch, the self-attentive embedding
+=================  =======  ==============================================================
 
 Submodules are not imported here, so ``import tfmlib`` stays cheap and a notebook's imports say
 exactly which chapters it builds on.

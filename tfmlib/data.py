@@ -174,6 +174,15 @@ class Vocab:
         return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
 
 
+def build_vocabs(pairs: Sequence[Pair], min_freq: int = 1, lowercase: bool = True) -> tuple[Vocab, Vocab]:
+    """Source and target vocabularies of translation ``pairs`` (``min_freq`` as in :meth:`Vocab.build`)."""
+    if len(pairs) == 0:
+        raise ValueError("build_vocabs: no pairs")
+    src = Vocab.build((tokenize(s, lowercase) for s, _ in pairs), min_freq=min_freq)
+    tgt = Vocab.build((tokenize(t, lowercase) for _, t in pairs), min_freq=min_freq)
+    return src, tgt
+
+
 # --------------------------------------------------------------------------- files of pairs
 
 

@@ -132,3 +132,39 @@ def plot_heatmap(
         ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     return ax
+
+
+def plot_bleu_by_length(
+    results: Mapping[str, Sequence[Mapping[str, Any]]],
+    *,
+    title: str,
+    metric: str = "bleu",
+    ylabel: str = "BLEU",
+    ax: plt.Axes | None = None,
+) -> plt.Axes:
+    """BLEU (or another per-bucket ``metric``) against source-length bucket, one line per model.
+
+    ``results`` maps a model's name to the rows of :func:`tfmlib.metrics.bleu_by_length`: dicts
+    with ``bucket`` (a label such as ``"11-17"``), ``n`` and ``metric``. All models must share
+    the same buckets. The x-axis labels give each bucket's sentence count.
+    """
+    if not results:
+        raise ValueError("plot_bleu_by_length: no results given")
+    buckets = None
+    ax = _axes(ax, (6, 3.5))
+    for name, rows in results.items():
+        if not rows or any("bucket" not in r or metric not in r for r in rows):
+            raise ValueError(f"plot_bleu_by_length: the rows of {name!r} need 'bucket' and {metric!r}")
+        labels = [r["bucket"] for r in rows]
+        if buckets is None:
+            buckets = labels
+            counts = [r.get("n") for r in rows]
+        elif labels != buckets:
+            raise ValueError(f"plot_bleu_by_length: {name!r} has buckets {labels}, expected {buckets}")
+        ax.plot(range(len(rows)), [r[metric] for r in rows], "o-", label=name)
+    ax.set_xticks(range(len(buckets)),
+                  [f"{b}\n(n={n})" if n is not None else b for b, n in zip(buckets, counts, strict=False)])
+    ax.set(title=title, xlabel="source length (tokens)", ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return ax

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import operator
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -176,6 +177,14 @@ def perplexity(mean_nll: float) -> float:
 # --------------------------------------------------------------------------- checkpoints
 
 CHECKPOINT_FORMAT = "tfmlib-checkpoint-1"
+
+
+def checkpoint_dir() -> Path:
+    """Where notebooks keep the models they train for later chapters: ``$TFM_CHECKPOINT_DIR``, or
+    ``checkpoints/`` at the top of the project (git ignores it). Created if missing."""
+    path = Path(os.environ.get("TFM_CHECKPOINT_DIR") or Path(__file__).resolve().parents[1] / "checkpoints")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 class CheckpointError(RuntimeError):
