@@ -62,3 +62,9 @@ def test_metrics_reject_bad_input():
 def test_exact_match():
     assert exact_match(["a b", "c "], ["a b", "c"]) == 1.0
     assert exact_match(["a b", "c d"], ["a b", "c"]) == 0.5
+
+
+def test_lowercase_applies_to_exact_matches_too():
+    rows = bleu_by_length([5, 5], ["a dog runs .", "the cat"], ["A dog runs .", "The cat"], lowercase=True)
+    assert rows[0]["exact"] == 1.0 and rows[0]["bleu"] == pytest.approx(100.0)
+    assert bleu_by_length([5], ["a dog"], ["A dog"])[0]["exact"] == 0.0

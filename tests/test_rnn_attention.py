@@ -134,7 +134,7 @@ def test_initial_state_reads_the_backward_encoder_at_the_first_word():
 def test_attention_model_rejects_bad_arguments():
     with pytest.raises(ValueError, match="score must be one of"):
         AttentionSeq2Seq(SRC_V, TGT_V, score="cosine")
-    with pytest.raises(ValueError, match="must be equal for a dot product"):
+    with pytest.raises(ValueError, match="needs hidden == 2 \\* enc_hidden; got hidden=12, enc_hidden=8"):
         AttentionSeq2Seq(SRC_V, TGT_V, enc_hidden=8, hidden=12, score="dot")
     with pytest.raises(ValueError, match="enc_hidden must be a positive int"):
         AttentionSeq2Seq(SRC_V, TGT_V, enc_hidden=0)
@@ -167,3 +167,18 @@ def test_attention_penalty_values():
     assert attention_penalty(same_one_hot).item() == pytest.approx(2.0)
     with pytest.raises(ValueError, match="must be"):
         attention_penalty(torch.ones(2, 3))
+
+
+def test_attention_weights_runs_in_eval_mode_and_checks_its_input():
+    torch.manual_seed(0)
+    model = AttentionSeq2Seq(SRC_V, TGT_V, embed=8, enc_hidden=6, hidden=12, attn_size=10, dropout=0.5)
+    _, b = random_batch(15)
+    first = model.attention_weights(b.src, b.src_mask, b.tgt_in)
+    assert model.training, "the training mode must be restored"
+    torch.testing.assert_close(first, model.attention_weights(b.src, b.src_mask, b.tgt_in))  # no dropout
+    with pytest.raises(ValueError, match="tgt_in must be"):
+        model.attention_weights(b.src, b.src_mask, b.tgt_in[:1])
+    bad = b.src.clone()
+    bad[0, 0] = SRC_V
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        model.attention_weights(bad, b.src_mask, b.tgt_in)

@@ -203,3 +203,16 @@ def test_count_parameters():
     assert count_parameters(model) == sum(p.numel() for p in model.parameters())
     parts = count_parameters(model, by_child=True)
     assert sum(parts.values()) == count_parameters(model) and "encoder" in parts
+
+
+def test_ids_outside_the_vocabulary_get_a_clear_error():
+    model = small_seq2seq()
+    _, b = random_batch(8)
+    bad_src = b.src.clone()
+    bad_src[0, 0] = SRC_V + 5
+    with pytest.raises(ValueError, match=f"src holds the id {SRC_V + 5}, outside the vocabulary of {SRC_V}"):
+        model(bad_src, b.src_mask, b.tgt_in)
+    bad_tgt = b.tgt_in.clone()
+    bad_tgt[0, 0] = -1
+    with pytest.raises(ValueError, match=f"tgt_in holds the id -1, outside the vocabulary of {TGT_V}"):
+        model(b.src, b.src_mask, bad_tgt)

@@ -61,7 +61,8 @@ def greedy_decode(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len:
     or after ``max_len`` steps (default :func:`default_max_len`). The model is put in eval mode
     (and restored afterwards).
     """
-    check_source(src, src_mask, "greedy_decode", getattr(model, "max_source_len", None))
+    check_source(src, src_mask, "greedy_decode", getattr(model, "max_source_len", None),
+                 getattr(model, "src_vocab_size", None))
     if max_len is None:
         max_len = default_max_len(src_mask)
     if not isinstance(max_len, int) or max_len < 1:
@@ -177,11 +178,14 @@ def evaluate_translator(model: EncoderDecoder, pairs: Sequence[Pair], src_vocab:
     hypotheses = translate(model, sources, src_vocab, tgt_vocab, batch_size=batch_size)
     seconds = time.perf_counter() - start
     lengths = [len(tokenize(s)) for s in sources]
-    refs_for_match = [r.lower() for r in references] if lowercase_bleu else references
+    if lowercase_bleu:
+        exact = exact_match([h.lower() for h in hypotheses], [r.lower() for r in references])
+    else:
+        exact = exact_match(hypotheses, references)
     return TranslationReport(
         sources, references, hypotheses,
         bleu(hypotheses, references, lowercase=lowercase_bleu),
-        exact_match(hypotheses, refs_for_match),
+        exact,
         bleu_by_length(lengths, hypotheses, references, edges, lowercase=lowercase_bleu),
         seconds,
     )

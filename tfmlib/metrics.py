@@ -80,6 +80,7 @@ def bleu_by_length(source_lengths: Sequence[int], hypotheses: Sequence[str], ref
     Bucket ``i`` holds the sentences with ``edges[i] <= length < edges[i + 1]`` (the last bucket is
     open-ended; sentences shorter than ``edges[0]`` are left out). Returns one dict per non-empty
     bucket: ``bucket`` (label), ``lo``, ``hi`` (``None`` for the last), ``n``, ``bleu``, ``exact``.
+    ``lowercase`` applies to both BLEU and the exact matches.
     """
     _check_pairs(hypotheses, references, "bleu_by_length")
     if len(source_lengths) != len(hypotheses):
@@ -93,6 +94,8 @@ def bleu_by_length(source_lengths: Sequence[int], hypotheses: Sequence[str], ref
         if not idx:
             continue
         hyps, refs = [hypotheses[k] for k in idx], [references[k] for k in idx]
+        same = exact_match([h.lower() for h in hyps], [r.lower() for r in refs]) if lowercase else \
+            exact_match(hyps, refs)
         rows.append({"bucket": bucket_label(edges, i), "lo": lo, "hi": hi, "n": len(idx),
-                     "bleu": bleu(hyps, refs, lowercase).score, "exact": exact_match(hyps, refs)})
+                     "bleu": bleu(hyps, refs, lowercase).score, "exact": same})
     return rows

@@ -24,7 +24,15 @@ import torch
 from torch import Tensor, nn
 
 from tfmlib.data import PAD_ID
-from tfmlib.seq2seq import DeepOutput, EncoderDecoder, EncoderOutput, GRUEncoder, StepOutput, check_source
+from tfmlib.seq2seq import (
+    DeepOutput,
+    EncoderDecoder,
+    EncoderOutput,
+    GRUEncoder,
+    StepOutput,
+    check_ids,
+    check_source,
+)
 
 INTRODUCED_IN = 3
 
@@ -137,7 +145,12 @@ class AttentionSeq2Seq(EncoderDecoder):
                 raise ValueError(f"AttentionSeq2Seq: {name} must be a positive int, got {value!r}")
         if score not in SCORES:
             raise ValueError(f"AttentionSeq2Seq: score must be one of {sorted(SCORES)}, got {score!r}")
+        if score == "dot" and hidden != 2 * enc_hidden:
+            raise ValueError("AttentionSeq2Seq: score='dot' compares the decoder state with the annotation, "
+                             f"so it needs hidden == 2 * enc_hidden; got hidden={hidden}, "
+                             f"enc_hidden={enc_hidden}")
         self.max_source_len = max_source_len
+        self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
         self.score_name = score
         self.encoder = GRUEncoder(src_vocab_size, embed, enc_hidden, bidirectional=True, dropout=dropout)
         A = self.encoder.state_size
@@ -180,14 +193,24 @@ class AttentionSeq2Seq(EncoderDecoder):
     @torch.no_grad()
     def attention_weights(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor:
         """The weights ``(B, T, S)`` the model puts on the source while reading ``tgt_in`` (teacher
-        forcing): for plotting the alignment of a reference translation."""
-        check_source(src, src_mask, "attention_weights", self.max_source_len)
-        enc = self.encode(src, src_mask)
-        state, out = enc.state, []
-        for t in range(tgt_in.shape[1]):
-            step = self.decode_step(tgt_in[:, t], state, enc)
-            state = step.state
-            out.append(step.weights)
+        forcing): for plotting the alignment of a reference translation. Runs in eval mode (no
+        dropout) and restores the previous mode."""
+        check_source(src, src_mask, "attention_weights", self.max_source_len, self.src_vocab_size)
+        if tgt_in.dim() != 2 or tgt_in.shape[0] != src.shape[0] or tgt_in.shape[1] == 0:
+            raise ValueError(f"attention_weights: tgt_in must be (batch={src.shape[0]}, target_len >= 1), "
+                             f"got shape {tuple(tgt_in.shape)}")
+        check_ids(tgt_in, self.tgt_vocab_size, "attention_weights", "tgt_in")
+        was_training = self.training
+        self.eval()
+        try:
+            enc = self.encode(src, src_mask)
+            state, out = enc.state, []
+            for t in range(tgt_in.shape[1]):
+                step = self.decode_step(tgt_in[:, t], state, enc)
+                state = step.state
+                out.append(step.weights)
+        finally:
+            self.train(was_training)
         return torch.stack(out, dim=1)
 
 

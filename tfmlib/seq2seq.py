@@ -40,6 +40,7 @@ __all__ = [
     "GRUEncoder",
     "Seq2Seq",
     "StepOutput",
+    "check_ids",
     "check_source",
     "count_parameters",
     "first_token_batch",
@@ -74,9 +75,11 @@ class StepOutput(NamedTuple):
     weights: Tensor | None = None
 
 
-def check_source(src: Tensor, src_mask: Tensor, who: str, max_source_len: int | None = None) -> None:
-    """Raise a clear error unless ``src`` is ``(B, S)`` integer ids and ``src_mask`` a matching bool
-    mask whose rows are left-aligned and non-empty (and no longer than ``max_source_len``)."""
+def check_source(src: Tensor, src_mask: Tensor, who: str, max_source_len: int | None = None,
+                 vocab_size: int | None = None) -> None:
+    """Raise a clear error unless ``src`` is ``(B, S)`` integer ids (in ``[0, vocab_size)`` when
+    given) and ``src_mask`` a matching bool mask whose rows are left-aligned and non-empty (and no
+    longer than ``max_source_len``)."""
     if not isinstance(src, Tensor) or not isinstance(src_mask, Tensor):
         raise TypeError(f"{who}: src and src_mask must be tensors, got {type(src).__name__} and "
                         f"{type(src_mask).__name__}")
@@ -100,6 +103,18 @@ def check_source(src: Tensor, src_mask: Tensor, who: str, max_source_len: int | 
     if max_source_len is not None and int(lengths.max()) > max_source_len:
         raise ValueError(f"{who}: a source of {int(lengths.max())} tokens (EOS included) is longer than "
                          f"this model's max_source_len={max_source_len}")
+    check_ids(src, vocab_size, who, "src")
+
+
+def check_ids(ids: Tensor, vocab_size: int | None, who: str, what: str) -> None:
+    """Raise ``ValueError`` naming the offending id when ``ids`` holds one outside ``[0, vocab_size)``."""
+    if vocab_size is None or ids.numel() == 0:
+        return
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab_size:
+        bad = low if low < 0 else high
+        raise ValueError(f"{who}: {what} holds the id {bad}, outside the vocabulary of {vocab_size} tokens "
+                         "(was it encoded with another vocabulary?)")
 
 
 class GRUEncoder(nn.Module):
@@ -134,9 +149,11 @@ class GRUEncoder(nn.Module):
 
 
 class DeepOutput(nn.Module):
-    """The output layer of Cho et al. (2014) and Bahdanau et al. (2014, A.2.2).
+    """The output layer of Cho et al. (2014) and Bahdanau et al. (2014, eq. 4 and A.2.2).
 
     ``t = maxout(W [s; c; E y_prev])`` (pairs of units, their max), then ``logits = W_o t``.
+    ``s`` is the decoder state after the step, as in Bahdanau et al.'s eq. (4); their appendix
+    A.2.2 writes the previous state instead, an inconsistency of the paper.
     ``forward(state (..., H), context (..., A), prev_embedded (..., E)) -> (..., V)``.
     """
 
@@ -156,7 +173,8 @@ class DeepOutput(nn.Module):
 class EncoderDecoder(nn.Module):
     """Base class of the book's translation models.
 
-    A subclass sets ``max_source_len`` and implements
+    A subclass sets ``max_source_len`` (and ``src_vocab_size``/``tgt_vocab_size``, so that ids
+    from another vocabulary get a clear error) and implements
 
     * ``encode(src (B, S), src_mask (B, S)) -> EncoderOutput``;
     * ``decode_step(prev (B,), state (B, H), enc) -> StepOutput``: one target step, reading the
@@ -190,10 +208,12 @@ class EncoderDecoder(nn.Module):
         ``p < 1``, each step of each sentence reads the reference with probability ``p`` and the
         model's own previous prediction (its argmax) otherwise; ``p=0`` is free running.
         """
-        check_source(src, src_mask, type(self).__name__, self.max_source_len)
+        check_source(src, src_mask, type(self).__name__, self.max_source_len,
+                     getattr(self, "src_vocab_size", None))
         if tgt_in.dim() != 2 or tgt_in.shape[0] != src.shape[0] or tgt_in.shape[1] == 0:
             raise ValueError(f"{type(self).__name__}: tgt_in must be (batch={src.shape[0]}, "
                              f"target_len >= 1), got shape {tuple(tgt_in.shape)}")
+        check_ids(tgt_in, getattr(self, "tgt_vocab_size", None), type(self).__name__, "tgt_in")
         if not 0.0 <= teacher_forcing <= 1.0:
             raise ValueError(f"teacher_forcing must be in [0, 1], got {teacher_forcing}")
         enc = self.encode(src, src_mask)
@@ -230,6 +250,7 @@ class Seq2Seq(EncoderDecoder):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"Seq2Seq: {name} must be a positive int, got {value!r}")
         self.max_source_len = max_source_len
+        self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
         self.encoder = GRUEncoder(src_vocab_size, embed, hidden, bidirectional=bidirectional, dropout=dropout)
         A = self.encoder.state_size
         self.init_state = nn.Linear(A, hidden)
