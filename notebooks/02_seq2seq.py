@@ -18,12 +18,13 @@
 #
 # Chapter 01 built a GRU that reads a sentence and predicts its next word. Translation asks
 # for more: read a whole English sentence, then *write* a French one, whose length, word order
-# and agreement all differ from the source. In 2014 two groups showed that two recurrent
-# networks can do it together (Cho et al.; Sutskever, Vinyals and Le): an **encoder** reads the
-# source into one vector, a **decoder** writes the translation from that vector, word by word.
-# It was the first neural model to translate well end to end, and its weakness, one vector of
-# fixed size for a sentence of any length, is the reason attention was invented. This chapter
-# builds it, trains it, and measures that weakness.
+# and agreement all differ from the source. The answer that took hold around 2013–2014 is two
+# recurrent networks working together: an **encoder** reads the source into one vector, a
+# **decoder** writes the translation from that vector, word by word (Kalchbrenner and Blunsom
+# 2013; Cho et al. 2014, who first used it to score phrase pairs inside a phrase-based system;
+# Sutskever, Vinyals and Le 2014, who translated with it end to end and matched a phrase-based
+# system). Its weakness, one vector of fixed size for a sentence of any length, is the reason
+# attention was invented. This chapter builds it, trains it, and measures that weakness.
 #
 # **This chapter builds**
 #
@@ -68,6 +69,7 @@ from tfmlib.data import (
     tokenize,
 )
 from tfmlib.decoding import Decoded, default_max_len, evaluate_translator, translate
+from tfmlib.decoding import greedy_decode as package_greedy_decode  # compared with the one built below
 from tfmlib.plot import plot_bleu_by_length, plot_curves, plot_history
 from tfmlib.seq2seq import (
     EncoderDecoder,
@@ -105,7 +107,7 @@ test_pairs = corpus["test"][: run.test_pairs]
 real_corpus = corpus_name != "synthetic"  # real references are cased: score BLEU lowercased
 src_vocab, tgt_vocab = build_vocabs(train_pairs, min_freq=2 if real_corpus else 1)
 train_data = TranslationDataset(train_pairs, src_vocab, tgt_vocab)
-max_source_len = max(train_data.lengths()) + 20  # the longest training source, with some room
+max_source_len = max(len(src) for src, _ in train_data.examples) + 21  # longest source + EOS, and room
 print(f"{len(train_pairs):,} training pairs, {len(test_pairs):,} test pairs; vocabularies: "
       f"{len(src_vocab):,} source and {len(tgt_vocab):,} target tokens")
 for en, fr in train_pairs[:3]:
@@ -229,8 +231,8 @@ assert gap_packed < 1e-6 < gap_unpacked, "packing must make the summary independ
 # $t_i = \mathrm{maxout}\big(W_t [s_i;\ c;\ E_y y_{i-1}]\big)$ (a maxout unit keeps the larger
 # of two linear units). Feeding $c$ to every step, not only to $s_0$, is Cho et al.'s choice;
 # Sutskever et al. (2014) gave it to the first step only. It is also the model Bahdanau et al.
-# (2014) compare attention against, so chapter 03 can change one thing only: a fixed $c$ here,
-# a fresh $c_i$ at every step there.
+# (2014) compare attention against, and chapter 03 keeps its decoder and output layer, so that
+# the main difference is one idea: a fixed $c$ here, a fresh $c_i$ at every step there.
 #
 # The book's translation models share one interface, `EncoderDecoder`: `encode` reads the
 # source once, `decode_step` predicts one token, and `forward` runs the decoder over a whole
@@ -240,9 +242,11 @@ assert gap_packed < 1e-6 < gap_unpacked, "packing must make the summary independ
 # %%
 # tfmlib-source: tfmlib.seq2seq.DeepOutput
 class DeepOutput(nn.Module):
-    """The output layer of Cho et al. (2014) and Bahdanau et al. (2014, A.2.2).
+    """The output layer of Cho et al. (2014) and Bahdanau et al. (2014, eq. 4 and A.2.2).
 
     ``t = maxout(W [s; c; E y_prev])`` (pairs of units, their max), then ``logits = W_o t``.
+    ``s`` is the decoder state after the step, as in Bahdanau et al.'s eq. (4); their appendix
+    A.2.2 writes the previous state instead, an inconsistency of the paper.
     ``forward(state (..., H), context (..., A), prev_embedded (..., E)) -> (..., V)``.
     """
 
@@ -279,6 +283,7 @@ class Seq2Seq(EncoderDecoder):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"Seq2Seq: {name} must be a positive int, got {value!r}")
         self.max_source_len = max_source_len
+        self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
         self.encoder = GRUEncoder(src_vocab_size, embed, hidden, bidirectional=bidirectional, dropout=dropout)
         A = self.encoder.state_size
         self.init_state = nn.Linear(A, hidden)
@@ -326,7 +331,8 @@ with torch.no_grad():
 print(f"logits {tuple(fast.shape)} = (batch, target length, target vocabulary)")
 print(f"whole-sequence vs step-by-step decoder: max |difference| = {(fast - slow).abs().max().item():.1e}")
 print(f"per-word encoder states replaced by noise: max |difference| = {(fast - noisy).abs().max().item():.1e}")
-assert torch.allclose(fast, slow, atol=1e-5) and torch.equal(fast, noisy)
+assert torch.allclose(fast, slow, atol=1e-5), "the fast and the step-by-step decoder must agree"
+assert torch.equal(fast, noisy), "the decoder must not read the per-word encoder states"
 for part, n in count_parameters(model, by_child=True).items():
     print(f"  {part:12s} {n:>10,} parameters")
 print(f"  {'total':12s} {count_parameters(model):>10,}")
@@ -450,8 +456,10 @@ if run.profile != "smoke":
 
 # %% [markdown]
 # Compare the three lines of numbers above. With the same number of steps on the same batches,
-# teacher forcing ($p = 1$) reaches the lowest validation loss and the best greedy translations;
-# free running ($p = 0$) learns slowest, and the mix lies between. (The training-loss curves are
+# teacher forcing ($p = 1$) reaches the lowest validation loss, free running ($p = 0$) the
+# highest by far, and the mix lies between. After so few steps none of the three translates yet
+# (greedy BLEU is a few points at most), but the validation losses are far apart, and the BLEU
+# scores come in the same order. (The training-loss curves are
 # not comparable with each other: a model that reads its own prefix is scored on a harder task,
 # which is why we compare on the same held-out measurements.) Early in training a free-running
 # model's inputs are its own random guesses, so the gradient says little about how a *correct*
@@ -544,7 +552,8 @@ def greedy_decode(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len:
     or after ``max_len`` steps (default :func:`default_max_len`). The model is put in eval mode
     (and restored afterwards).
     """
-    check_source(src, src_mask, "greedy_decode", getattr(model, "max_source_len", None))
+    check_source(src, src_mask, "greedy_decode", getattr(model, "max_source_len", None),
+                 getattr(model, "src_vocab_size", None))
     if max_len is None:
         max_len = default_max_len(src_mask)
     if not isinstance(max_len, int) or max_len < 1:
@@ -577,6 +586,20 @@ def greedy_decode(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len:
     attention = torch.stack(weights, dim=1) if weights else None
     return Decoded(out, lengths, attention)
 
+
+# %% [markdown]
+# The check: on a batch of training sentences, each row stops at its first `<eos>` and is padded
+# after it, and the function above gives the same tokens as the package's, which
+# `tfmlib.decoding.translate` and `evaluate_translator` use below.
+
+# %%
+probe = make_batch([train_data.examples[i] for i in range(16)]).to(run.device)
+decoded = greedy_decode(model, probe.src, probe.src_mask)
+assert torch.equal(decoded.tokens, package_greedy_decode(model, probe.src, probe.src_mask).tokens), \
+    "the notebook's greedy_decode and the package's must agree"
+for row, n in zip(decoded.tokens.tolist(), decoded.lengths.tolist(), strict=True):
+    assert EOS_ID not in row[:n] and all(t == PAD_ID for t in row[n + 1:]), "each row stops at its first <eos>"
+print(f"decoded {tuple(decoded.tokens.shape)}; tokens before <eos> per row: {decoded.lengths.tolist()}")
 
 # %% [markdown]
 # `tfmlib.decoding.translate` wraps it for text: tokenize (unknown words become `<unk>`), pad,
@@ -631,15 +654,17 @@ plt.show()
 # steeply, to about 11 BLEU on sentences of 40 tokens or more (the table above has this run's
 # numbers). On the bundled corpus a long sentence is built from the same words and
 # constructions as a short one, so the fall cannot be blamed on harder vocabulary. The long
-# examples of section 7 show how it fails: the translation starts correctly, then drifts into
+# examples of section 7 show how it fails: the translation starts roughly right, then drifts into
 # fluent French that is no longer about the source. The decoder forgets because everything it
 # knows about the source is the $H$ numbers of $c$, written once, before the first French word,
 # by a GRU whose state, as chapter 01 showed, is a weighted average that favours the most
 # recent words. A vector of fixed size must hold a sentence of any length.
 #
-# The fixes tried first were to make that easier: reversing the source so the first words are
-# read last (Sutskever et al. 2014), reading it in both directions. They help a little (both are
-# exercises below). The fix that worked, in chapter 03, removes the bottleneck: keep *all*
+# The fixes tried first made the summary's job easier: reversing the source so the first words
+# are read last (Sutskever et al. 2014), reading it in both directions. The solutions notebook
+# trains both against this model: in the committed run, reversal made no measurable difference
+# at our budget and the bidirectional encoder helped at every length, but the long sentences
+# still collapsed. The fix that worked, in chapter 03, removes the bottleneck: keep *all*
 # encoder states, and let the decoder choose, at every step, which ones to read.
 #
 # ## 9. Saving the model for chapter 03
@@ -656,7 +681,7 @@ recipe = dict(corpus=corpus_name, train_pairs=len(train_pairs), embed=run.embed,
 path = save_checkpoint(checkpoint_dir() / f"ch02_seq2seq_{run.profile}.pt", model, optimizer,
                        vocabs={"src": src_vocab, "tgt": tgt_vocab},
                        config=dict(recipe=recipe, train_loss=[e["train_loss"] for e in history.epochs],
-                                   train_seconds=history.seconds))
+                                   step_loss=history.step_loss, train_seconds=history.seconds))
 restored = Seq2Seq(len(src_vocab), len(tgt_vocab), embed=run.embed, hidden=run.hidden,
                    max_source_len=max_source_len)
 checkpoint = load_checkpoint(path, restored)
@@ -763,10 +788,12 @@ exercises.check("02.brevity_penalty", brevity_penalty)
 # %% [markdown]
 # ## References
 #
+# * N. Kalchbrenner, P. Blunsom (2013). *Recurrent continuous translation models.* EMNLP. An
+#   early encoder-decoder for translation (a convolutional encoder, a recurrent decoder).
 # * K. Cho, B. van Merriënboer, C. Gulcehre, D. Bahdanau, F. Bougares, H. Schwenk, Y. Bengio
 #   (2014). *Learning phrase representations using RNN encoder–decoder for statistical machine
 #   translation.* EMNLP. The encoder-decoder with the summary $c$ at every decoder step: §2.2;
-#   the maxout output layer: appendix A.1.
+#   the decoder's maxout output layer: appendix A.2.
 # * I. Sutskever, O. Vinyals, Q. V. Le (2014). *Sequence to sequence learning with neural
 #   networks.* NIPS. Deep LSTMs, $c$ as the initial state only, reversing the source (§3.3),
 #   and performance by sentence length (§3.7, Figure 3).
@@ -774,8 +801,8 @@ exercises.check("02.brevity_penalty", brevity_penalty)
 #   align and translate.* arXiv:1409.0473 (ICLR 2015). The fixed-length bottleneck, §1–2; BLEU
 #   against sentence length, Figure 2.
 # * K. Cho, B. van Merriënboer, D. Bahdanau, Y. Bengio (2014). *On the properties of neural
-#   machine translation: encoder–decoder approaches.* SSST-8. Quality falls with sentence length
-#   (§4, Figure 2).
+#   machine translation: encoder–decoder approaches.* SSST-8. The analysis of translation quality
+#   against sentence length, and its fall for long sentences.
 # * R. J. Williams, D. Zipser (1989). *A learning algorithm for continually running fully
 #   recurrent neural networks.* Neural Computation 1(2). Teacher forcing (§2.2 there, "teacher
 #   forced" training).

@@ -149,9 +149,11 @@ plt.show()
 # Read the table with the budget in mind: the same number of steps on the same batches, at the
 # sizes printed by `setup`. In the committed run, reversing the source changed little: a point or
 # two of BLEU on short and medium sentences, where the first French words depend on English
-# words now read last, and nothing (or a small loss) on the longest. Sutskever et al. saw large
-# gains with deep LSTMs whose decoder met the summary only once, at its first step; our decoder
-# reads $c$ at every step, which already shortens the path from the source to every output word.
+# words now read last, and nothing (or a small loss) on the longest. Sutskever et al. (§3.3)
+# expected the gain early in the target and found, to their surprise, that reversal helped long
+# sentences too; their deep LSTMs met the summary only once, at the decoder's first step. Our
+# decoder reads $c$ at every step, which already shortens the path from the source to every
+# output word.
 # The bidirectional encoder helped clearly (about 8 BLEU overall), with more parameters and a
 # summary built from both ends. But neither changed the shape of the curve: every variant still
 # loses most of its BLEU on the longest sentences, because every variant still pushes the
