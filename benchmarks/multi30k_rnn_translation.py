@@ -57,7 +57,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=512, help="decoder (and seq2seq encoder) units")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--dropout", type=float, default=0.3)
+    parser.add_argument("--dropout", type=float, default=0.2)
     parser.add_argument("--min-freq", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--models", nargs="+", default=["seq2seq", "attention"],
