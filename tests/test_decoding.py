@@ -1,15 +1,28 @@
 """tfmlib.decoding: greedy decoding stops at EOS, pads after it, agrees with the model's own
-teacher-forced argmax, returns attention, and translate() handles unknown, empty and long input."""
+teacher-forced argmax, returns attention, and translate() handles unknown, empty and long input.
+Beam search: a beam of one is greedy, a wide beam is exhaustive, a narrow one can lose to greedy
+(it is a heuristic), EOS ends a hypothesis, batching changes nothing, bad input fails clearly."""
+
+import math
 
 import pytest
 import torch
 from test_seq2seq import SRC_V, TGT_V, random_batch
 from torch import Tensor
 
-from tfmlib.data import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Vocab
-from tfmlib.decoding import default_max_len, encode_sources, greedy_decode, translate
+from tfmlib.data import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Vocab, make_batch, pad_sequences
+from tfmlib.decoding import (
+    beam_search,
+    default_max_len,
+    encode_sources,
+    greedy_decode,
+    length_penalty,
+    sequence_log_probs,
+    translate,
+)
 from tfmlib.rnn_attention import AttentionSeq2Seq
 from tfmlib.seq2seq import EncoderDecoder, EncoderOutput, Seq2Seq, StepOutput
+from tfmlib.transformer import Transformer
 
 
 class ScriptedModel(EncoderDecoder):
@@ -111,3 +124,165 @@ def test_translate_batches_do_not_change_results():
     sentences = ["the dog .", "a big big cat sees the dog .", "cat", "the cat sees a dog ."]
     assert translate(model, sentences, vocab, vocab, batch_size=1, max_len=8) == \
         translate(model, sentences, vocab, vocab, batch_size=4, max_len=8)
+
+
+# ----------------------------------------------------------------------------- beam search
+
+
+def small_transformer_model(seed: int = 0, tgt_vocab: int = TGT_V) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(SRC_V, tgt_vocab, d_model=16, heads=2, encoder_layers=1, decoder_layers=2, d_ff=24,
+                       dropout=0.0).double()
+
+
+MODELS = {
+    "seq2seq": lambda: Seq2Seq(SRC_V, TGT_V, embed=8, hidden=12).double(),
+    "attention": lambda: AttentionSeq2Seq(SRC_V, TGT_V, embed=8, enc_hidden=6, hidden=12,
+                                          attn_size=10).double(),
+    "transformer": small_transformer_model,
+}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_beam_of_one_without_length_penalty_is_greedy(name):
+    torch.manual_seed(0)
+    model = MODELS[name]()
+    _, b = random_batch(31, batch=6)
+    greedy = greedy_decode(model, b.src, b.src_mask, max_len=10)
+    beam = beam_search(model, b.src, b.src_mask, beam_size=1, alpha=0.0, max_len=10)
+    assert beam.tokens.tolist() == greedy.tokens.tolist()
+    assert beam.lengths.tolist() == greedy.lengths.tolist()
+    torch.testing.assert_close(beam.scores, sequence_log_probs(model, b.src, b.src_mask, greedy.tokens,
+                                                               greedy.lengths).float(), atol=1e-5, rtol=0)
+
+
+def test_sequence_log_probs_sums_the_step_log_probabilities():
+    model = small_transformer_model(1)
+    _, b = random_batch(32, batch=3)
+    out = greedy_decode(model, b.src, b.src_mask, max_len=6)
+    want = torch.zeros(3, dtype=torch.double)
+    enc = model.encode(b.src, b.src_mask)
+    state, prev = enc.state, torch.full((3,), BOS_ID)
+    for t in range(out.tokens.shape[1]):
+        step = model.decode_step(prev, state, enc)
+        lp = torch.log_softmax(step.logits, -1).gather(1, out.tokens[:, t:t + 1])[:, 0]
+        scored = t <= out.lengths  # the tokens before EOS, and the EOS itself
+        want += torch.where(scored & (t < out.tokens.shape[1]), lp, torch.zeros_like(lp))
+        state, prev = step.state, out.tokens[:, t]
+    got = sequence_log_probs(model, b.src, b.src_mask, out.tokens, out.lengths)
+    torch.testing.assert_close(got, want.float(), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_a_wide_beam_finds_the_exact_best_output(alpha):
+    """With more beams than prefixes, beam search is exhaustive: it must return the output with the
+    best (length-normalised) score among every possible output of up to max_len tokens."""
+    import itertools
+
+    V, max_len = 6, 4                        # ids 0..5, of which 2 is EOS
+    model = small_transformer_model(2, tgt_vocab=V)
+    src, mask = pad_sequences([[5, 6, 7, EOS_ID], [8, EOS_ID]])
+    beam = beam_search(model, src, mask, beam_size=V ** (max_len - 1), alpha=alpha, max_len=max_len)
+    words = [i for i in range(V) if i != EOS_ID]
+    for b in range(2):
+        best = -float("inf")
+        for n in range(max_len):             # n words, then EOS
+            for seq in itertools.product(words, repeat=n):
+                tokens = torch.tensor([[*seq, EOS_ID]])
+                s = sequence_log_probs(model, src[b:b + 1], mask[b:b + 1], tokens, torch.tensor([n]))
+                best = max(best, float(s) / length_penalty(n + 1, alpha))
+        assert float(beam.normalized[b]) == pytest.approx(best, abs=1e-4)
+
+
+class TableModel(EncoderDecoder):
+    """Next-token probabilities looked up from the prefix: a model small enough to reason about."""
+
+    max_source_len = 10
+    A, B, C = 4, 5, 6
+
+    def encode(self, src: Tensor, src_mask: Tensor) -> EncoderOutput:
+        return EncoderOutput(src[..., None].float(), src_mask, torch.zeros(src.shape[0], 0, dtype=torch.long))
+
+    def probabilities(self, prefix: tuple[int, ...]) -> dict[int, float]:
+        A, B, C = self.A, self.B, self.C
+        table = {(): {A: 0.5, B: 0.4, C: 0.1}, (A,): {A: 0.3, EOS_ID: 0.25, B: 0.25, C: 0.2},
+                 (A, A): {EOS_ID: 1.0}, (B,): {A: 0.5, B: 0.5}}
+        return table.get(prefix, {EOS_ID: 0.5, A: 0.2, B: 0.2, C: 0.1})
+
+    def decode_step(self, prev: Tensor, state: Tensor, enc: EncoderOutput) -> StepOutput:
+        prefix = torch.cat([state, prev[:, None]], 1)
+        logits = torch.full((prev.shape[0], 8), -1e9)
+        for i, row in enumerate(prefix[:, 1:].tolist()):
+            for token, p in self.probabilities(tuple(row)).items():
+                logits[i, token] = math.log(p)
+        return StepOutput(logits, prefix)
+
+
+def test_beam_search_is_a_heuristic_a_wider_beam_can_score_below_greedy():
+    """Greedy: a (0.5), a (0.3), EOS (1.0): probability 0.15. A beam of two drops the prefix `a a`
+    (0.15) for `b a` and `b b` (0.2 each), whose best endings are worth 0.1: beam search returns a
+    less probable output than greedy. A beam of three keeps `a a` and finds 0.15 again."""
+    model = TableModel()
+    src, mask = torch.tensor([[5, EOS_ID]]), torch.ones(1, 2, dtype=torch.bool)
+    greedy = greedy_decode(model, src, mask, max_len=6)
+    assert greedy.tokens.tolist() == [[TableModel.A, TableModel.A, EOS_ID]]
+    two = beam_search(model, src, mask, beam_size=2, alpha=0.0, max_len=6)
+    three = beam_search(model, src, mask, beam_size=3, alpha=0.0, max_len=6)
+    assert float(two.scores[0]) == pytest.approx(math.log(0.1))
+    assert float(three.scores[0]) == pytest.approx(math.log(0.15))
+    assert three.tokens.tolist() == greedy.tokens.tolist()
+
+
+def test_beam_search_stops_a_hypothesis_at_eos_and_pads_after_it():
+    model = ScriptedModel([[5, 6, EOS_ID], [7, EOS_ID]])
+    out = beam_search(model, torch.full((2, 2), 5), torch.ones(2, 2, dtype=torch.bool), beam_size=3,
+                      max_len=8, alpha=0.6)
+    assert out.tokens.tolist() == [[5, 6, EOS_ID], [7, EOS_ID, PAD_ID]]
+    assert out.lengths.tolist() == [2, 1]
+
+
+def test_beam_search_returns_the_best_prefix_when_nothing_ends():
+    model = ScriptedModel([[4, 4, 4, 4, 4, 4]])
+    out = beam_search(model, torch.full((1, 2), 5), torch.ones(1, 2, dtype=torch.bool), beam_size=2,
+                      max_len=3)
+    assert out.tokens.tolist() == [[4, 4, 4]] and out.lengths.tolist() == [3]
+
+
+def test_beam_search_batches_do_not_change_results():
+    model = small_transformer_model(3)
+    examples, b = random_batch(33, batch=4)
+    together = beam_search(model, b.src, b.src_mask, beam_size=3, max_len=7)
+    for i, ex in enumerate(examples):
+        alone = make_batch([ex])
+        one = beam_search(model, alone.src, alone.src_mask, beam_size=3, max_len=7)
+        n = int(one.lengths[0])
+        assert together.tokens[i, : n + 1].tolist() == one.tokens[0, : n + 1].tolist()
+        assert float(together.scores[i]) == pytest.approx(float(one.scores[0]), abs=1e-6)
+
+
+def test_length_penalty_and_beam_errors():
+    assert length_penalty(1, 0.0) == 1.0
+    assert length_penalty(7, 1.0) == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="alpha must be >= 0"):
+        length_penalty(3, -0.1)
+    model = Seq2Seq(SRC_V, TGT_V, embed=8, hidden=8, max_source_len=5)
+    src, mask = torch.ones(1, 3, dtype=torch.long), torch.ones(1, 3, dtype=torch.bool)
+    with pytest.raises(ValueError, match="beam_size must be a positive int"):
+        beam_search(model, src, mask, beam_size=0)
+    with pytest.raises(ValueError, match="max_len must be a positive int"):
+        beam_search(model, src, mask, max_len=0)
+    with pytest.raises(ValueError, match="alpha must be >= 0"):
+        beam_search(model, src, mask, alpha=-1.0)
+    with pytest.raises(ValueError, match="empty batch"):
+        beam_search(model, src[:0], mask[:0])
+    with pytest.raises(ValueError, match="max_source_len=5"):
+        beam_search(model, torch.ones(1, 6, dtype=torch.long), torch.ones(1, 6, dtype=torch.bool))
+
+
+def test_translate_with_a_beam():
+    vocab = Vocab.build([["the", "dog", "sees", "a", "cat", "."]])
+    torch.manual_seed(0)
+    model = Transformer(len(vocab), len(vocab), d_model=16, heads=2, encoder_layers=1, decoder_layers=1,
+                        d_ff=16)
+    out = translate(model, ["the dog sees a cat .", "a cat"], vocab, vocab, beam_size=3, max_len=6)
+    assert len(out) == 2 and all(isinstance(s, str) for s in out)

@@ -5,7 +5,17 @@ import torch
 from torch import nn
 
 from tfmlib.data import Vocab
-from tfmlib.train import CheckpointError, History, fit, load_checkpoint, move_to, perplexity, save_checkpoint
+from tfmlib.train import (
+    CheckpointError,
+    History,
+    fit,
+    load_checkpoint,
+    move_to,
+    perplexity,
+    save_checkpoint,
+    transformer_peak_lr,
+    warmup_inverse_sqrt,
+)
 
 
 def regression_problem(n=256, seed=0):
@@ -187,3 +197,16 @@ def test_checkpoint_refuses_code_in_the_file(tmp_path):
     torch.save({"format": "tfmlib-checkpoint-1", "model": History()}, path)
     with pytest.raises(CheckpointError, match="not a readable checkpoint"):
         load_checkpoint(path)
+
+
+def test_warmup_inverse_sqrt_rises_linearly_then_decays_as_one_over_root():
+    f = warmup_inverse_sqrt(4)
+    assert [f(s) for s in range(4)] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert f(15) == pytest.approx(0.5)          # s = 16: sqrt(4 / 16)
+    d, w = 512, 4000
+    peak = transformer_peak_lr(d, w)
+    for step in (0, 100, 3999, 4000, 20_000):   # the paper's formula, eq. (3)
+        s = step + 1
+        assert peak * warmup_inverse_sqrt(w)(step) == pytest.approx(d ** -0.5 * min(s ** -0.5, s * w ** -1.5))
+    with pytest.raises(ValueError, match="positive int"):
+        warmup_inverse_sqrt(0)

@@ -19,6 +19,9 @@ module             chapter  what it holds
 ``decoding``       02       greedy decoding, translating texts, evaluating a translator
 ``metrics``        02       corpus BLEU (sacreBLEU) and BLEU by source length
 ``rnn_attention``  03       Bahdanau and Luong attention, RNNsearch, the self-attentive embedding
+``attention``      05       scaled dot-product attention (explicit and fast), masks, multi-head attention
+``positional``     06       sinusoidal, learned and rotary position encodings
+``transformer``    07       LayerNorm, feed-forward, encoder and decoder layers, the Transformer model
 =================  =======  ==============================================================
 
 Submodules are not imported here, so ``import tfmlib`` stays cheap and a notebook's imports say

@@ -1,35 +1,42 @@
 """Decoding: turning a trained translation model into translations.
 
 Introduced in chapter 02 (sequence to sequence); chapter 03 uses the same functions for the
-attention model, whose attention weights :func:`greedy_decode` also returns.
+attention model, whose attention weights :func:`greedy_decode` also returns, and chapter 08 adds
+beam search for the Transformer (it works for every model of the book).
 
 * :func:`greedy_decode` runs any :class:`~tfmlib.seq2seq.EncoderDecoder` on a padded batch,
   one step at a time, always taking the most probable token; a sentence stops at its end token
   and the batch stops when every sentence has.
+* :func:`beam_search` keeps the ``beam_size`` most probable prefixes of every sentence at each
+  step, in one batch of ``B * beam_size`` rows, and ranks finished hypotheses by their
+  log-probability divided by a length penalty (Wu et al. 2016); :func:`sequence_log_probs` scores
+  any output under a model, so the two searches can be compared.
 * :func:`translate` goes from texts to texts: tokenize, map unknown words to ``<unk>``, batch,
-  decode, detokenize.
+  decode (greedy or beam search), detokenize.
 
 Shapes: ``B`` batch, ``S`` source length, ``L`` decoded length.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-from tfmlib.data import EOS_ID, PAD_ID, Pair, Vocab, detokenize, pad_sequences, tokenize
+from tfmlib.data import BOS_ID, EOS_ID, PAD_ID, Pair, Vocab, detokenize, pad_sequences, tokenize
 from tfmlib.metrics import DEFAULT_LENGTH_EDGES, BleuScore, bleu, bleu_by_length, exact_match
-from tfmlib.seq2seq import EncoderDecoder, check_source, first_token_batch
+from tfmlib.seq2seq import EncoderDecoder, EncoderOutput, check_source, first_token_batch
 
 INTRODUCED_IN = 2
 
-__all__ = ["Decoded", "TranslationReport", "default_max_len", "encode_sources", "evaluate_translator",
-           "greedy_decode", "translate"]
+__all__ = ["BeamDecoded", "Decoded", "TranslationReport", "beam_search", "default_max_len", "encode_sources",
+           "evaluate_translator", "greedy_decode", "length_penalty", "sequence_log_probs", "translate"]
 
 
 class Decoded(NamedTuple):
@@ -96,6 +103,176 @@ def greedy_decode(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len:
     return Decoded(out, lengths, attention)
 
 
+class BeamDecoded(NamedTuple):
+    """What :func:`beam_search` returns: the best hypothesis of each sentence.
+
+    * ``tokens``: ``(B, L)`` ids; a row ends with its EOS (if it produced one), then ``PAD_ID``;
+    * ``lengths``: ``(B,)`` the number of tokens before the EOS;
+    * ``scores``: ``(B,)`` the model score, the sum of the log-probabilities of the tokens,
+      EOS included (what :func:`sequence_log_probs` computes);
+    * ``normalized``: ``(B,)`` ``scores`` divided by :func:`length_penalty`: what the search ranks.
+    """
+
+    tokens: Tensor
+    lengths: Tensor
+    scores: Tensor
+    normalized: Tensor
+
+
+def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
+    """``((5 + length) / 6) ** alpha``, the length normalisation of Wu et al. (2016, section 7).
+
+    Log-probabilities only fall as a hypothesis grows, so ranking by them favours short outputs;
+    dividing by this penalty (which grows with ``length`` when ``alpha > 0``) offsets that.
+    ``alpha = 0`` gives 1 (no normalisation); ``length`` counts the output tokens, EOS included.
+    """
+    if alpha < 0:
+        raise ValueError(f"length_penalty: alpha must be >= 0, got {alpha}")
+    return ((5 + length) / 6) ** alpha
+
+
+def _repeat_rows(enc: EncoderOutput, k: int) -> EncoderOutput:
+    """Every tensor of ``enc`` with each batch row repeated ``k`` times: ``(B, ...) -> (B * k, ...)``."""
+    return EncoderOutput(*(None if x is None else x.repeat_interleave(k, dim=0) for x in enc))
+
+
+@torch.no_grad()
+def beam_search(model: EncoderDecoder, src: Tensor, src_mask: Tensor, beam_size: int = 4,
+                max_len: int | None = None, alpha: float = 0.6) -> BeamDecoded:
+    """Translate a batch with beam search; returns the best finished hypothesis of each sentence.
+
+    Every sentence keeps ``beam_size`` live prefixes; all ``B * beam_size`` of them advance in one
+    call of ``model.decode_step``. At each step the ``2 * beam_size`` best one-token extensions of a
+    sentence's prefixes (by summed log-probability) are ranked: one that ends with EOS and ranks
+    within the first ``beam_size`` becomes a finished hypothesis, scored by its log-probability
+    divided by ``length_penalty(length, alpha)``; the best ``beam_size`` others become the new
+    prefixes. A sentence is done when its best finished hypothesis beats anything a live prefix
+    could still reach (their log-probabilities only fall, and the penalty is largest at
+    ``max_len``), and the search ends when every sentence is done or after ``max_len`` steps
+    (then a sentence with no finished hypothesis returns its best prefix, without EOS).
+
+    ``beam_size=1`` with ``alpha=0`` is greedy decoding. Beam search is a heuristic: a larger beam
+    usually, not always, finds a more probable output (chapter 08 measures how often). Shapes and
+    errors as in :func:`greedy_decode`; the model is put in eval mode and restored afterwards.
+    """
+    check_source(src, src_mask, "beam_search", getattr(model, "max_source_len", None),
+                 getattr(model, "src_vocab_size", None))
+    if not isinstance(beam_size, int) or isinstance(beam_size, bool) or beam_size < 1:
+        raise ValueError(f"beam_search: beam_size must be a positive int, got {beam_size!r}")
+    if max_len is None:
+        max_len = default_max_len(src_mask)
+    if not isinstance(max_len, int) or max_len < 1:
+        raise ValueError(f"beam_search: max_len must be a positive int, got {max_len!r}")
+    length_penalty(1, alpha)  # validates alpha
+    B, K, device = src.shape[0], beam_size, src.device
+    was_training = model.training
+    model.eval()
+    try:
+        enc = _repeat_rows(model.encode(src, src_mask), K)
+        state, prev = enc.state, first_token_batch(B * K, device)
+        prefixes = torch.empty(B * K, 0, dtype=torch.long, device=device)
+        # Only the first of a sentence's K identical start prefixes is live, so that the first step
+        # gives K different extensions instead of K copies of the best one.
+        beam_scores = torch.full((B, K), -math.inf, device=device)
+        beam_scores[:, 0] = 0.0
+        # per sentence, its finished hypotheses as (normalized score, raw score, token ids)
+        finished: list[list[tuple[float, float, list[int]]]] = [[] for _ in range(B)]
+        done = torch.zeros(B, dtype=torch.bool, device=device)
+        best_bound_penalty = length_penalty(max_len, alpha)
+        for step in range(1, max_len + 1):
+            out = model.decode_step(prev, state, enc)
+            log_probs = F.log_softmax(out.logits.float(), dim=-1)             # (B*K, V)
+            V = log_probs.shape[-1]
+            candidates = (beam_scores.view(-1, 1) + log_probs).view(B, K * V)
+            n_best = min(2 * K, K * V)
+            top_scores, top_index = candidates.topk(n_best, dim=1)            # (B, n_best), best first
+            top_beam, top_token = top_index // V, top_index % V
+            is_eos = top_token == EOS_ID
+            # finished hypotheses: EOS among the first K candidates of a sentence still searching
+            rank = torch.arange(n_best, device=device)[None, :]
+            new_finished = is_eos & (rank < K) & torch.isfinite(top_scores) & ~done[:, None]
+            for b, j in new_finished.nonzero().tolist():
+                raw = float(top_scores[b, j])
+                row = b * K + int(top_beam[b, j])
+                ids = prefixes[row].tolist() + [EOS_ID]
+                finished[b].append((raw / length_penalty(step, alpha), raw, ids))
+            # live prefixes: the first K candidates that do not end with EOS (there are at least K:
+            # each of the K prefixes contributes at most one EOS candidate)
+            order = (is_eos.long() * n_best + rank).argsort(dim=1)[:, :K]    # non-EOS first, by rank
+            keep_scores = top_scores.gather(1, order)
+            keep_rows = (torch.arange(B, device=device)[:, None] * K + top_beam.gather(1, order)).view(-1)
+            keep_tokens = top_token.gather(1, order).view(-1)
+            beam_scores = keep_scores.masked_fill(done[:, None], -math.inf)
+            prefixes = torch.cat([prefixes.index_select(0, keep_rows), keep_tokens[:, None]], dim=1)
+            state = _select_state(out.state, keep_rows)
+            prev = keep_tokens
+            # a sentence is done when no live prefix can beat its best finished hypothesis
+            bound = beam_scores.max(dim=1).values / best_bound_penalty
+            for b in (~done).nonzero().flatten().tolist():
+                if finished[b] and max(f[0] for f in finished[b]) >= float(bound[b]):
+                    done[b] = True
+            if bool(done.all()):
+                break
+    finally:
+        model.train(was_training)
+    results = []
+    for b in range(B):
+        if finished[b]:
+            results.append(max(finished[b], key=lambda f: f[0]))
+        else:  # max_len reached without an EOS: the best live prefix
+            j = int(beam_scores[b].argmax())
+            raw = float(beam_scores[b, j])
+            normalized = raw / length_penalty(prefixes.shape[1], alpha)
+            results.append((normalized, raw, prefixes[b * K + j].tolist()))
+    width = max(len(ids) for _, _, ids in results)
+    tokens = torch.full((B, width), PAD_ID, dtype=torch.long, device=device)
+    lengths = torch.empty(B, dtype=torch.long, device=device)
+    for b, (_, _, ids) in enumerate(results):
+        tokens[b, : len(ids)] = torch.tensor(ids, dtype=torch.long, device=device)
+        lengths[b] = len(ids) - 1 if ids[-1] == EOS_ID else len(ids)
+    scores = torch.tensor([r[1] for r in results], device=device)
+    normalized = torch.tensor([r[0] for r in results], device=device)
+    return BeamDecoded(tokens, lengths, scores, normalized)
+
+
+def _select_state(state: object, rows: Tensor) -> object:
+    """``state`` (a tensor, or a tuple/list of them, batch first) at the given rows, for beam search."""
+    if isinstance(state, Tensor):
+        return state.index_select(0, rows)
+    if isinstance(state, (tuple, list)):
+        return type(state)(_select_state(s, rows) for s in state)
+    raise TypeError(f"beam_search: a decoder state must be a tensor or a tuple of tensors, got "
+                    f"{type(state).__name__}")
+
+
+@torch.no_grad()
+def sequence_log_probs(model: EncoderDecoder, src: Tensor, src_mask: Tensor, tokens: Tensor,
+                       lengths: Tensor) -> Tensor:
+    """The model score ``(B,)`` of given outputs: ``sum_t log p(y_t | y_<t, x)`` over each row's
+    ``lengths[b]`` tokens and, when the row holds one after them, its EOS.
+
+    ``tokens`` ``(B, L)`` and ``lengths`` ``(B,)`` are what :func:`greedy_decode` or
+    :func:`beam_search` return. Runs in eval mode (restored afterwards).
+    """
+    if tokens.dim() != 2 or tokens.shape[0] != src.shape[0] or lengths.shape != (src.shape[0],):
+        raise ValueError(f"sequence_log_probs: tokens must be (batch={src.shape[0]}, L) and lengths "
+                         f"(batch,), got {tuple(tokens.shape)} and {tuple(lengths.shape)}")
+    B, L = tokens.shape
+    positions = torch.arange(L, device=tokens.device)[None, :]
+    has_eos = (lengths < L) & (tokens.gather(1, lengths.clamp(max=L - 1)[:, None])[:, 0] == EOS_ID)
+    counted = positions < (lengths + has_eos.long())[:, None]                # the tokens that are scored
+    tgt_in = torch.cat([torch.full((B, 1), BOS_ID, dtype=torch.long, device=tokens.device),
+                        tokens[:, :-1].masked_fill(~counted[:, :-1], PAD_ID)], dim=1)
+    was_training = model.training
+    model.eval()
+    try:
+        log_probs = F.log_softmax(model(src, src_mask, tgt_in).float(), dim=-1)  # (B, L, V)
+    finally:
+        model.train(was_training)
+    picked = log_probs.gather(2, tokens.clamp(min=0)[:, :, None])[:, :, 0]
+    return (picked * counted).sum(dim=1)
+
+
 def encode_sources(sentences: Sequence[str], src_vocab: Vocab, who: str = "translate",
                    lowercase: bool = True) -> list[list[int]]:
     """Tokenize and encode source sentences (unknown words -> ``<unk>``), EOS appended.
@@ -117,8 +294,9 @@ def encode_sources(sentences: Sequence[str], src_vocab: Vocab, who: str = "trans
 
 def translate(model: EncoderDecoder, sentences: Sequence[str], src_vocab: Vocab, tgt_vocab: Vocab, *,
               batch_size: int = 128, max_len: int | None = None, device: torch.device | str | None = None,
-              lowercase: bool = True) -> list[str]:
-    """Translate texts with greedy decoding; returns one detokenized string per sentence.
+              lowercase: bool = True, beam_size: int = 1, alpha: float = 0.6) -> list[str]:
+    """Translate texts with greedy decoding (``beam_size=1``) or :func:`beam_search` (with length
+    penalty ``alpha``); returns one detokenized string per sentence.
 
     Words missing from ``src_vocab`` become ``<unk>``. An empty sentence, or one longer than the
     model's ``max_source_len`` tokens (EOS included), raises ``ValueError`` naming it.
@@ -134,7 +312,10 @@ def translate(model: EncoderDecoder, sentences: Sequence[str], src_vocab: Vocab,
     out: list[str] = []
     for start in range(0, len(ids), batch_size):
         src, src_mask = pad_sequences(ids[start:start + batch_size])
-        decoded = greedy_decode(model, src.to(device), src_mask.to(device), max_len)
+        if beam_size == 1:
+            decoded = greedy_decode(model, src.to(device), src_mask.to(device), max_len)
+        else:
+            decoded = beam_search(model, src.to(device), src_mask.to(device), beam_size, max_len, alpha)
         for row, n in zip(decoded.tokens.tolist(), decoded.lengths.tolist(), strict=False):
             out.append(detokenize(tgt_vocab.decode(row[:n])))
     return out
@@ -164,8 +345,9 @@ class TranslationReport:
 
 def evaluate_translator(model: EncoderDecoder, pairs: Sequence[Pair], src_vocab: Vocab, tgt_vocab: Vocab, *,
                         edges: Sequence[int] = DEFAULT_LENGTH_EDGES, lowercase_bleu: bool = False,
-                        batch_size: int = 128) -> TranslationReport:
-    """Translate the sources of ``pairs`` greedily and score them against the references: corpus
+                        batch_size: int = 128, beam_size: int = 1, alpha: float = 0.6) -> TranslationReport:
+    """Translate the sources of ``pairs`` (greedily, or with beam search when ``beam_size > 1``;
+    see :func:`translate`) and score them against the references: corpus
     BLEU, exact matches, and both by source length (tokens, as :func:`~tfmlib.data.tokenize`
     counts them, punctuation included). ``lowercase_bleu`` for corpora with cased references,
     since the book's vocabularies are lowercase."""
@@ -175,7 +357,8 @@ def evaluate_translator(model: EncoderDecoder, pairs: Sequence[Pair], src_vocab:
     sources = [s for s, _ in pairs]
     references = [t for _, t in pairs]
     start = time.perf_counter()
-    hypotheses = translate(model, sources, src_vocab, tgt_vocab, batch_size=batch_size)
+    hypotheses = translate(model, sources, src_vocab, tgt_vocab, batch_size=batch_size, beam_size=beam_size,
+                           alpha=alpha)
     seconds = time.perf_counter() - start
     lengths = [len(tokenize(s)) for s in sources]
     if lowercase_bleu:

@@ -166,6 +166,34 @@ def fit(
     return history
 
 
+def warmup_inverse_sqrt(warmup_steps: int) -> Callable[[int], float]:
+    """The learning-rate shape of Vaswani et al. (2017, section 5.3, eq. 3), scaled to peak at 1.
+
+    Returns ``f(step) = min(s / warmup, sqrt(warmup / s))`` with ``s = step + 1``: a linear rise
+    over the first ``warmup_steps`` optimiser steps, then a decay as ``1 / sqrt(s)``. Multiply it by
+    a peak learning rate (``torch.optim.lr_scheduler.LambdaLR(optimizer, f)`` with ``lr=peak``);
+    the paper's ``d_model^-0.5 * min(s^-0.5, s * warmup^-1.5)`` is this shape with the peak
+    :func:`transformer_peak_lr`. Added in chapter 08.
+    """
+    if not isinstance(warmup_steps, int) or isinstance(warmup_steps, bool) or warmup_steps < 1:
+        raise ValueError(f"warmup_inverse_sqrt: warmup_steps must be a positive int, got {warmup_steps!r}")
+
+    def factor(step: int) -> float:
+        s = step + 1
+        return min(s / warmup_steps, math.sqrt(warmup_steps / s))
+
+    return factor
+
+
+def transformer_peak_lr(d_model: int, warmup_steps: int, scale: float = 1.0) -> float:
+    """The peak of the paper's schedule, ``scale * d_model^-0.5 * warmup^-0.5`` (reached at the end
+    of warm-up): about 7e-4 for the base model (``d_model=512``, 4000 warm-up steps)."""
+    if d_model < 1 or warmup_steps < 1:
+        raise ValueError(f"transformer_peak_lr: d_model and warmup_steps must be >= 1, got {d_model}, "
+                         f"{warmup_steps}")
+    return scale * d_model ** -0.5 * warmup_steps ** -0.5
+
+
 def perplexity(mean_nll: float) -> float:
     """``exp`` of a mean negative log-likelihood per token (nats); ``inf`` when that overflows."""
     try:

@@ -1,0 +1,464 @@
+"""The Transformer (Vaswani et al. 2017): layers, stacks and the encoder-decoder model.
+
+Introduced in chapter 07 (the Transformer architecture); chapter 08 trains it to translate.
+
+* :class:`LayerNormScratch` is layer normalisation written out (a *mean* over the features, and
+  the epsilon *inside* the square root), for teaching; the layers use ``nn.LayerNorm``, which the
+  tests show computes the same thing.
+* :class:`FeedForward` is the position-wise network ``W_2 act(W_1 x + b_1) + b_2``.
+* :class:`EncoderLayer` and :class:`DecoderLayer` wrap self-attention (and, in the decoder,
+  cross-attention: queries from the decoder, keys and values from the encoder) and the
+  feed-forward network in residual connections with LayerNorm, either after each residual sum
+  (``norm_first=False``, "post-LN", the paper's) or before each sublayer (``norm_first=True``,
+  "pre-LN", most later models').
+* :class:`Encoder` and :class:`Decoder` stack them; :class:`Transformer` adds token embeddings
+  scaled by ``sqrt(d_model)``, positions (:mod:`tfmlib.positional`) and the output projection
+  (optionally tied to the target embedding) and implements the book's
+  :class:`~tfmlib.seq2seq.EncoderDecoder` interface, so chapter 02's decoding and training code
+  runs it unchanged.
+* :func:`copy_from_torch_transformer` (and the per-layer copies) load ``nn.Transformer``'s weights
+  into these modules: the tests check equal outputs and gradients.
+
+Masks follow :mod:`tfmlib.attention`: bool, ``True`` = may attend. Shapes: ``B`` batch, ``S``
+source length, ``T`` target length, ``d`` = ``d_model``, ``V`` vocabulary, ``h`` heads.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tfmlib.attention import MultiHeadAttention, copy_from_torch_mha, padding_mask
+from tfmlib.data import PAD_ID
+from tfmlib.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from tfmlib.seq2seq import EncoderDecoder, EncoderOutput, StepOutput, check_ids, check_source
+
+INTRODUCED_IN = 7
+
+__all__ = [
+    "ACTIVATIONS",
+    "AttentionMaps",
+    "Decoder",
+    "DecoderLayer",
+    "Encoder",
+    "EncoderLayer",
+    "FeedForward",
+    "LayerNormScratch",
+    "Transformer",
+    "copy_from_torch_decoder_layer",
+    "copy_from_torch_encoder_layer",
+    "copy_from_torch_transformer",
+]
+
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+
+
+def _positive_int(who: str, **values: object) -> None:
+    for name, v in values.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{who}: {name} must be a positive int, got {v!r}")
+
+
+def _check_dropout(who: str, p: float) -> None:
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"{who}: dropout must be in [0, 1), got {p}")
+
+
+class LayerNormScratch(nn.Module):
+    """Layer normalisation (Ba et al. 2016) over the last axis, written out::
+
+        mu = mean_i x_i,  var = mean_i (x_i - mu)^2,  y = gamma * (x - mu) / sqrt(var + eps) + beta
+
+    The mean and the (biased) variance are *means* over the ``d`` features, and ``eps`` sits
+    inside the square root: what ``nn.LayerNorm`` computes. ``forward(x (..., d)) -> (..., d)``.
+    """
+
+    def __init__(self, d: int, eps: float = 1e-5):
+        super().__init__()
+        _positive_int("LayerNormScratch", d=d)
+        self.d, self.eps = d, eps
+        self.gamma = nn.Parameter(torch.ones(d))
+        self.beta = nn.Parameter(torch.zeros(d))
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.shape[-1] != self.d:
+            raise ValueError(f"LayerNormScratch: expected {self.d} features on the last axis, got shape "
+                             f"{tuple(x.shape)}")
+        mu = x.mean(dim=-1, keepdim=True)
+        var = ((x - mu) ** 2).mean(dim=-1, keepdim=True)
+        return self.gamma * (x - mu) / torch.sqrt(var + self.eps) + self.beta
+
+
+class FeedForward(nn.Module):
+    """The position-wise feed-forward network ``linear2(dropout(act(linear1(x))))``.
+
+    ``forward(x (..., d_model)) -> (..., d_model)``; every position is transformed by the same
+    two-layer MLP, independently of the others. ``d_ff`` is the hidden width (the paper: 4 d_model).
+    """
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, activation: str = "relu"):
+        super().__init__()
+        _positive_int("FeedForward", d_model=d_model, d_ff=d_ff)
+        _check_dropout("FeedForward", dropout)
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"FeedForward: activation must be one of {sorted(ACTIVATIONS)}, "
+                             f"got {activation!r}")
+        self.linear1 = nn.Linear(d_model, d_ff)
+        self.linear2 = nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.activation = ACTIVATIONS[activation]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear2(self.dropout(self.activation(self.linear1(x))))
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention, then the feed-forward network, each in a residual connection with LayerNorm.
+
+    ``norm_first=False`` (post-LN, the paper's)::
+
+        x = norm1(x + dropout(SelfAttn(x)));   x = norm2(x + dropout(FFN(x)))
+
+    ``norm_first=True`` (pre-LN)::
+
+        x = x + dropout(SelfAttn(norm1(x)));   x = x + dropout(FFN(norm2(x)))
+
+    ``forward(x (B, S, d), mask=None, need_weights=False) -> (x (B, S, d), weights (B, h, S, S) or
+    None)``; ``mask`` as in :class:`~tfmlib.attention.MultiHeadAttention` (e.g. ``padding_mask``).
+    """
+
+    def __init__(self, d_model: int, heads: int, d_ff: int, dropout: float = 0.1, *, norm_first: bool = False,
+                 activation: str = "relu", eps: float = 1e-5):
+        super().__init__()
+        _check_dropout("EncoderLayer", dropout)
+        self.self_attn = MultiHeadAttention(d_model, heads, dropout=dropout)
+        self.ff = FeedForward(d_model, d_ff, dropout, activation)
+        self.norm1, self.norm2 = nn.LayerNorm(d_model, eps=eps), nn.LayerNorm(d_model, eps=eps)
+        self.dropout1, self.dropout2 = nn.Dropout(dropout), nn.Dropout(dropout)
+        self.norm_first = norm_first
+
+    def forward(self, x: Tensor, mask: Tensor | None = None,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        if self.norm_first:
+            a, weights = self.self_attn(self.norm1(x), mask=mask, need_weights=need_weights)
+            x = x + self.dropout1(a)
+            x = x + self.dropout2(self.ff(self.norm2(x)))
+        else:
+            a, weights = self.self_attn(x, mask=mask, need_weights=need_weights)
+            x = self.norm1(x + self.dropout1(a))
+            x = self.norm2(x + self.dropout2(self.ff(x)))
+        return x, weights
+
+
+class DecoderLayer(nn.Module):
+    """Masked (causal) self-attention, cross-attention over the encoder's output, the feed-forward
+    network; each in a residual connection with LayerNorm (post-LN or pre-LN as in
+    :class:`EncoderLayer`).
+
+    Cross-attention takes its *queries* from the decoder and its *keys and values* from the
+    encoder output ``memory``: each target position reads the source.
+
+    ``forward(x (B, T, d), memory (B, S, d), memory_mask=None, self_mask=None, need_weights=False)
+    -> (x (B, T, d), self_weights (B, h, T, T) or None, cross_weights (B, h, T, S) or None)``.
+    Self-attention is always causal (position ``t`` sees ``0..t``); ``self_mask`` may restrict it
+    further (e.g. target padding); ``memory_mask`` is usually ``padding_mask(src_mask)``.
+    """
+
+    def __init__(self, d_model: int, heads: int, d_ff: int, dropout: float = 0.1, *, norm_first: bool = False,
+                 activation: str = "relu", eps: float = 1e-5):
+        super().__init__()
+        _check_dropout("DecoderLayer", dropout)
+        self.self_attn = MultiHeadAttention(d_model, heads, dropout=dropout)
+        self.cross_attn = MultiHeadAttention(d_model, heads, dropout=dropout)
+        self.ff = FeedForward(d_model, d_ff, dropout, activation)
+        self.norm1, self.norm2, self.norm3 = (nn.LayerNorm(d_model, eps=eps) for _ in range(3))
+        self.dropout1, self.dropout2, self.dropout3 = (nn.Dropout(dropout) for _ in range(3))
+        self.norm_first = norm_first
+
+    def forward(self, x: Tensor, memory: Tensor, memory_mask: Tensor | None = None,
+                self_mask: Tensor | None = None,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        if self.norm_first:
+            a, self_w = self.self_attn(self.norm1(x), mask=self_mask, causal=True, need_weights=need_weights)
+            x = x + self.dropout1(a)
+            c, cross_w = self.cross_attn(self.norm2(x), memory, mask=memory_mask, need_weights=need_weights)
+            x = x + self.dropout2(c)
+            x = x + self.dropout3(self.ff(self.norm3(x)))
+        else:
+            a, self_w = self.self_attn(x, mask=self_mask, causal=True, need_weights=need_weights)
+            x = self.norm1(x + self.dropout1(a))
+            c, cross_w = self.cross_attn(x, memory, mask=memory_mask, need_weights=need_weights)
+            x = self.norm2(x + self.dropout2(c))
+            x = self.norm3(x + self.dropout3(self.ff(x)))
+        return x, self_w, cross_w
+
+
+class Encoder(nn.Module):
+    """``num_layers`` :class:`EncoderLayer` s, then a LayerNorm when ``final_norm``.
+
+    A pre-LN stack needs the final norm (its residual stream is never normalised otherwise); the
+    paper's post-LN stack does not have one (its default here), while ``nn.Transformer`` always
+    adds one. ``forward(x (B, S, d), mask=None, need_weights=False) -> (x, [weights per layer] or
+    None)``.
+    """
+
+    def __init__(self, num_layers: int, d_model: int, heads: int, d_ff: int, dropout: float = 0.1, *,
+                 norm_first: bool = False, final_norm: bool | None = None, activation: str = "relu",
+                 eps: float = 1e-5):
+        super().__init__()
+        _positive_int("Encoder", num_layers=num_layers)
+        self.layers = nn.ModuleList(EncoderLayer(d_model, heads, d_ff, dropout, norm_first=norm_first,
+                                                 activation=activation, eps=eps) for _ in range(num_layers))
+        final_norm = norm_first if final_norm is None else final_norm
+        self.norm = nn.LayerNorm(d_model, eps=eps) if final_norm else None
+
+    def forward(self, x: Tensor, mask: Tensor | None = None,
+                need_weights: bool = False) -> tuple[Tensor, list[Tensor] | None]:
+        maps = []
+        for layer in self.layers:
+            x, w = layer(x, mask, need_weights)
+            maps.append(w)
+        if self.norm is not None:
+            x = self.norm(x)
+        return x, (maps if need_weights else None)
+
+
+class Decoder(nn.Module):
+    """``num_layers`` :class:`DecoderLayer` s, then a LayerNorm when ``final_norm`` (see :class:`Encoder`).
+
+    ``forward(x (B, T, d), memory (B, S, d), memory_mask=None, self_mask=None, need_weights=False)
+    -> (x, [self weights per layer] or None, [cross weights per layer] or None)``.
+    """
+
+    def __init__(self, num_layers: int, d_model: int, heads: int, d_ff: int, dropout: float = 0.1, *,
+                 norm_first: bool = False, final_norm: bool | None = None, activation: str = "relu",
+                 eps: float = 1e-5):
+        super().__init__()
+        _positive_int("Decoder", num_layers=num_layers)
+        self.layers = nn.ModuleList(DecoderLayer(d_model, heads, d_ff, dropout, norm_first=norm_first,
+                                                 activation=activation, eps=eps) for _ in range(num_layers))
+        final_norm = norm_first if final_norm is None else final_norm
+        self.norm = nn.LayerNorm(d_model, eps=eps) if final_norm else None
+
+    def forward(self, x: Tensor, memory: Tensor, memory_mask: Tensor | None = None,
+                self_mask: Tensor | None = None,
+                need_weights: bool = False) -> tuple[Tensor, list[Tensor] | None, list[Tensor] | None]:
+        self_maps, cross_maps = [], []
+        for layer in self.layers:
+            x, sw, cw = layer(x, memory, memory_mask, self_mask, need_weights)
+            self_maps.append(sw)
+            cross_maps.append(cw)
+        if self.norm is not None:
+            x = self.norm(x)
+        return x, (self_maps if need_weights else None), (cross_maps if need_weights else None)
+
+
+class AttentionMaps(NamedTuple):
+    """Attention weights of every layer, for plots: lists (one per layer) of tensors.
+
+    * ``encoder``: ``(B, h, S, S)`` encoder self-attention;
+    * ``decoder``: ``(B, h, T, T)`` decoder (causal) self-attention;
+    * ``cross``: ``(B, h, T, S)`` decoder-to-encoder attention.
+    """
+
+    encoder: list[Tensor]
+    decoder: list[Tensor]
+    cross: list[Tensor]
+
+
+class Transformer(EncoderDecoder):
+    """The Transformer encoder-decoder for translation (Vaswani et al. 2017, section 3).
+
+    Source and target tokens are embedded, scaled by ``sqrt(d_model)`` (section 3.4) and given
+    positions (``positional="sinusoidal"``, section 3.5, or ``"learned"``, a trained table of
+    ``max_len`` rows); the encoder reads the source, the decoder reads the target prefix and the
+    encoder's output, and a linear layer maps its output to logits. ``tie_output`` shares that
+    layer's weight with the target embedding (section 3.4); ``share_embeddings`` also shares the
+    source embedding (needs one vocabulary for both sides).
+
+    Implements :class:`~tfmlib.seq2seq.EncoderDecoder`: ``encode`` runs the encoder once;
+    ``decode_step``'s state is the target prefix ``(B, t)`` read so far (the decoder re-reads it
+    at every step; chapter 09 caches its keys and values instead); ``decode_teacher_forced`` runs
+    the decoder on the whole target at once, the causal mask keeping each position from seeing
+    later ones. :meth:`attention_maps` returns every layer's and head's weights.
+    """
+
+    def __init__(self, src_vocab_size: int, tgt_vocab_size: int, *, d_model: int = 512, heads: int = 8,
+                 encoder_layers: int = 6, decoder_layers: int = 6, d_ff: int = 2048, dropout: float = 0.1,
+                 norm_first: bool = False, activation: str = "relu", positional: str = "sinusoidal",
+                 max_len: int = 256, tie_output: bool = True, share_embeddings: bool = False):
+        super().__init__()
+        _positive_int("Transformer", src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size,
+                      d_model=d_model, heads=heads, encoder_layers=encoder_layers,
+                      decoder_layers=decoder_layers, d_ff=d_ff, max_len=max_len)
+        if d_model % heads:
+            raise ValueError(f"Transformer: d_model={d_model} is not divisible by heads={heads}")
+        if positional not in ("sinusoidal", "learned"):
+            raise ValueError(f"Transformer: positional must be 'sinusoidal' or 'learned', got {positional!r}")
+        if share_embeddings and src_vocab_size != tgt_vocab_size:
+            raise ValueError("Transformer: share_embeddings needs one vocabulary for both sides, got sizes "
+                             f"{src_vocab_size} and {tgt_vocab_size}")
+        self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
+        self.max_source_len = self.max_target_len = max_len
+        self.d_model, self.heads = d_model, heads
+        self.config = dict(d_model=d_model, heads=heads, encoder_layers=encoder_layers,
+                           decoder_layers=decoder_layers, d_ff=d_ff, dropout=dropout, norm_first=norm_first,
+                           activation=activation, positional=positional, max_len=max_len,
+                           tie_output=tie_output, share_embeddings=share_embeddings)
+        self.src_embed = nn.Embedding(src_vocab_size, d_model, padding_idx=PAD_ID)
+        self.tgt_embed = self.src_embed if share_embeddings else \
+            nn.Embedding(tgt_vocab_size, d_model, padding_idx=PAD_ID)
+        if positional == "sinusoidal":
+            self.src_pos = SinusoidalPositionalEncoding(d_model, dropout, max_len=max_len)
+            self.tgt_pos = SinusoidalPositionalEncoding(d_model, dropout, max_len=max_len)
+        else:
+            self.src_pos = LearnedPositionalEmbedding(max_len, d_model, dropout)
+            self.tgt_pos = LearnedPositionalEmbedding(max_len, d_model, dropout)
+        layer_args = dict(d_model=d_model, heads=heads, d_ff=d_ff, dropout=dropout, norm_first=norm_first,
+                          activation=activation)
+        self.encoder = Encoder(encoder_layers, **layer_args)
+        self.decoder = Decoder(decoder_layers, **layer_args)
+        self.generator = nn.Linear(d_model, tgt_vocab_size)
+        self._reset_parameters()
+        if tie_output:
+            self.generator.weight = self.tgt_embed.weight
+
+    def _reset_parameters(self) -> None:
+        # Glorot-uniform matrices in the stacks (as nn.Transformer), N(0, d^-1/2) embeddings so that
+        # after the sqrt(d) scale a token vector has entries of variance 1, like the positions'.
+        for stack in (self.encoder, self.decoder):
+            for p in stack.parameters():
+                if p.dim() > 1:
+                    nn.init.xavier_uniform_(p)
+        for emb in {self.src_embed, self.tgt_embed}:
+            nn.init.normal_(emb.weight, 0.0, self.d_model ** -0.5)
+            with torch.no_grad():
+                emb.weight[PAD_ID].zero_()
+        nn.init.zeros_(self.generator.bias)
+
+    def embed_source(self, src: Tensor) -> Tensor:
+        """``(B, S)`` ids -> ``(B, S, d)``: ``sqrt(d) * E[src] + positions`` (then dropout)."""
+        return self.src_pos(self.src_embed(src) * math.sqrt(self.d_model))
+
+    def embed_target(self, tgt: Tensor) -> Tensor:
+        """``(B, T)`` ids -> ``(B, T, d)``: ``sqrt(d) * E[tgt] + positions`` (then dropout)."""
+        return self.tgt_pos(self.tgt_embed(tgt) * math.sqrt(self.d_model))
+
+    def encode(self, src: Tensor, src_mask: Tensor) -> EncoderOutput:
+        memory, _ = self.encoder(self.embed_source(src), padding_mask(src_mask))
+        empty_prefix = src.new_zeros((src.shape[0], 0))  # decode_step's state: no target token read yet
+        return EncoderOutput(memory, src_mask, empty_prefix)
+
+    def decode(self, tgt_in: Tensor, enc: EncoderOutput) -> Tensor:
+        """The decoder's output ``(B, T, d)`` for the target prefix ``tgt_in`` ``(B, T)``."""
+        x, _, _ = self.decoder(self.embed_target(tgt_in), enc.memory, padding_mask(enc.mask))
+        return x
+
+    def decode_teacher_forced(self, tgt_in: Tensor, enc: EncoderOutput) -> Tensor:
+        return self.generator(self.decode(tgt_in, enc))
+
+    def decode_step(self, prev: Tensor, state: Tensor, enc: EncoderOutput) -> StepOutput:
+        prefix = torch.cat([state, prev[:, None]], dim=1)               # (B, t + 1)
+        if prefix.shape[1] > self.max_target_len:
+            raise ValueError(f"Transformer: a target of {prefix.shape[1]} tokens is longer than this model's "
+                             f"max_len={self.max_target_len}")
+        return StepOutput(self.generator(self.decode(prefix, enc)[:, -1]), prefix)
+
+    @torch.no_grad()
+    def attention_maps(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> AttentionMaps:
+        """Every layer's and head's attention weights while reading the reference ``tgt_in``
+        (teacher forcing), in eval mode (no dropout; the previous mode is restored)."""
+        check_source(src, src_mask, "attention_maps", self.max_source_len, self.src_vocab_size)
+        if tgt_in.dim() != 2 or tgt_in.shape[0] != src.shape[0] or tgt_in.shape[1] == 0:
+            raise ValueError(f"attention_maps: tgt_in must be (batch={src.shape[0]}, target_len >= 1), "
+                             f"got shape {tuple(tgt_in.shape)}")
+        check_ids(tgt_in, self.tgt_vocab_size, "attention_maps", "tgt_in")
+        was_training = self.training
+        self.eval()
+        try:
+            memory_mask = padding_mask(src_mask)
+            memory, enc_maps = self.encoder(self.embed_source(src), memory_mask, need_weights=True)
+            _, self_maps, cross_maps = self.decoder(self.embed_target(tgt_in), memory, memory_mask,
+                                                    need_weights=True)
+        finally:
+            self.train(was_training)
+        return AttentionMaps(enc_maps, self_maps, cross_maps)
+
+
+# --------------------------------------------------------------------------- PyTorch's modules
+
+
+def _copy_linear(src: nn.Linear, dst: nn.Linear) -> None:
+    dst.weight.copy_(src.weight)
+    dst.bias.copy_(src.bias)
+
+
+def _copy_norm(src: nn.LayerNorm, dst: nn.LayerNorm) -> None:
+    if src.normalized_shape != dst.normalized_shape or src.eps != dst.eps:
+        raise ValueError(f"LayerNorms differ: {src} vs {dst}")
+    dst.weight.copy_(src.weight)
+    dst.bias.copy_(src.bias)
+
+
+def _check_layer_kind(src: nn.Module, dst: nn.Module, kind: type) -> None:
+    if not isinstance(src, kind):
+        raise TypeError(f"expected an {kind.__name__}, got {type(src).__name__}")
+    if src.norm_first != dst.norm_first:
+        raise ValueError(f"norm_first differs: PyTorch's layer has {src.norm_first}, ours {dst.norm_first}")
+    if src.linear1.out_features != dst.ff.linear1.out_features:
+        raise ValueError(f"d_ff differs: {src.linear1.out_features} vs {dst.ff.linear1.out_features}")
+
+
+@torch.no_grad()
+def copy_from_torch_encoder_layer(src: nn.TransformerEncoderLayer, dst: EncoderLayer) -> EncoderLayer:
+    """Copy an ``nn.TransformerEncoderLayer``'s weights into ``dst`` (same sizes and ``norm_first``)."""
+    _check_layer_kind(src, dst, nn.TransformerEncoderLayer)
+    copy_from_torch_mha(src.self_attn, dst.self_attn)
+    _copy_linear(src.linear1, dst.ff.linear1)
+    _copy_linear(src.linear2, dst.ff.linear2)
+    _copy_norm(src.norm1, dst.norm1)
+    _copy_norm(src.norm2, dst.norm2)
+    return dst
+
+
+@torch.no_grad()
+def copy_from_torch_decoder_layer(src: nn.TransformerDecoderLayer, dst: DecoderLayer) -> DecoderLayer:
+    """Copy an ``nn.TransformerDecoderLayer``'s weights into ``dst`` (its ``multihead_attn`` is our
+    ``cross_attn``)."""
+    _check_layer_kind(src, dst, nn.TransformerDecoderLayer)
+    copy_from_torch_mha(src.self_attn, dst.self_attn)
+    copy_from_torch_mha(src.multihead_attn, dst.cross_attn)
+    _copy_linear(src.linear1, dst.ff.linear1)
+    _copy_linear(src.linear2, dst.ff.linear2)
+    for name in ("norm1", "norm2", "norm3"):
+        _copy_norm(getattr(src, name), getattr(dst, name))
+    return dst
+
+
+@torch.no_grad()
+def copy_from_torch_transformer(src: nn.Transformer, encoder: Encoder, decoder: Decoder) -> None:
+    """Copy ``nn.Transformer``'s weights into ``encoder`` and ``decoder``.
+
+    ``nn.Transformer`` always ends each stack with a LayerNorm, so both stacks need
+    ``final_norm=True``, and the same number of layers, sizes and ``norm_first``.
+    """
+    if not isinstance(src, nn.Transformer):
+        raise TypeError(f"copy_from_torch_transformer: src must be nn.Transformer, got {type(src).__name__}")
+    for name, theirs, ours in (("encoder", src.encoder, encoder), ("decoder", src.decoder, decoder)):
+        if len(theirs.layers) != len(ours.layers):
+            raise ValueError(f"copy_from_torch_transformer: the {name} has {len(theirs.layers)} layers in "
+                             f"nn.Transformer and {len(ours.layers)} here")
+        if (theirs.norm is None) != (ours.norm is None):
+            raise ValueError(f"copy_from_torch_transformer: nn.Transformer's {name} "
+                             f"{'has' if theirs.norm is not None else 'has no'} final LayerNorm; "
+                             "build ours with "
+                             f"final_norm={theirs.norm is not None}")
+        copy_layer = copy_from_torch_encoder_layer if name == "encoder" else copy_from_torch_decoder_layer
+        for t, o in zip(theirs.layers, ours.layers, strict=True):
+            copy_layer(t, o)
+        if theirs.norm is not None:
+            _copy_norm(theirs.norm, ours.norm)
