@@ -402,3 +402,23 @@ def _check_attention_penalty(attention_penalty: Callable[[torch.Tensor], torch.T
             raise Wrong(f"return a scalar (0-d) tensor, averaged over the batch; got shape "
                         f"{tuple(got.shape)}")
         expect_close(got, want, f"attention_penalty(A of shape {tuple(A.shape)})")
+
+
+# ----------------------------------------------------------------------------- chapter 04
+# (end of chapter 04's checkers)
+
+
+# ----------------------------------------------------------------------------- chapter 05
+# (end of chapter 05's checkers)
+
+
+# ----------------------------------------------------------------------------- chapter 06
+# (end of chapter 06's checkers)
+
+
+# ----------------------------------------------------------------------------- chapter 07
+# (end of chapter 07's checkers)
+
+
+# ----------------------------------------------------------------------------- chapter 08
+# (end of chapter 08's checkers)
