@@ -492,6 +492,10 @@ def train_translator(
     time_budget_s: float | None = None,
     eval_fn: Callable[[nn.Module], dict[str, float]] | None = None,
     clip_norm: float = 1.0,
+    label_smoothing: float = 0.0,
+    betas: tuple[float, float] = (0.9, 0.999),
+    adam_eps: float = 1e-8,
+    warmup_steps: int | None = None,
     desc: str = "train",
     verbose: bool = True,
 ) -> tuple[History, torch.optim.Optimizer]:
@@ -499,17 +503,24 @@ def train_translator(
     gradient norm clipped to ``clip_norm``, :func:`translation_loss`. Returns the history and the
     optimizer (to save in a checkpoint). The same ``seed`` gives the same batches in the same order.
     ``max_steps`` and ``time_budget_s`` stop training early (see :func:`~tfmlib.train.fit`).
+
+    Chapter 08 trains the Transformer with the paper's settings: ``label_smoothing`` (0.1),
+    Adam's ``betas`` (0.9, 0.98) and ``adam_eps`` (1e-9), and ``warmup_steps``, which makes ``lr``
+    the peak of :func:`~tfmlib.train.warmup_inverse_sqrt`'s schedule (a constant ``lr`` when
+    ``None``).
     """
     torch.manual_seed(seed)
     loader = make_loader(dataset, batch_size, shuffle=True, seed=seed)
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr, betas=betas, eps=adam_eps)
+    scheduler = None if warmup_steps is None else \
+        torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_inverse_sqrt(warmup_steps))
 
     def loss_fn(m: nn.Module, batch: Batch) -> tuple[Tensor, int]:
-        return translation_loss(m, batch, teacher_forcing=teacher_forcing)
+        return translation_loss(m, batch, teacher_forcing=teacher_forcing, label_smoothing=label_smoothing)
 
     history = fit(model, loader, loss_fn, optimizer, epochs=epochs, device=device, clip_norm=clip_norm,
-                  eval_fn=eval_fn, max_steps=max_steps, time_budget_s=time_budget_s, desc=desc,
-                  verbose=verbose)
+                  eval_fn=eval_fn, scheduler=scheduler, max_steps=max_steps, time_budget_s=time_budget_s,
+                  desc=desc, verbose=verbose)
     return history, optimizer
 
 

@@ -78,7 +78,8 @@ def relative_offset_matrix(offset: int, d_model: int, base: float = 10_000.0) ->
         raise ValueError(f"relative_offset_matrix: d_model must be even, got {d_model}")
     M = torch.zeros(d_model, d_model, dtype=torch.float64)
     for i, w in enumerate(_frequencies(d_model, base).tolist()):
-        c, s = torch.cos(torch.tensor(offset * w)), torch.sin(torch.tensor(offset * w))
+        angle = torch.tensor(offset * w, dtype=torch.float64)
+        c, s = torch.cos(angle), torch.sin(angle)
         # [sin(a+b), cos(a+b)] = [[cos b, sin b], [-sin b, cos b]] @ [sin a, cos a]
         M[2 * i: 2 * i + 2, 2 * i: 2 * i + 2] = torch.stack([torch.stack([c, s]), torch.stack([-s, c])])
     return M
