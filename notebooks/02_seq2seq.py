@@ -79,7 +79,7 @@ from tfmlib.seq2seq import (
     count_parameters,
     first_token_batch,
 )
-from tfmlib.train import History, checkpoint_dir, fit, load_checkpoint, save_checkpoint
+from tfmlib.train import History, checkpoint_dir, fit, load_checkpoint, save_checkpoint, warmup_inverse_sqrt
 
 run = setup(
     seed=0,

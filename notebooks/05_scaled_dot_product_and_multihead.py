@@ -1,0 +1,1623 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 05 · Scaled dot-product and multi-head attention
+#
+# Chapter 04 derived self-attention from the GRU: free the GRU's gates so that every position
+# may weigh every other, compute the weights from a query and a key, read a value. This
+# chapter turns that layer into the exact operation of the Transformer (Vaswani et al. 2017,
+# §3.2): **scaled dot-product attention**, computed for all positions at once as three matrix
+# products, run as several **heads** side by side, with the **masks** that let it skip padding
+# and keep a decoder from reading the future. Then it checks that our code computes what
+# PyTorch's own modules compute, and measures the two claims that made the Transformer
+# win: that the scale $1/\sqrt{d_k}$ is needed, and that attention removes the recurrent
+# network's sequential bottleneck (at a price in memory that we measure too).
+#
+# **This chapter builds**
+#
+# 1. self-attention in matrix form: $Q$, $K$ and $V$ from one sequence,
+#    $\operatorname{softmax}(QK^\top/\sqrt{d_k})\,V$, checked against a loop over positions;
+# 2. why the scale: the variance of $q \cdot k$ as $d_k$ grows, the softmax saturating and its
+#    gradient vanishing, measured with and without the scale;
+# 3. masks (padding, causal, both), and why a query that may see nothing must give zeros, not
+#    NaN; the explicit attention that returns its weights, and the fast one on
+#    `F.scaled_dot_product_attention`, equal to it forward and backward;
+# 4. multi-head attention with the heads as a batch axis (a reshape, no loop), the output
+#    projection, and a gradient test that no position reads the future;
+# 5. the layer checked against `nn.MultiheadAttention` with copied weights, forward and
+#    backward, with masks (and PyTorch's opposite mask convention);
+# 6. the parallelism claim measured: a GRU layer against an attention layer as the sequence
+#    grows, and the memory of the attention matrix, read against Vaswani et al.'s Table 1;
+# 7. attention heads on real sentences: a model that must find the subject of a sentence, and
+#    one that must decide what *it* refers to (*the cat did not cross the street because it
+#    was too tired / too congested*).
+#
+# **It assumes** chapter 03 (the dot score, the masked softmax), chapter 04 (self-attention
+# derived from the GRU), chapter 01 (the GRU), and that the variance of a sum of independent
+# variables is the sum of their variances. The code it finishes is `tfmlib.attention`, which
+# chapters 06 to 10 import.
+
+# %%
+from __future__ import annotations  # lets the classes below name themselves in type hints
+
+import math
+import random
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from tfmlib import exercises
+from tfmlib.config import setup
+from tfmlib.data import PAD_ID, Vocab, pad_sequences, tokenize
+from tfmlib.plot import plot_curves, plot_heatmap
+from tfmlib.rnn_attention import masked_softmax
+from tfmlib.synthetic import NOUNS, Noun, load_bundled
+from tfmlib.train import fit
+
+run = setup(
+    seed=0,
+    smoke=dict(var_samples=2_000, dims=[2, 16, 128], keys=32, softmax_queries=100,
+               timing=dict(batch=2, d_model=32, heads=2, lengths=[8, 16, 32], repeats=1, explicit_max=32),
+               gender=dict(pairs=800, test=200, epochs=1, d_model=32, heads=2, layers=2),
+               coref=dict(train=600, test=200, epochs=1, d_model=32, heads=2, layers=2)),
+    cpu=dict(var_samples=20_000, dims=[2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], keys=32, softmax_queries=500,
+             timing=dict(batch=16, d_model=128, heads=4, lengths=[16, 32, 64, 128, 256, 512, 1024], repeats=5,
+                         explicit_max=512),
+             gender=dict(pairs=12_000, test=1_500, epochs=2, d_model=64, heads=2, layers=2),
+             coref=dict(train=6_000, test=2_000, epochs=4, d_model=64, heads=2, layers=2)),
+    gpu=dict(var_samples=100_000, dims=[2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096], keys=32,
+             softmax_queries=2_000,
+             timing=dict(batch=32, d_model=256, heads=8, lengths=[16, 32, 64, 128, 256, 512, 1024, 2048, 4096],
+                         repeats=10, explicit_max=2048),
+             gender=dict(pairs=40_000, test=2_500, epochs=4, d_model=128, heads=4, layers=2),
+             coref=dict(train=20_000, test=4_000, epochs=6, d_model=128, heads=4, layers=2)),
+)
+
+# %% [markdown]
+# ## 1. Self-attention in matrix form
+#
+# A sentence of $T$ tokens arrives as a matrix $X \in \mathbb{R}^{T \times d_{\text{model}}}$, one
+# row per position. Self-attention makes three new matrices from it with three learned
+# projections,
+#
+# $$Q = X W^Q, \qquad K = X W^K, \qquad V = X W^V, \qquad
+#   W^Q, W^K \in \mathbb{R}^{d_{\text{model}} \times d_k},\ W^V \in \mathbb{R}^{d_{\text{model}} \times d_v},$$
+#
+# so that row $t$ of each is what position $t$ *asks* (its query $q_t$), what it *offers to be
+# found by* (its key $k_t$) and what it *gives* when found (its value $v_t$). In chapter 03 the
+# query came from a decoder and the keys from an encoder; here all three come from the same
+# sequence, which is what makes it *self*-attention. Position $t$ scores every position $s$
+# with a scaled dot product, turns the scores into weights with a softmax over $s$, and
+# returns the weighted sum of the values:
+#
+# $$e_{ts} = \frac{q_t \cdot k_s}{\sqrt{d_k}}, \qquad
+#   \alpha_{ts} = \frac{\exp(e_{ts})}{\sum_{s'=1}^{T} \exp(e_{ts'})}, \qquad
+#   z_t = \sum_{s=1}^{T} \alpha_{ts}\, v_s .$$
+#
+# The sum runs over the key index $s$, and $\alpha_{ts}$ weighs $v_s$, the value at the position
+# being looked at (a write-up that puts $v_t$ inside this sum has every position return its own
+# value). Stacked over all positions, the three formulas are three matrix products:
+#
+# $$Z = \operatorname{softmax}\!\Big(\frac{Q K^\top}{\sqrt{d_k}}\Big)\, V
+#   \in \mathbb{R}^{T \times d_v},$$
+#
+# with the softmax taken along each row of the $T \times T$ score matrix. No step depends on
+# another position's result, so all $T$ outputs are computed at once: that is the parallelism
+# that section 6 measures. First, the matrix form against the per-position formulas:
+
+# %%
+torch.manual_seed(run.seed)
+T, d_model, d_k, d_v = 5, 8, 4, 6
+X = torch.randn(T, d_model)
+W_q, W_k, W_v = torch.randn(d_model, d_k), torch.randn(d_model, d_k), torch.randn(d_model, d_v)
+
+Q, K, V = X @ W_q, X @ W_k, X @ W_v                     # (T, d_k), (T, d_k), (T, d_v)
+A = torch.softmax(Q @ K.T / math.sqrt(d_k), dim=-1)     # (T, T): row t says where position t looks
+Z = A @ V                                               # (T, d_v)
+
+Z_loop = torch.zeros(T, d_v)
+for t in range(T):
+    e = torch.stack([Q[t] @ K[s] / math.sqrt(d_k) for s in range(T)])
+    alpha = torch.exp(e) / torch.exp(e).sum()
+    Z_loop[t] = sum(alpha[s] * V[s] for s in range(T))
+print("attention weights (rows sum to 1):\n", A.numpy().round(3))
+print(f"max |matrix form - loop| = {(Z - Z_loop).abs().max().item():.1e}")
+assert torch.allclose(Z, Z_loop, atol=1e-5), "the matrix form must equal the per-position formulas"
+assert torch.allclose(A.sum(-1), torch.ones(T)), "each row of weights is a distribution over positions"
+
+# %% [markdown]
+# ## 2. Why divide by $\sqrt{d_k}$
+#
+# Chapter 03's dot score $q \cdot k$ had no scale. Vaswani et al. (2017, §3.2.1) divide by
+# $\sqrt{d_k}$ and explain why in their footnote 4: suppose the $d_k$ entries of $q$ and $k$
+# are independent with mean 0 and variance 1. Each product $q_i k_i$ has mean 0 and variance
+# $\mathbb{E}[q_i^2]\,\mathbb{E}[k_i^2] = 1$, and a sum of $d_k$ independent terms has the sum of
+# their variances:
+#
+# $$\mathbb{E}[q \cdot k] = 0, \qquad \operatorname{Var}(q \cdot k) = \sum_{i=1}^{d_k}
+#   \operatorname{Var}(q_i k_i) = d_k, \qquad
+#   \operatorname{Var}\Big(\frac{q \cdot k}{\sqrt{d_k}}\Big) = 1.$$
+#
+# Why does the size of the scores matter? The softmax does not care about a constant added to
+# all scores, but it does care about their spread: $\operatorname{softmax}(c\,e)$ tends to the
+# uniform distribution as $c \to 0$ and to a one-hot vector on the largest score as
+# $c \to \infty$. And its Jacobian,
+#
+# $$\frac{\partial \alpha_s}{\partial e_{s'}} = \alpha_s(\delta_{ss'} - \alpha_{s'}),
+#   \qquad J = \operatorname{diag}(\alpha) - \alpha\alpha^\top,$$
+#
+# is zero at a one-hot $\alpha$: a saturated softmax passes no gradient back to the scores, so
+# the queries and keys (and $W^Q$, $W^K$) stop learning where to look. Three measurements, for
+# $d_k$ from 2 to about a thousand, each with and without the scale: the variance of $q \cdot k$;
+# how peaked the weights of one query over a fixed number of random keys become (the largest
+# weight, and the entropy, whose maximum is $\ln S$ for $S$ keys); and the size of the softmax's
+# Jacobian $\lVert J \rVert_F$, the factor by which gradients reach the scores.
+
+# %%
+
+
+def softmax_jacobian_norm(weights: Tensor) -> Tensor:
+    """``||diag(a) - a a^T||_F`` for each row ``a`` of ``weights`` ``(..., S)``."""
+    J = torch.diag_embed(weights) - weights[..., :, None] * weights[..., None, :]     # (..., S, S)
+    return J.flatten(-2).norm(dim=-1)
+
+
+g = torch.Generator().manual_seed(run.seed)
+scaling: dict[str, list[float]] = {}
+for d in run.dims:
+    q, k = torch.randn(run.var_samples, d, generator=g), torch.randn(run.var_samples, d, generator=g)
+    dots = (q * k).sum(-1)
+    scaling.setdefault("variance", []).append(dots.var().item())
+    scaling.setdefault("variance_scaled", []).append((dots / math.sqrt(d)).var().item())
+    # one query against S random keys, many times over; in float64, because near a one-hot softmax the
+    # Jacobian's entries are far below float32's resolution next to 1
+    queries = torch.randn(run.softmax_queries, 1, d, generator=g, dtype=torch.double)
+    keys = torch.randn(run.softmax_queries, run.keys, d, generator=g, dtype=torch.double)
+    scores = (queries * keys).sum(-1)                                    # (n, S)
+    for suffix, s in (("", scores), ("_scaled", scores / math.sqrt(d))):
+        w = torch.softmax(s, dim=-1)
+        J = softmax_jacobian_norm(w)
+        for key, value in (("max_weight", w.max(-1).values.mean()), ("saturated", (w.max(-1).values > 0.99).double().mean()),
+                           ("entropy", -(w * torch.log(w.clamp_min(1e-300))).sum(-1).mean()),
+                           ("jacobian_median", J.median()), ("jacobian_mean", J.mean())):
+            scaling.setdefault(key + suffix, []).append(value.item())
+
+print(f"{'':>5} {'Var(q.k)':>17} | {'largest weight':>14} | {'weight > 0.99':>14} | {'entropy':>12} | "
+      f"{'median ||J||':>18} | {'mean ||J||':>12}")
+print(f"{'d_k':>5} {'unscaled':>8} {'scaled':>8} | " + " | ".join(
+    [f"{'unscaled':>8} {'scaled':>5}"] * 2 + [f"{'unscaled':>8} {'sc.':>3}"] + [f"{'unscaled':>9} {'scaled':>8}"]
+    + [f"{'unscaled':>8} {'sc.':>3}"]))
+for i, d in enumerate(run.dims):
+    v = {key: values[i] for key, values in scaling.items()}
+    print(f"{d:>5} {v['variance']:>8.1f} {v['variance_scaled']:>8.2f} | {v['max_weight']:>8.3f} "
+          f"{v['max_weight_scaled']:>5.3f} | {v['saturated']:>8.0%} {v['saturated_scaled']:>5.0%} | "
+          f"{v['entropy']:>8.2f} {v['entropy_scaled']:>3.1f} | {v['jacobian_median']:>9.1e} "
+          f"{v['jacobian_median_scaled']:>8.3f} | {v['jacobian_mean']:>8.3f} {v['jacobian_mean_scaled']:>3.2f}")
+print(f"(S = {run.keys} keys: uniform weights would have largest weight {1 / run.keys:.3f}, entropy "
+      f"ln S = {math.log(run.keys):.2f} and ||J|| = {math.sqrt(1 / run.keys - 1 / run.keys**2):.3f}; a one-hot "
+      "softmax has entropy 0 and ||J|| = 0)")
+
+fig, axes = plt.subplots(1, 3, figsize=(16, 4))
+plot_curves({"q·k": scaling["variance"], "q·k / sqrt(d_k)": scaling["variance_scaled"], "d_k (theory)": run.dims},
+            x=run.dims, ax=axes[0], title="The variance of a dot product grows like d_k",
+            xlabel="d_k (width of queries and keys)", ylabel="variance over random q, k", logy=True)
+axes[0].set_xscale("log", base=2)
+plot_curves({"largest weight, unscaled": scaling["max_weight"], "largest weight, scaled": scaling["max_weight_scaled"],
+             "entropy / ln S, unscaled": np.array(scaling["entropy"]) / math.log(run.keys),
+             "entropy / ln S, scaled": np.array(scaling["entropy_scaled"]) / math.log(run.keys)},
+            x=run.dims, ax=axes[1], title=f"Without the scale the softmax saturates ({run.keys} keys)",
+            xlabel="d_k", ylabel="mean weight, or entropy / its maximum")
+axes[1].set_xscale("log", base=2)
+plot_curves({"median, unscaled": np.maximum(scaling["jacobian_median"], 1e-20),
+             "mean, unscaled": scaling["jacobian_mean"], "median, scaled": scaling["jacobian_median_scaled"]},
+            x=run.dims, ax=axes[2], title="...and passes (almost) no gradient", xlabel="d_k",
+            ylabel="||diag(a) - a a^T||_F over queries", logy=True)
+axes[2].set_xscale("log", base=2)
+fig.tight_layout()
+plt.show()
+
+if run.profile != "smoke":
+    ratios = np.array(scaling["variance"]) / np.array(run.dims)
+    assert np.all(np.abs(ratios - 1) < 0.1), f"Var(q.k) should be d_k, got ratios {ratios.round(3)}"
+    assert np.all(np.abs(np.array(scaling["variance_scaled"]) - 1) < 0.1), "scaled scores should have variance 1"
+    assert scaling["max_weight"][-1] > 0.9 and scaling["saturated"][-1] > 0.5, \
+        "unscaled, most queries should put more than 99% of their weight on one key at the largest d_k"
+    assert max(scaling["saturated_scaled"]) == 0 and max(scaling["max_weight_scaled"]) < 0.3, \
+        "scaled, no query should saturate"
+    assert scaling["jacobian_median"][-1] < 1e-3 * scaling["jacobian_median_scaled"][-1], \
+        "unscaled, the typical query's softmax should pass at least 1000x less gradient at the largest d_k"
+    assert scaling["jacobian_mean"][-1] < 0.5 * scaling["jacobian_mean_scaled"][-1], \
+        "unscaled, even the mean Jacobian should shrink"
+    assert max(scaling["max_weight_scaled"]) - min(scaling["max_weight_scaled"]) < 0.05, \
+        "with the scale, the weights should look the same at every d_k"
+    i64 = run.dims.index(64)
+    print(f"at d_k = 64 (the Transformer's heads), unscaled: largest weight {scaling['max_weight'][i64]:.2f} on "
+          f"average, {scaling['saturated'][i64]:.0%} of the queries put more than 99% on one key")
+
+# %% [markdown]
+# The table and the figure say the same thing three times. The variance of $q \cdot k$ is
+# $d_k$ (left, on the line), and after dividing by $\sqrt{d_k}$ it is 1 at every width. Without
+# the scale, a query over random keys goes from spread-out weights at $d_k = 2$ to a nearly
+# one-hot choice at $d_k$ in the hundreds (middle): the largest weight climbs towards 1, the
+# entropy falls towards 0, and a growing share of the queries puts more than 99% of its weight on
+# a single key (the table). With the scale, the weights look the same at every width. The
+# gradient that reaches the scores (right, a log scale) tells the same story with a twist: for a
+# typical query (the median) it falls by many orders of magnitude, while the *mean* falls only a
+# few times, carried by the minority of queries whose two best keys happen to score almost the
+# same. Learning where to look then rests on a few lucky queries. (At moderate widths the
+# unscaled Jacobian is even a little larger than the scaled one: a softmax torn between two keys
+# is more sensitive than a nearly uniform one.) The Transformer's heads have $d_k = 64$; the
+# line under the table shows what unscaled random scores do there.
+#
+# Two remarks. The scale is not a new ability: dividing $W^Q$ by $\sqrt{d_k}$ gives the same
+# set of functions. It is a better starting point. At initialisation the network has no reason
+# to be sure where to look, and an unscaled dot product makes it sure anyway, at random, with
+# no gradient to correct itself. And the argument assumes unit-variance entries; in a real layer
+# the entries have whatever variance the inputs and weights give them (LayerNorm, chapter 07,
+# keeps the inputs near unit variance), so the scale fixes the dependence on $d_k$, not every
+# constant. Luong's unscaled dot score still trained well in chapter 03, at a width of 128 and
+# with a network that can learn to shrink its vectors; the trouble grows with the width. Britz
+# et al. (2017, §4.5) found unscaled multiplicative attention falling behind additive attention
+# as the width grew, which is the observation Vaswani et al. cite for their scale.
+#
+# ## 3. Masks
+#
+# Two things must stay hidden from a query. **Padding**: in a batch, short sentences are padded
+# to the longest, and no real position may attend to a padded one. **The future**: a decoder
+# that writes the next word must not read it, so position $t$ may attend to positions $s \le t$
+# only (the *causal* mask). The book's masks are `bool` tensors, `True` where a query **may**
+# attend to a key (the convention of chapter 00: `True` = a real token). A mask broadcasts
+# against the scores, which have shape `(batch, heads, queries, keys)`: a padding mask is
+# `(B, 1, 1, S)` (the same keys are hidden from every head and every query), a causal mask is
+# `(T, S)` (the same for every sentence), and the two combine with `&`.
+
+# %%
+# tfmlib-source: tfmlib.attention.padding_mask
+def padding_mask(token_mask: Tensor) -> Tensor:
+    """``(B, S)`` token mask (``True`` at real tokens) -> ``(B, 1, 1, S)`` attention mask: every
+    query (and every head) may attend to the real keys only."""
+    if not isinstance(token_mask, Tensor) or token_mask.dtype != torch.bool or token_mask.dim() != 2:
+        got = (f"{token_mask.dtype} tensor of shape {tuple(token_mask.shape)}"
+               if isinstance(token_mask, Tensor) else type(token_mask).__name__)
+        raise ValueError(f"padding_mask: token_mask must be a (batch, length) bool tensor, got {got}")
+    return token_mask[:, None, None, :]
+
+
+# %%
+# tfmlib-source: tfmlib.attention.causal_mask
+def causal_mask(T: int, S: int | None = None, device: torch.device | str | None = None) -> Tensor:
+    """``(T, S)`` bool mask, ``True`` where query ``t`` may attend to key ``s``: ``s <= t + S - T``.
+
+    With ``S == T`` (the default) this is the lower triangle: position ``t`` sees positions
+    ``0..t``. With ``S > T`` the ``T`` queries are the *last* ``T`` of ``S`` positions (a decoder
+    that has cached the keys of earlier steps), so the last query sees every key.
+    """
+    S = T if S is None else S
+    for name, v in (("T", T), ("S", S)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"causal_mask: {name} must be a positive int, got {v!r}")
+    if S < T:
+        raise ValueError(f"causal_mask: S={S} keys for T={T} queries; a causal mask needs S >= T")
+    return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=S - T)
+
+
+# %% [markdown]
+# The three masks of one sentence of four tokens padded to six, as the scores see them (white:
+# may attend). With both masks, the padded *queries* (rows 5 and 6) still see the real keys;
+# their outputs are ignored later by whatever reads only the real positions.
+
+# %%
+keep = torch.tensor([[True, True, True, True, False, False]])           # one sentence, 4 tokens + 2 pads
+words = ["the", "cat", "sleeps", "<eos>", "<pad>", "<pad>"]
+masks = {"padding: (1, 1, 1, S)": padding_mask(keep).expand(1, 1, 6, 6)[0, 0],
+         "causal: (T, S)": causal_mask(6),
+         "padding & causal": (padding_mask(keep) & causal_mask(6))[0, 0]}
+fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+for ax, (name, m) in zip(axes, masks.items(), strict=True):
+    plot_heatmap(m.float(), ax=ax, x_labels=words, y_labels=words, title=name, xlabel="key (attended to)",
+                 ylabel="query (attending)", cmap="gray", vmin=0, vmax=1, colorbar=False)
+fig.tight_layout()
+plt.show()
+print("broadcast shape of padding & causal:", tuple((padding_mask(keep) & causal_mask(6)).shape))
+
+# %% [markdown]
+# **The NaN trap.** The usual way to apply a mask is to set the hidden scores to $-\infty$
+# before the softmax, so that $\exp(-\infty) = 0$. That works as long as each query may see at
+# least one key. A query that may see *none* gets a row of $-\infty$, and its softmax is
+# $0/0$ = NaN. Such rows are not exotic: a batch masked on the query side as well (a padded
+# query sees nothing), a left-padded batch under a causal mask (the first, padded position sees
+# only itself, which is hidden), or a cross-attention over an empty memory. Worse, the NaN does
+# not stay in its row. Below, a sentence of three tokens and one pad passes through two
+# attention layers whose mask hides the pad from every query and hides every key from the pad's
+# own query. In the first layer the pad's output is NaN. In the second layer the pad is a hidden
+# key and gets a weight of exactly 0, but its value is NaN and $0 \times \text{NaN} =
+# \text{NaN}$: every real position's output becomes NaN, so does the loss (which reads only the
+# real positions), and so does every gradient.
+
+# %%
+torch.manual_seed(run.seed)
+x = torch.randn(1, 4, 8)                                           # 3 tokens and 1 pad
+keep = torch.tensor([True, True, True, False])
+layer_mask = keep[None, None, :] & keep[None, :, None]             # (1, T, T): no pad key; the pad query sees nothing
+
+
+def naive_softmax(scores: Tensor, mask: Tensor) -> Tensor:
+    return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+
+
+def attention_layer(h: Tensor, W: Tensor, softmax: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+    p = h @ W                                                      # queries = keys = values, to keep it short
+    return softmax(p @ p.transpose(1, 2) / math.sqrt(p.shape[-1]), layer_mask) @ p
+
+
+for name, softmax in (("-inf, then softmax", naive_softmax), ("masked_softmax (chapter 03)", masked_softmax)):
+    g = torch.Generator().manual_seed(1)
+    W1, W2 = (torch.randn(8, 8, generator=g).div(8**0.5).requires_grad_() for _ in range(2))
+    h1 = attention_layer(x, W1, softmax)
+    h2 = attention_layer(h1, W2, softmax)
+    loss = h2[0, :3].square().sum()                                # only the real positions
+    loss.backward()
+    print(f"{name}:\n  layer 1, output at the pad: {h1[0, 3, :3].detach().numpy().round(3)}...\n"
+          f"  layer 2, NaN outputs at real positions: {int(h2[0, :3].isnan().sum())} of {h2[0, :3].numel()}; "
+          f"loss {loss.item():.3f}; NaN entries in the gradients of W1, W2: "
+          f"{int(W1.grad.isnan().sum())}, {int(W2.grad.isnan().sum())} of {W1.numel()} each")
+assert torch.isfinite(loss) and torch.isfinite(W1.grad).all() and torch.all(h1[0, 3] == 0), \
+    "masked_softmax must give zeros for a query that may see nothing, and no NaN anywhere"
+
+# %% [markdown]
+# Chapter 03's `masked_softmax` avoids the trap twice over: it fills hidden scores with the most
+# negative *finite* float, so a fully hidden row has a finite (uniform) softmax, and then
+# multiplies by the mask, which zeroes that row and every gradient through it. A query that may
+# see nothing returns the zero vector. (In a Transformer the residual connection then passes
+# the position's own input on, chapter 07.)
+#
+# A mask can come in several shapes. One function checks it once, in one place, and says what is
+# wrong in terms of the shapes the reader passed:
+
+# %%
+# tfmlib-source: tfmlib.attention.check_mask
+def check_mask(mask: Tensor | None, scores_shape: tuple[int, ...], who: str) -> Tensor | None:
+    """Return ``mask`` as a bool tensor that broadcasts to ``scores_shape`` ``(B, h, T, S)``.
+
+    Accepts ``(T, S)``, ``(B, T, S)`` (made ``(B, 1, T, S)``) and 4-D masks such as
+    :func:`padding_mask`'s ``(B, 1, 1, S)``; raises ``TypeError`` for a non-bool mask and
+    ``ValueError``, naming both shapes, for one that does not broadcast.
+    """
+    if mask is None:
+        return None
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+        got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
+        raise TypeError(f"{who}: mask must be a bool tensor (True = may attend), got {got}")
+    B, h, T, S = scores_shape
+    if mask.dim() == 2:
+        if tuple(mask.shape) != (T, S):
+            raise ValueError(f"{who}: a 2-D mask must be (queries, keys) = {(T, S)}, got "
+                             f"{tuple(mask.shape)}; "
+                             "for a (batch, keys) token mask use padding_mask()")
+    elif mask.dim() == 3:
+        mask = mask[:, None]
+    elif mask.dim() != 4:
+        raise ValueError(f"{who}: mask must have 2, 3 or 4 dimensions, got shape {tuple(mask.shape)}")
+    try:
+        if torch.broadcast_shapes(mask.shape, scores_shape) != torch.Size(scores_shape):
+            raise RuntimeError
+    except RuntimeError:
+        raise ValueError(f"{who}: mask {tuple(mask.shape)} does not broadcast to the attention scores "
+                         f"(batch, heads, queries, keys) = {tuple(scores_shape)}") from None
+    return mask
+
+
+# %% [markdown]
+# Now the package's explicit attention. It works on tensors with a batch and a heads axis in
+# front, `(B, h, T, d_k)` (section 4 explains the heads), checks its inputs, and returns the
+# weights with the output, which is what the heatmaps of section 7 need. `dropout_p` drops
+# attention weights during training (Vaswani et al. §5.4 apply dropout to sub-layer outputs;
+# dropping weights is what PyTorch's attention does, and chapter 07 uses it).
+
+# %%
+# tfmlib-source: tfmlib.attention._check_qkv
+def _check_qkv(q: Tensor, k: Tensor, v: Tensor, who: str) -> None:
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, Tensor) or not x.is_floating_point():
+            got = x.dtype if isinstance(x, Tensor) else type(x).__name__
+            raise TypeError(f"{who}: {name} must be a floating tensor, got {got}")
+        if x.dim() != 4:
+            raise ValueError(f"{who}: {name} must be (batch, heads, length, width), got shape "
+                             f"{tuple(x.shape)}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"{who}: queries and keys must have the same width d_k, got q {tuple(q.shape)} "
+                         f"and k {tuple(k.shape)}")
+    if k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"{who}: keys and values must agree in (batch, heads, length), got "
+                         f"k {tuple(k.shape)} "
+                         f"and v {tuple(v.shape)}")
+    if q.shape[:2] != k.shape[:2]:
+        raise ValueError(f"{who}: q and k must agree in (batch, heads), got q {tuple(q.shape)} and "
+                         f"k {tuple(k.shape)}")
+
+
+# %%
+# tfmlib-source: tfmlib.attention.scaled_dot_product_attention
+def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+                                 dropout_p: float = 0.0) -> tuple[Tensor, Tensor]:
+    """Attention written out: ``softmax(Q K^T / sqrt(d_k)) V``, with the weights returned.
+
+    ``q`` ``(B, h, T, d_k)``, ``k`` ``(B, h, S, d_k)``, ``v`` ``(B, h, S, d_v)``; ``mask`` bool,
+    broadcasting to ``(B, h, T, S)`` (``True`` = may attend). Returns ``(out (B, h, T, d_v),
+    weights (B, h, T, S))``; each row of ``weights`` sums to 1 over the keys a query may see, and
+    is all zeros for a query that may see none. ``dropout_p`` drops weights (training only; the
+    returned weights are those before dropout).
+    """
+    _check_qkv(q, k, v, "scaled_dot_product_attention")
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])            # (B, h, T, S)
+    mask = check_mask(mask, tuple(scores.shape), "scaled_dot_product_attention")
+    weights = torch.softmax(scores, dim=-1) if mask is None else masked_softmax(scores, mask)
+    dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
+    return dropped @ v, weights
+
+
+# %% [markdown]
+# Checked against section 1's matrices (one sentence, one head), and on a padded batch with a
+# causal mask and a row that may see nothing:
+
+# %%
+out, weights = scaled_dot_product_attention(Q[None, None], K[None, None], V[None, None])
+assert torch.allclose(out[0, 0], Z, atol=1e-6) and torch.allclose(weights[0, 0], A, atol=1e-6)
+
+torch.manual_seed(run.seed)
+B, h, L, d = 3, 2, 5, 4
+q, k, v = (torch.randn(B, h, L, d, requires_grad=True) for _ in range(3))
+token_mask = torch.arange(L)[None, :] < torch.tensor([5, 3, 1])[:, None]
+both = padding_mask(token_mask) & causal_mask(L)
+both = both & token_mask[:, None, :, None]                # also hide the padded queries: rows of all False
+out, weights = scaled_dot_product_attention(q, k, v, both)
+out.sum().backward()
+hidden = ~both.expand_as(weights)
+fully_masked_rows = (~both.any(-1)).expand(B, h, L)
+print(f"{int(fully_masked_rows.sum())} query rows may see nothing; their outputs are "
+      f"{out[fully_masked_rows].abs().max().item():.1f} and their weights "
+      f"{weights[fully_masked_rows].abs().max().item():.1f}")
+print(f"largest weight on a hidden key: {weights[hidden].max().item():.1f}; "
+      f"gradients finite: {all(torch.isfinite(t.grad).all().item() for t in (q, k, v))}")
+assert torch.all(weights[hidden] == 0), "a hidden key must get exactly zero weight"
+assert torch.all(out[fully_masked_rows] == 0), "a query that may see nothing must output zeros"
+assert all(torch.isfinite(t.grad).all() for t in (q, k, v)), "no NaN in the backward pass"
+visible_rows = ~fully_masked_rows
+assert torch.allclose(weights.sum(-1)[visible_rows], torch.ones(int(visible_rows.sum()))), \
+    "every other row must still be a distribution"
+
+# %% [markdown]
+# **The fast attention.** The explicit attention materialises the score matrix, `(B, h, T, S)`
+# numbers, and then the weights, another tensor of the same size, both kept for the backward
+# pass. The models of later chapters need no weights, only the output, and PyTorch's
+# `F.scaled_dot_product_attention` computes the same output with fused kernels: on a GPU,
+# FlashAttention (Dao et al. 2022), which never stores the $T \times S$ matrix but walks over
+# blocks of keys with a running maximum and a running sum of the softmax, and recomputes the
+# blocks in the backward pass; on a CPU, a blocked kernel of the same idea. It reads a `bool`
+# mask the way we do (`True` = may take part). Its answer for a query that may see nothing
+# has changed between versions and backends, so the package sets that row to zero itself, with
+# the same trick as `masked_softmax`: let such a row attend to everything, which is finite, and
+# zero its output, which zeroes every gradient through it.
+
+# %%
+# tfmlib-source: tfmlib.attention.fast_attention
+def fast_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False,
+                   dropout_p: float = 0.0) -> Tensor:
+    """The output of :func:`scaled_dot_product_attention`, computed by ``F.scaled_dot_product_attention``.
+
+    Same shapes and mask convention; ``causal=True`` adds :func:`causal_mask` (and lets PyTorch use
+    its causal kernels when there is no other mask). A fully masked query row gives zeros (PyTorch's
+    own result for such a row depends on its version and backend, so it is set here).
+    """
+    _check_qkv(q, k, v, "fast_attention")
+    T, S = q.shape[-2], k.shape[-2]
+    mask = check_mask(mask, (q.shape[0], q.shape[1], T, S), "fast_attention")
+    if mask is None:
+        if causal and T == S:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+        if not causal:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+        mask = causal_mask(T, S, device=q.device)
+    elif causal:
+        mask = mask & causal_mask(T, S, device=q.device)
+    # A row that may attend to nothing is let attend to everything (finite, no NaN in either pass),
+    # and its output is then zeroed, which also zeroes every gradient through it.
+    sees_something = mask.any(dim=-1, keepdim=True)                       # (..., T, 1)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~sees_something, dropout_p=dropout_p)
+    return out.masked_fill(~sees_something, 0.0)
+
+
+# %% [markdown]
+# The two must agree, forward and backward, under every kind of mask. The table compares the
+# outputs and the gradients with respect to $q$, $k$ and $v$ (float32, random inputs, a batch of
+# sentences of different lengths; the last case also hides the padded queries, so some rows see
+# nothing).
+
+# %%
+torch.manual_seed(run.seed)
+B, h, T, d = 4, 3, 7, 8
+lengths = torch.tensor([7, 5, 2, 1])
+token_mask = torch.arange(T)[None, :] < lengths[:, None]
+cases = {"no mask": (None, False), "padding": (padding_mask(token_mask), False), "causal": (None, True),
+         "padding + causal": (padding_mask(token_mask), True),
+         "padding, queries too": (padding_mask(token_mask) & token_mask[:, None, :, None], False)}
+print(f"{'case':>22} {'max |out diff|':>15} {'max |grad diff|':>16}")
+for name, (mask, causal) in cases.items():
+    q, k, v = (torch.randn(B, h, T, d, requires_grad=True) for _ in range(3))
+    explicit_mask = mask & causal_mask(T) if (causal and mask is not None) else (causal_mask(T) if causal else mask)
+    out_e, _ = scaled_dot_product_attention(q, k, v, explicit_mask)
+    out_f = fast_attention(q, k, v, mask, causal=causal)
+    upstream = torch.randn_like(out_e)
+    grads_e = torch.autograd.grad(out_e, (q, k, v), upstream)
+    grads_f = torch.autograd.grad(out_f, (q, k, v), upstream)
+    out_diff = (out_e - out_f).abs().max().item()
+    grad_diff = max((a - b).abs().max().item() for a, b in zip(grads_e, grads_f, strict=True))
+    print(f"{name:>22} {out_diff:>15.1e} {grad_diff:>16.1e}")
+    assert out_diff < 1e-5 and grad_diff < 1e-5, f"explicit and fast attention disagree ({name})"
+    assert all(torch.isfinite(t).all() for t in (*grads_f, out_f)), f"NaN in the fast attention ({name})"
+
+# %% [markdown]
+# ## 4. Multi-head attention
+#
+# One softmax gives each query one distribution over the positions: one place to look, or a
+# blur of several. Vaswani et al. (§3.2.2) run $h$ attentions in parallel instead, each in its
+# own smaller space, and concatenate what they return:
+#
+# $$\text{head}_i = \operatorname{Attention}(X W_i^Q,\ X W_i^K,\ X W_i^V), \qquad
+#   \operatorname{MultiHead}(X) = [\text{head}_1; \dots; \text{head}_h]\, W^O,$$
+#
+# with $W_i^Q, W_i^K, W_i^V \in \mathbb{R}^{d_{\text{model}} \times d_k}$,
+# $d_k = d_v = d_{\text{model}}/h$, and the output projection
+# $W^O \in \mathbb{R}^{h d_v \times d_{\text{model}}}$, which mixes what the heads found. Because
+# $d_k = d_{\text{model}}/h$, the $h$ heads together cost the same parameters and about the same
+# arithmetic as one head of full width; what they add is $h$ distributions per query instead of
+# one.
+#
+# Nothing here needs a loop over heads. Put the $h$ matrices $W_i^Q$ side by side and they form
+# one $d_{\text{model}} \times d_{\text{model}}$ matrix: one `nn.Linear` computes all heads'
+# queries, and head $i$'s are features $i d_k$ to $(i+1) d_k - 1$ of its output. A reshape
+# `(B, T, h, d_k)` and a transpose to `(B, h, T, d_k)` make the heads a **batch axis**, and the
+# attention of section 3, which already accepts a heads axis, runs on all of them in one call.
+
+# %%
+# tfmlib-source: tfmlib.attention.split_heads
+def split_heads(x: Tensor, heads: int) -> Tensor:
+    """``(B, L, heads * d)`` -> ``(B, heads, L, d)``: the heads become a batch axis."""
+    B, L, D = x.shape
+    return x.view(B, L, heads, D // heads).transpose(1, 2)
+
+
+# %%
+# tfmlib-source: tfmlib.attention.merge_heads
+def merge_heads(x: Tensor) -> Tensor:
+    """``(B, heads, L, d)`` -> ``(B, L, heads * d)``: the inverse of :func:`split_heads`."""
+    B, h, L, d = x.shape
+    return x.transpose(1, 2).reshape(B, L, h * d)
+
+
+# %% [markdown]
+# The order of the reshape matters, and the common bug is to skip the transpose and reshape
+# straight to `(B, h, L, d)`. The tensor below holds `100 * position + feature`, so every entry
+# says where it came from. Head 1 must hold features 2 and 3 of every position; the wrong
+# reshape gives it the features of other positions.
+
+# %%
+x = (100 * torch.arange(3)[:, None] + torch.arange(8)[None, :]).float()[None]      # (1, L=3, D=8)
+right, wrong = split_heads(x, heads=4), x.view(1, 4, 3, 2)
+print("head 1, split_heads (position*100 + feature):\n", right[0, 1].int().tolist())
+print("head 1, x.view(B, h, L, d):\n", wrong[0, 1].int().tolist())
+assert torch.equal(right[0, 1], x[0, :, 2:4]) and not torch.equal(wrong[0, 1], x[0, :, 2:4])
+assert torch.equal(merge_heads(right), x), "merge_heads must undo split_heads"
+
+# %% [markdown]
+# The layer, in full. `forward` takes a query sequence and, for cross-attention (chapter 07), a
+# key/value sequence; for self-attention the three are the same tensor. With
+# `need_weights=True` it runs the explicit attention and returns the weights; otherwise it runs
+# the fast one of section 3. `rotary` is a hook for chapter 06's rotary position embeddings.
+
+# %%
+# tfmlib-source: tfmlib.attention.MultiHeadAttention
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention (Vaswani et al. 2017, section 3.2.2)::
+
+        head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V),  MultiHead(Q, K, V) = [head_1; ...; head_h] W^O
+
+    The ``h`` projections of each kind are one ``nn.Linear(d_model, d_model)`` whose output is cut
+    into ``h`` slices of ``d_k = d_model / h``, so every head is computed at once.
+
+    ``forward(query (B, T, d_model), key (B, S, d_model) = query, value (B, S, d_model) = key, *,
+    mask=None, causal=False, need_weights=False) -> (out (B, T, d_model), weights (B, h, T, S) or
+    None)``. With ``need_weights`` the explicit :func:`scaled_dot_product_attention` runs and its
+    weights are returned; otherwise :func:`fast_attention`. ``rotary`` (chapter 06) is a module
+    ``(q, k) -> (q, k)`` applied to the split heads before the scores, for rotary position
+    embeddings.
+    """
+
+    def __init__(self, d_model: int, heads: int, *, dropout: float = 0.0, bias: bool = True,
+                 rotary: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None):
+        super().__init__()
+        for name, v in (("d_model", d_model), ("heads", heads)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"MultiHeadAttention: {name} must be a positive int, got {v!r}")
+        if d_model % heads:
+            raise ValueError(f"MultiHeadAttention: d_model={d_model} is not divisible by heads={heads} "
+                             f"(each head gets d_model / heads features)")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"MultiHeadAttention: dropout must be in [0, 1), got {dropout}")
+        self.d_model, self.heads, self.d_k, self.dropout = d_model, heads, d_model // heads, dropout
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.rotary = rotary
+
+    def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
+        for name, x in (("query", query), ("key", key), ("value", value)):
+            if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
+                got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+                raise ValueError(f"MultiHeadAttention: {name} must be (batch, length, "
+                                 f"d_model={self.d_model}), "
+                                 f"got {got}")
+        if query.shape[0] == 0 or query.shape[1] == 0 or key.shape[1] == 0:
+            raise ValueError(f"MultiHeadAttention: empty input (query {tuple(query.shape)}, "
+                             f"key {tuple(key.shape)})")
+        if not query.shape[0] == key.shape[0] == value.shape[0]:
+            raise ValueError(f"MultiHeadAttention: query, key and value must have the same batch size, got "
+                             f"{query.shape[0]}, {key.shape[0]}, {value.shape[0]}")
+        if key.shape[1] != value.shape[1]:
+            raise ValueError(f"MultiHeadAttention: key and value must have the same length, got "
+                             f"{key.shape[1]} and {value.shape[1]}")
+
+    def forward(self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None, *,
+                mask: Tensor | None = None, causal: bool = False,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        key = query if key is None else key
+        value = key if value is None else value
+        self._check_inputs(query, key, value)
+        q = split_heads(self.q_proj(query), self.heads)                   # (B, h, T, d_k)
+        k = split_heads(self.k_proj(key), self.heads)                     # (B, h, S, d_k)
+        v = split_heads(self.v_proj(value), self.heads)                   # (B, h, S, d_k)
+        if self.rotary is not None:
+            q, k = self.rotary(q, k)
+        dropout_p = self.dropout if self.training else 0.0
+        if need_weights:
+            T, S = q.shape[-2], k.shape[-2]
+            mask = check_mask(mask, (q.shape[0], self.heads, T, S), "MultiHeadAttention")
+            if causal:
+                c = causal_mask(T, S, device=q.device)
+                mask = c if mask is None else mask & c
+            out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p)
+        else:
+            out, weights = fast_attention(q, k, v, mask, causal, dropout_p), None
+        return self.out_proj(merge_heads(out)), weights
+
+
+# %% [markdown]
+# Three checks. The batched heads equal a loop that runs each head separately with its own slice
+# of the projection matrices and concatenates the results. The parameter count,
+# $4(d_{\text{model}}^2 + d_{\text{model}})$, does not depend on $h$. And the two are timed (with
+# 8 heads, on a batch of 32 sentences of 32 tokens): the loop does the same arithmetic in $h$
+# times as many, smaller, matrix products. Timings on a shared machine jump about, so here and
+# in section 6 the functions being compared take turns, many times over, and the median is kept:
+
+# %%
+
+
+def median_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median wall-clock seconds of each function over ``repeats`` rounds, after one warm-up call each.
+    Within a round the functions take turns, so a burst of load elsewhere hits all of them."""
+    sync = torch.cuda.synchronize if run.device.type == "cuda" else (lambda: None)
+    for fn in fns.values():
+        fn()
+    sync()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            sync()
+            times[name].append(time.perf_counter() - start)
+    return {name: float(np.median(t)) for name, t in times.items()}
+
+
+torch.manual_seed(run.seed)
+mha = MultiHeadAttention(16, 4).eval()
+x = torch.randn(8, 12, 16)
+
+
+def heads_by_loop(layer: MultiHeadAttention, x: Tensor) -> Tensor:
+    """Each head on its own, with its slice of W^Q, W^K, W^V; concatenated, then W^O."""
+    d, outputs = layer.d_k, []
+    for i in range(layer.heads):
+        rows = slice(i * d, (i + 1) * d)
+        q = x @ layer.q_proj.weight[rows].T + layer.q_proj.bias[rows]
+        k = x @ layer.k_proj.weight[rows].T + layer.k_proj.bias[rows]
+        v = x @ layer.v_proj.weight[rows].T + layer.v_proj.bias[rows]
+        outputs.append(torch.softmax(q @ k.transpose(1, 2) / math.sqrt(d), dim=-1) @ v)
+    return layer.out_proj(torch.cat(outputs, dim=-1))
+
+
+with torch.no_grad():
+    batched, _ = mha(x, need_weights=True)
+    looped = heads_by_loop(mha, x)
+    print(f"max |batched heads - loop over heads| = {(batched - looped).abs().max().item():.1e}")
+    assert torch.allclose(batched, looped, atol=1e-5), "heads as a batch axis must equal a loop over heads"
+    for heads in (1, 2, 4, 8):
+        n = sum(p.numel() for p in MultiHeadAttention(64, heads).parameters())
+        print(f"d_model = 64, {heads} head(s): {n:,} parameters (4 * (64**2 + 64) = {4 * (64**2 + 64):,})")
+    wide, x_wide = MultiHeadAttention(64, 8).eval(), torch.randn(32, 32, 64)
+    heads_times = median_times({"batched heads": lambda: wide(x_wide, need_weights=True),
+                                "loop over heads": lambda: heads_by_loop(wide, x_wide)}, repeats=20)
+for name, seconds in heads_times.items():
+    print(f"{name:>16}: {1e3 * seconds:.3f} ms per call (median of 20)")
+if run.profile != "smoke":
+    assert heads_times["batched heads"] < heads_times["loop over heads"], "the batch axis should beat the loop"
+
+# %% [markdown]
+# **No leakage from the future.** A causal mask is easy to get subtly wrong (a mask transposed,
+# an offset missing, a broadcast over the wrong axis), and a wrong one does not crash: the model
+# trains, and it trains *better*, because it can read the word it is asked to predict. The
+# weights alone are not proof either, since information can also flow through other paths. The
+# test that catches everything is the gradient: the output at position $t$ must not change when
+# any input after $t$ changes, so $\partial z_t / \partial x_s = 0$ for every $s > t$. We compute
+# the full Jacobian of the layer and plot $\lVert \partial z_t/\partial x_s \rVert$ (in double
+# precision, so "zero" means exactly zero), with the causal mask and, to show that the test can
+# fail, without.
+
+# %%
+
+
+def dependence(layer: nn.Module, x: Tensor, **kwargs) -> Tensor:
+    """``G[t, s] = ||d out_t / d x_s||`` for one sequence ``x`` ``(1, T, d)``: how much the output at t
+    depends on the input at s, from the full Jacobian."""
+    J = torch.autograd.functional.jacobian(lambda inp: layer(inp, **kwargs)[0], x)   # (1, T, d, 1, T, d)
+    return J[0, :, :, 0].pow(2).sum(dim=(1, 3)).sqrt()                               # (T, T)
+
+
+torch.manual_seed(run.seed)
+layer = MultiHeadAttention(16, 4).double()
+x = torch.randn(1, 8, 16, dtype=torch.double)
+G = {"causal=True": dependence(layer, x, causal=True), "no mask": dependence(layer, x),
+     "causal=True, explicit": dependence(layer, x, causal=True, need_weights=True)}
+future = torch.ones(8, 8, dtype=torch.bool).triu(diagonal=1)
+fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+for ax, name in zip(axes, ("causal=True", "no mask"), strict=True):
+    plot_heatmap(G[name], ax=ax, title=f"||d out_t / d x_s||, {name}", xlabel="input position s",
+                 ylabel="output position t", x_labels=[str(i) for i in range(8)],
+                 y_labels=[str(i) for i in range(8)])
+fig.tight_layout()
+plt.show()
+for name, g in G.items():
+    print(f"{name:>22}: largest dependence on a later input {g[future].max().item():.3g}, "
+          f"smallest on an earlier or equal one {g[~future].min().item():.3g}")
+assert torch.all(G["causal=True"][future] == 0) and torch.all(G["causal=True, explicit"][future] == 0), \
+    "an output must not depend on any later input"
+assert torch.all(G["causal=True"][~future] > 0), "an output must depend on every input up to its own position"
+assert G["no mask"][future].min() > 0, "without the mask every output depends on every input (the test can fail)"
+
+# %% [markdown]
+# Both paths (the fast one used in training and the explicit one used for plots) have exactly
+# zero dependence above the diagonal, and a non-zero one on and below it. The same test, with a
+# padding mask, shows that padding cannot leak into real positions: the outputs at the real
+# positions of a padded sentence do not depend on the padded inputs at all.
+
+# %%
+keep = torch.tensor([[True] * 5 + [False] * 3])
+G_pad = dependence(layer, x, mask=padding_mask(keep))
+print(f"largest dependence of a real position on a padded input: {G_pad[:5, 5:].max().item():.3g}; "
+      f"smallest on a real input: {G_pad[:5, :5].min().item():.3g}")
+assert torch.all(G_pad[:5, 5:] == 0), "no real position may depend on a padded input"
+assert torch.all(G_pad[:5, :5] > 0), "every real position depends on every real input"
+
+# %% [markdown]
+# ## 5. Equal to PyTorch's `nn.MultiheadAttention`
+#
+# PyTorch's own layer packs the three input projections into
+# one `in_proj_weight` of shape `(3 d_model, d_model)`, in the order query, key, value. Copying its
+# blocks into our three `nn.Linear`s must give the same layer:
+
+# %%
+# tfmlib-source: tfmlib.attention.copy_from_torch_mha
+def copy_from_torch_mha(src: nn.MultiheadAttention, dst: MultiHeadAttention) -> MultiHeadAttention:
+    """Copy an ``nn.MultiheadAttention``'s weights into ``dst`` (same ``d_model``, heads and bias).
+
+    PyTorch packs the three input projections into ``in_proj_weight`` ``(3 d_model, d_model)`` in
+    the order query, key, value; each block is one of ``dst``'s ``q_proj``/``k_proj``/``v_proj``.
+    """
+    if not isinstance(src, nn.MultiheadAttention):
+        raise TypeError(f"copy_from_torch_mha: src must be nn.MultiheadAttention, got {type(src).__name__}")
+    if (src.embed_dim, src.num_heads) != (dst.d_model, dst.heads):
+        raise ValueError(f"copy_from_torch_mha: src has (d_model, heads)={(src.embed_dim, src.num_heads)}, "
+                         f"dst has {(dst.d_model, dst.heads)}")
+    if src.in_proj_weight is None:
+        raise ValueError("copy_from_torch_mha: src has separate key/value sizes (kdim/vdim); not supported")
+    if (src.in_proj_bias is None) != (dst.q_proj.bias is None):
+        raise ValueError("copy_from_torch_mha: src and dst must both have biases or both not")
+    with torch.no_grad():
+        for i, proj in enumerate((dst.q_proj, dst.k_proj, dst.v_proj)):
+            proj.weight.copy_(src.in_proj_weight.chunk(3)[i])
+            if proj.bias is not None:
+                proj.bias.copy_(src.in_proj_bias.chunk(3)[i])
+        dst.out_proj.weight.copy_(src.out_proj.weight)
+        if dst.out_proj.bias is not None:
+            dst.out_proj.bias.copy_(src.out_proj.bias)
+    return dst
+
+
+# %% [markdown]
+# One trap remains: **`nn.MultiheadAttention` reads a `bool` mask the other way round.** Its
+# `key_padding_mask` and `attn_mask` are `True` where a position may **not** be attended to,
+# the opposite of the book's masks and of `F.scaled_dot_product_attention`'s. So its causal
+# mask is `~causal_mask(T)` and its padding mask is `~token_mask`. The comparison covers
+# self-attention, padding, causal, both, and cross-attention to a padded memory; for each, the
+# output, the per-head weights, the gradient with respect to the inputs, and the gradients of
+# all weights (PyTorch's packed `in_proj_weight` against our three matrices stacked).
+
+# %%
+torch.manual_seed(run.seed)
+B, T, S, D, H = 3, 6, 7, 16, 4
+reference = nn.MultiheadAttention(D, H, batch_first=True)
+ours = copy_from_torch_mha(reference, MultiHeadAttention(D, H))
+comparison = {}
+for case in ("self", "self + padding", "causal", "causal + padding", "cross + padding"):
+    x = torch.randn(B, T, D, requires_grad=True)
+    memory = torch.randn(B, S, D, requires_grad=True) if case.startswith("cross") else x
+    L = memory.shape[1]
+    keep = torch.arange(L)[None, :] < torch.tensor([L, L - 2, 2])[:, None]
+    causal = case.startswith("causal")
+    torch_kwargs = {"key_padding_mask": ~keep} if "padding" in case else {}    # PyTorch: True = hidden
+    if causal:
+        torch_kwargs["attn_mask"] = ~causal_mask(T)
+    our_mask = padding_mask(keep) if "padding" in case else None
+    want, want_w = reference(x, memory, memory, need_weights=True, average_attn_weights=False, **torch_kwargs)
+    inputs = [x] if memory is x else [x, memory]
+    want_grads = torch.autograd.grad(want.square().sum(), inputs + list(reference.parameters()))
+    diffs = []
+    for need_weights in (False, True):
+        got, got_w = ours(x, memory, mask=our_mask, causal=causal, need_weights=need_weights)
+        grads = torch.autograd.grad(got.square().sum(), inputs + list(ours.parameters()))
+        n_in = len(inputs)
+        ours_g = dict(zip([n for n, _ in ours.named_parameters()], grads[n_in:], strict=True))
+        packed_w = torch.cat([ours_g[f"{p}_proj.weight"] for p in "qkv"])
+        packed_b = torch.cat([ours_g[f"{p}_proj.bias"] for p in "qkv"])
+        ref_g = dict(zip([n for n, _ in reference.named_parameters()], want_grads[n_in:], strict=True))
+        diffs.append(max([(got - want).abs().max().item()]
+                         + [(a - b).abs().max().item() for a, b in zip(grads[:n_in], want_grads[:n_in], strict=True)]
+                         + [(packed_w - ref_g["in_proj_weight"]).abs().max().item(),
+                            (packed_b - ref_g["in_proj_bias"]).abs().max().item(),
+                            (ours_g["out_proj.weight"] - ref_g["out_proj.weight"]).abs().max().item(),
+                            (ours_g["out_proj.bias"] - ref_g["out_proj.bias"]).abs().max().item()]))
+        if need_weights:
+            diffs.append((got_w - want_w).abs().max().item())
+    comparison[case] = diffs
+print(f"{'case':>18} {'fast: out & grads':>18} {'explicit: out & grads':>22} {'weights':>8}")
+for case, (fast_diff, explicit_diff, weight_diff) in comparison.items():
+    print(f"{case:>18} {fast_diff:>18.1e} {explicit_diff:>22.1e} {weight_diff:>8.1e}")
+assert max(max(d) for d in comparison.values()) < 1e-5, "our layer must equal nn.MultiheadAttention"
+
+# %% [markdown]
+# Every difference is at the level of float32 rounding. Now the same padded batch with the book's
+# mask handed to PyTorch unchanged, the mistake the opposite convention invites, and a query that
+# may see nothing, in each layer:
+
+# %%
+x = torch.randn(B, T, D)
+keep = torch.arange(T)[None, :] < torch.tensor([T, 4, 2])[:, None]
+with torch.no_grad():
+    right, _ = ours(x, mask=padding_mask(keep))
+    mistaken, _ = reference(x, x, x, key_padding_mask=keep)        # the book's mask, PyTorch's convention
+    print(f"book's mask passed to nn.MultiheadAttention as is: max |difference| = "
+          f"{(mistaken - right).abs().nan_to_num(float('inf')).max().item():.3g}, "
+          f"NaN entries: {int(mistaken.isnan().sum())} of {mistaken.numel()}")
+    sees = torch.ones(T, T, dtype=torch.bool)
+    sees[0] = False                                                # query 0 may see no key at all
+    ours_out, _ = ours(x, mask=sees)
+    torch_out, _ = reference(x, x, x, attn_mask=~sees)             # the same mask, PyTorch's convention
+print(f"a query that may see nothing: ours gives {ours_out[0, 0, :3].numpy().round(3)}... (the output "
+      f"projection's bias), nn.MultiheadAttention (torch {torch.__version__}) gives "
+      f"{torch_out[0, 0, :3].numpy().round(3)}...")
+assert torch.isfinite(ours_out).all(), "our layer gives no NaN for a query that may see nothing"
+assert torch.allclose(ours_out[:, 0], ours.out_proj.bias.detach().expand(B, D)), \
+    "its attention output is zero, so the layer returns the output projection's bias"
+
+# %% [markdown]
+# With the convention flipped, each query attends *only* to padding, and a full-length sentence
+# has no padding to attend to, so PyTorch returns NaN for it (the printed count). With a query
+# that may see nothing, our layer returns zeros from the attention (so the layer outputs just
+# the bias of $W^O$), while `nn.MultiheadAttention` in the version printed returns NaN. That
+# difference is deliberate: the book's layer never produces NaN.
+#
+# ## 6. Why attention won: the parallelism, measured
+#
+# Vaswani et al. (2017, §4 and Table 1) compare a self-attention layer with a recurrent layer on
+# three counts, for a sequence of length $n$ and width $d$:
+#
+# | layer | operations per layer | sequential operations | longest path between two positions |
+# |---|---|---|---|
+# | self-attention | $O(n^2 \cdot d)$ | $O(1)$ | $O(1)$ |
+# | recurrent | $O(n \cdot d^2)$ | $O(n)$ | $O(n)$ |
+#
+# The recurrent layer must take its $n$ steps one after the other, because $h_t$ needs
+# $h_{t-1}$; the attention layer does all its work in a handful of large matrix products, with
+# no dependence between positions. In arithmetic, attention pays $n^2 d$ for the scores and the
+# weighted sums where the recurrent layer pays $n d^2$ for its matrix-vector products: counting
+# the constants of our two layers, a GRU does about $12\,n d^2$ multiply-adds per sequence
+# (three gates, each with an input and a recurrent matrix) and multi-head attention
+# $8\,n d^2 + 4\,n^2 d$ (four projections, then $QK^\top$ and the weighted sum), so attention
+# does *more* arithmetic once $n$ exceeds $d$. Vaswani et al. argue that sentences usually have
+# $n < d$, and that the sequential steps are what limits a GPU. Which effect wins on a given
+# machine is a measurement: below, one `nn.GRU` layer against one `MultiHeadAttention` layer (the
+# fast path, and the explicit one for shorter lengths), same batch and width, for growing $n$,
+# forward alone and forward plus backward, timed with section 4's `median_times`.
+
+# %%
+
+
+def forward(layer: Callable[[Tensor], tuple], x: Tensor) -> Callable[[], object]:
+    def call() -> object:
+        with torch.no_grad():
+            return layer(x)
+    return call
+
+
+def forward_backward(layer: Callable[[Tensor], tuple], x: Tensor) -> Callable[[], object]:
+    return lambda: layer(x)[0].sum().backward()
+
+
+cfg = run.timing
+torch.manual_seed(run.seed)
+gru = nn.GRU(cfg["d_model"], cfg["d_model"], batch_first=True).to(run.device)
+attention = MultiHeadAttention(cfg["d_model"], cfg["heads"]).to(run.device)
+timings: dict[str, list[float]] = {}
+for T in tqdm(cfg["lengths"], desc="sequence lengths"):
+    x = torch.randn(cfg["batch"], T, cfg["d_model"], device=run.device)
+    x_grad = x.clone().requires_grad_()
+    fns = {"GRU forward": forward(gru, x), "attention forward": forward(attention, x),
+           "GRU forward+backward": forward_backward(gru, x_grad),
+           "attention forward+backward": forward_backward(attention, x_grad)}
+    if T <= cfg["explicit_max"]:
+        fns["explicit attention forward"] = forward(lambda inp: attention(inp, need_weights=True), x)
+    # short runs are cheap and the most easily upset by a burst of load elsewhere: time them more often
+    rounds = max(cfg["repeats"], min(50, cfg["repeats"] * 256 // T))
+    for name, seconds in median_times(fns, rounds).items():
+        timings.setdefault(name, []).append(seconds)
+
+lengths = np.array(cfg["lengths"])
+print(f"batch {cfg['batch']}, d_model {cfg['d_model']}, {cfg['heads']} heads, device {run.device}, "
+      f"{torch.get_num_threads()} threads, median of {cfg['repeats']} to 50 rounds (more for short n); milliseconds")
+print(f"{'n':>6} " + " ".join(f"{name:>27}" for name in timings) + f" {'FLOPs attention/GRU':>20}")
+for i, n in enumerate(lengths):
+    flop_ratio = (8 * n * cfg["d_model"] ** 2 + 4 * n**2 * cfg["d_model"]) / (12 * n * cfg["d_model"] ** 2)
+    cells = [f"{1e3 * t[i]:>27.2f}" if i < len(t) else f"{'-':>27}" for t in timings.values()]
+    print(f"{n:>6} " + " ".join(cells) + f" {flop_ratio:>20.2f}")
+
+# %% [markdown]
+# The memory side of the same trade: the explicit attention keeps the weights, $B \cdot h \cdot
+# n^2$ numbers, for the backward pass (and the scores, as many again), while a recurrent layer
+# keeps $O(B \cdot n \cdot d)$ numbers, its states and gates. The formula first, checked against
+# the tensor the explicit attention actually returns, then both costs against $n$, with the times:
+
+# %%
+B_, h_, d_ = cfg["batch"], cfg["heads"], cfg["d_model"]
+x = torch.randn(B_, int(lengths[0]), d_, device=run.device)
+with torch.no_grad():
+    _, w = attention(x, need_weights=True)
+weight_bytes = w.numel() * w.element_size()
+print(f"n = {lengths[0]}: the weights tensor has shape {tuple(w.shape)}, {weight_bytes:,} bytes "
+      f"= B*h*n*n*4 = {B_ * h_ * int(lengths[0]) ** 2 * 4:,}")
+assert weight_bytes == B_ * h_ * int(lengths[0]) ** 2 * 4, "the attention matrix holds B*h*n^2 floats"
+attention_matrix_mb = B_ * h_ * lengths.astype(float) ** 2 * 4 / 2**20
+gru_states_mb = B_ * lengths * d_ * 4 / 2**20
+
+fig, axes = plt.subplots(1, 2, figsize=(14, 4.5))
+plot_curves({name: 1e3 * np.array(t) for name, t in timings.items()}, x=lengths, ax=axes[0], logy=True,
+            title=f"One layer, batch {B_}, width {d_}, on {run.device.type}", xlabel="sequence length n",
+            ylabel="milliseconds (median)")
+axes[0].set_xscale("log", base=2)
+plot_curves({f"attention matrix, B*h*n^2 floats (h={h_})": attention_matrix_mb,
+             f"GRU hidden states, B*n*d floats (d={d_})": gru_states_mb}, x=lengths, ax=axes[1], logy=True,
+            title="Memory of one layer's activations", xlabel="sequence length n", ylabel="MiB (float32)")
+axes[1].set_xscale("log", base=2)
+fig.tight_layout()
+plt.show()
+
+
+def slope(name: str, last: int = 3) -> float:
+    """The exponent p in time ~ n^p, fitted on the last ``last`` lengths."""
+    t = np.array(timings[name])
+    return float(np.polyfit(np.log(lengths[-last:]), np.log(t[-last:]), 1)[0])
+
+
+ratio = np.array(timings["attention forward"]) / np.array(timings["GRU forward"])
+slower = [int(n) for n, r in zip(lengths, ratio, strict=True) if r > 1]
+print(f"forward, attention time / GRU time: {dict(zip(lengths.tolist(), ratio.round(2).tolist(), strict=True))}")
+per_position = 1e3 * np.array(timings["GRU forward"]) / lengths
+print(f"GRU forward, milliseconds per position: {dict(zip(lengths.tolist(), per_position.round(3).tolist(), strict=True))}")
+print(f"growth on the longest lengths, time ~ n^p: GRU p = {slope('GRU forward'):.2f}, "
+      f"attention p = {slope('attention forward'):.2f}")
+print("attention is slower than the GRU from n = " + (str(slower[0]) if slower else "(never, up to the longest n)")
+      + f"; at n = {lengths[-1]} the attention matrix alone needs {attention_matrix_mb[-1]:,.0f} MiB, the GRU's "
+      f"states {gru_states_mb[-1]:,.1f} MiB")
+if run.profile != "smoke":
+    gru_growth = timings["GRU forward"][-1] / timings["GRU forward"][0]
+    assert gru_growth > 0.25 * lengths[-1] / lengths[0], \
+        f"the GRU's n sequential steps should make its time grow about linearly in n (grew {gru_growth:.1f}x)"
+    assert ratio[0] < 1, "at the shortest length, attention (a few big products) should beat n GRU steps"
+    explicit = timings["explicit attention forward"]
+    assert explicit[-1] > 1.5 * timings["attention forward"][len(explicit) - 1], \
+        "at its longest length the explicit attention, which stores the weights, should be far slower than the fast one"
+    if run.device.type == "cpu":
+        att_growth = timings["attention forward"][-1] / timings["attention forward"][0]
+        assert att_growth > gru_growth and ratio[-1] > ratio[0], \
+            "on a CPU, attention's time should grow faster than the GRU's, so its advantage shrinks with n"
+
+# %% [markdown]
+# What the run shows (read the table for your machine):
+#
+# * **The GRU's time grows with $n$, step by step**: its time per position (printed) stays
+#   within a small range from the shortest to the longest sequence, because it takes $n$ steps,
+#   each too small to keep even two cores busy, one after the other. That is Table 1's $O(n)$
+#   sequential operations, and no hardware can shorten it.
+# * **At short lengths attention is faster** (the ratio below 1): a few large matrix products
+#   instead of $n$ small steps, so the sequential overhead disappears. This is the regime of
+#   sentences, where Vaswani et al. argued ($n < d$).
+# * **As $n$ grows, attention's advantage shrinks.** On a CPU its time grows faster than the
+#   GRU's (compare the growth of the two columns, and the fitted exponents), because its
+#   $n^2 d$ term takes over: the FLOP column shows it doing more arithmetic than the GRU once $n$
+#   is past $d$, and two cores have little parallel hardware to absorb the extra work. Whether it
+#   overtakes the GRU within the lengths measured depends on the machine, the batch and the
+#   width; the line "attention is slower than the GRU from n = ..." says where it happened in
+#   your run, if it did. On a GPU, with thousands of cores idle during each GRU step, attention
+#   stays ahead to much longer sequences (run this notebook in the `gpu` profile to measure it).
+# * **Forward plus backward shows the same pattern**, with the GRU's backward pass again a loop
+#   over $n$ steps.
+# * **Memory is attention's real limit.** The weights alone are $B h n^2$ floats: quadratic in
+#   $n$, while the GRU's states grow linearly (right panel). The explicit version stores them
+#   and becomes the slowest of the forward curves as $n$ grows; the fast path computes the same
+#   output without ever holding the whole matrix, which is why the models of the following
+#   chapters train with it and keep the explicit version for pictures. FlashAttention (Dao et
+#   al. 2022) made this the default on GPUs; chapter 10 measures it there.
+#
+# Table 1's third column is the one that matters for learning: in attention, any two positions
+# are one step apart, so a gradient between them passes through one softmax, not through $n$
+# Jacobians of a recurrence (chapter 01's vanishing gradients).
+#
+# ## 7. What the heads look at
+#
+# Attention weights can be read, and the next two experiments read them, on tasks where we know
+# which word a head *should* find. The model is as small as this chapter allows: token
+# embeddings plus a learned table of position vectors (self-attention alone cannot tell
+# positions apart; chapter 06 treats positions properly), then two layers of multi-head
+# self-attention, each added to its input (a *residual* connection, with a LayerNorm before the
+# attention: chapter 07 explains both), and a linear classifier that reads the final vector at
+# one position. No feed-forward layers: what the model computes between words, it computes
+# with attention.
+
+# %%
+
+
+class AttentionClassifier(nn.Module):
+    """Embeddings + learned positions, ``layers`` residual self-attention layers ``x <- x + MHA(LN(x))``,
+    a final LayerNorm, and a linear classifier read at position ``where`` of each sentence.
+
+    ``forward(src (B, L), token_mask (B, L), where (B,), need_weights) -> (logits (B, classes),
+    [weights (B, h, L, L) or None per layer])``.
+    """
+
+    def __init__(self, vocab_size: int, classes: int, *, d_model: int, heads: int, layers: int, max_len: int):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, d_model, padding_idx=PAD_ID)
+        self.positions = nn.Embedding(max_len, d_model)
+        self.norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(layers))
+        self.attention = nn.ModuleList(MultiHeadAttention(d_model, heads) for _ in range(layers))
+        self.final_norm = nn.LayerNorm(d_model)
+        self.classify = nn.Linear(d_model, classes)
+
+    def forward(self, src: Tensor, token_mask: Tensor, where: Tensor,
+                need_weights: bool = False) -> tuple[Tensor, list[Tensor | None]]:
+        x = self.embed(src) + self.positions(torch.arange(src.shape[1], device=src.device))
+        mask, weights = padding_mask(token_mask), []
+        for norm, attend in zip(self.norms, self.attention, strict=True):
+            out, w = attend(norm(x), mask=mask, need_weights=need_weights)
+            x = x + out
+            weights.append(w)
+        read = self.final_norm(x)[torch.arange(src.shape[0], device=src.device), where]
+        return self.classify(read), weights
+
+
+def batches(examples: list[dict], batch_size: int, shuffle: bool, seed: int = 0):
+    """Padded batches ``(src, token_mask, where, label)`` of examples ``{"ids", "where", "label", ...}``."""
+    order = list(range(len(examples)))
+    if shuffle:
+        random.Random(seed).shuffle(order)
+    for start in range(0, len(order), batch_size):
+        chunk = [examples[i] for i in order[start:start + batch_size]]
+        src, token_mask = pad_sequences([e["ids"] for e in chunk])
+        yield (src, token_mask, torch.tensor([e["where"] for e in chunk]),
+               torch.tensor([e["label"] for e in chunk]))
+
+
+def train_classifier(vocab_size: int, train: list[dict], sizes: dict, max_len: int) -> AttentionClassifier:
+    torch.manual_seed(run.seed)
+    model = AttentionClassifier(vocab_size, 2, d_model=sizes["d_model"], heads=sizes["heads"],
+                                layers=sizes["layers"], max_len=max_len)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+
+    def loss_fn(m: nn.Module, batch) -> tuple[Tensor, int]:
+        src, token_mask, where, label = batch
+        logits, _ = m(src, token_mask, where)                  # the fast path: no weights while training
+        return F.cross_entropy(logits, label), len(label)
+
+    loader = [b for epoch in range(sizes["epochs"]) for b in batches(train, 64, True, seed=epoch)]
+    # On a CPU, sums over many threads can round differently from sums over one, and a model trained
+    # on two cores can end up different from one trained on one. One thread makes the model (and
+    # the analysis below) the same on every run of a machine, whatever its number of cores.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        history = fit(model, loader, loss_fn, optimizer, epochs=1, device=run.device, verbose=False)
+    finally:
+        torch.set_num_threads(threads)
+    print(f"trained {sizes['epochs']} epoch(s), {len(loader)} steps, in {history.epochs[0]['seconds']:.0f} s")
+    return model.eval()
+
+
+@torch.no_grad()
+def weights_and_predictions(model: AttentionClassifier, examples: list[dict]):
+    """Per example: the predicted class and each layer's weights ``(h, L, L)`` (explicit path)."""
+    out = []
+    for src, token_mask, where, _ in batches(examples, 256, False):
+        logits, weights = model(src.to(run.device), token_mask.to(run.device), where.to(run.device),
+                                need_weights=True)
+        for b in range(src.shape[0]):
+            n = int(token_mask[b].sum())
+            out.append((int(logits[b].argmax()), [w[b, :, :n, :n].cpu() for w in weights]))
+    return out
+
+
+# %% [markdown]
+# ### 7a. Finding the subject
+#
+# Chapter 03's task: from an English sentence of the bundled corpus, predict the grammatical
+# gender of the French subject (read off the French translation's first word: `le`, `un`, `ce`,
+# `il` are masculine, `la`, `une`, `cette`, `elle` feminine). The answer is decided by one word,
+# the subject's head noun (*the old **queen** that the dog sees ... → la*), which can stand
+# anywhere among the first few words and is followed by up to fifty others, many of them nouns
+# of the other gender. We prepend `<bos>` to every sentence and read the classifier at that
+# position, as BERT does with its `[CLS]` token: the `<bos>` query has to go and find the
+# subject.
+
+# %%
+MASCULINE, FEMININE = {"le", "un", "ce", "cet", "il"}, {"la", "une", "cette", "elle"}
+english_nouns = {n.en for n in NOUNS} | {n.en_plural for n in NOUNS}
+bundled_train, bundled_test = load_bundled("train"), load_bundled("test")
+gender_vocab = Vocab.build(tokenize(en) for en, _ in bundled_train[: run.gender["pairs"]])
+
+
+def gender_examples(pairs: list[tuple[str, str]]) -> list[dict]:
+    out = []
+    for en, fr in pairs:
+        first, words = tokenize(fr)[0], tokenize(en)
+        if first in MASCULINE or first in FEMININE:
+            subject = 0 if words[0] in ("he", "she") else next(i for i, w in enumerate(words) if w in english_nouns)
+            out.append(dict(ids=gender_vocab.encode(words, bos=True, eos=True), where=0,
+                            label=int(first in FEMININE), words=["<bos>", *words, "<eos>"], subject=subject + 1))
+    return out
+
+
+gender_train = gender_examples(bundled_train[: run.gender["pairs"]])
+gender_test = gender_examples(bundled_test[: run.gender["test"]])
+gender_max_len = max(len(e["ids"]) for e in gender_train + gender_test)
+print(f"{len(gender_train):,} training and {len(gender_test):,} test sentences, up to {gender_max_len} tokens; "
+      f"{np.mean([e['label'] for e in gender_train]):.0%} feminine")
+gender_model = train_classifier(len(gender_vocab), gender_train, run.gender, gender_max_len)
+
+# %% [markdown]
+# For each test sentence with a noun subject (not `he` or `she`, which sit at the first word),
+# how much weight does the `<bos>` query of each head put on the subject's noun, and where does
+# each head's largest weight fall?
+
+# %%
+gender_results = weights_and_predictions(gender_model, gender_test)
+accuracy = np.mean([pred == e["label"] for (pred, _), e in zip(gender_results, gender_test, strict=True)])
+layers_, heads_ = run.gender["layers"], run.gender["heads"]
+on_subject = np.zeros((layers_, heads_))
+peaks = [[Counter() for _ in range(heads_)] for _ in range(layers_)]
+noun_subjects = 0
+for (_, weights), e in zip(gender_results, gender_test, strict=True):
+    if e["subject"] == 1 and e["words"][1] in ("he", "she"):
+        continue
+    noun_subjects += 1
+    last = len(e["words"]) - 1
+    for layer, w in enumerate(weights):
+        on_subject[layer] += w[:, 0, e["subject"]].numpy()
+        for head, top in enumerate(w[:, 0].argmax(-1).tolist()):
+            where = {e["subject"] - 1: "the word before it", e["subject"] + 1: "the word after it",
+                     e["subject"]: "subject", 0: "<bos>", last: "<eos>"}.get(top, "another word")
+            peaks[layer][head][where] += 1
+on_subject /= noun_subjects
+print(f"test accuracy {accuracy:.1%} ({len(gender_test)} sentences); average sentence length "
+      f"{np.mean([len(e['words']) for e in gender_test]):.1f} tokens")
+for layer in range(layers_):
+    for head in range(heads_):
+        top = ", ".join(f"{k} {c / noun_subjects:.0%}" for k, c in peaks[layer][head].most_common(4))
+        print(f"layer {layer + 1} head {head + 1}: weight of <bos> on the subject {on_subject[layer, head]:.2f}; "
+              f"largest weight on: {top}")
+top_on_subject = np.array([[peaks[layer][head]["subject"] / noun_subjects for head in range(heads_)]
+                           for layer in range(layers_)])
+if run.profile != "smoke":
+    assert accuracy > 0.9, f"the classifier should find the subject's gender (accuracy {accuracy:.1%})"
+    assert on_subject.max() > 0.5, "some head's <bos> should put most of its weight on the subject"
+    assert top_on_subject.max() > 0.6, "for the best head, the subject should be the largest weight in most sentences"
+if run.profile == "cpu":
+    assert on_subject.min() > 0.4 and top_on_subject.max() > 0.7, "as the text describes the committed run"
+
+# %% [markdown]
+# Two test sentences, each with a noun of the other gender after the subject (a distraction that
+# a model reading "the last noun" or "any noun" would fall for): the weights of the `<bos>` query
+# of every head.
+
+# %%
+noun_is_feminine = {n.en: n.feminine for n in NOUNS} | {n.en_plural: n.feminine for n in NOUNS}
+
+
+def distracted_example(label: int) -> int:
+    """A test sentence with a noun subject of gender ``label`` and a later noun of the other gender."""
+    return next(i for i, e in enumerate(gender_test)
+                if e["label"] == label and e["words"][1] not in ("he", "she") and 10 <= len(e["words"]) <= 16
+                and any(noun_is_feminine.get(w) == (label == 0) for w in e["words"][e["subject"] + 1:]))
+
+
+fig, axes = plt.subplots(1, 2, figsize=(16, 3.6))
+for ax, index in zip(axes, (distracted_example(1), distracted_example(0)), strict=True):
+    example, (prediction, example_weights) = gender_test[index], gender_results[index]
+    rows = torch.stack([w[head, 0] for w in example_weights for head in range(heads_)])
+    plot_heatmap(rows, ax=ax, x_labels=example["words"], vmin=0, vmax=1, colorbar=False,
+                 y_labels=[f"layer {layer + 1} head {head + 1}" for layer in range(layers_) for head in range(heads_)],
+                 title=f"subject '{example['words'][example['subject']]}', predicted "
+                       f"{['masculine', 'feminine'][prediction]}", xlabel="English sentence", ylabel="head (query <bos>)")
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# The printed statistics are the result, the pictures two instances of it. The model solves the
+# task, and its heads do it the way we hoped: in the committed run the `<bos>` query of every
+# head puts about half or more of its weight on the subject's noun, on average over the test
+# sentences, and for the best head that noun holds the single largest weight in most sentences
+# (the printed shares), although the subject sits at a different position in each sentence and
+# nouns of both genders follow it. When a head's largest weight is not on the noun, the shares
+# say how often it is on a neighbour (`the`, or an adjective before the noun), and after one
+# layer of attention a neighbour's vector may already carry the noun's gender. That is a first
+# reason to read the heatmaps of deeper layers with care: a position's vector is no longer just
+# its word.
+#
+# ### 7b. What does *it* refer to?
+#
+# The best-known picture of self-attention comes from the blog post that announced the
+# Transformer (Uszkoreit 2017), and many tutorials retell it: in *"The animal didn't cross the
+# street because it was too tired"* a head links *it* to *animal*, and to *street* when the
+# sentence ends in *"too wide"* (or *"congested"*). (The paper's own pictures, Vaswani et al.
+# 2017, Figures 3 to 5, show a long-distance dependency and the anaphora *its* → *Law*.) Whether
+# *it* means the animal or the street is decided by the last word, and a translator needs the
+# answer: French says *il* for *le chat* and *elle* for *la rue*, the example of that blog post
+# too. We build that task from the bundled lexicon: an animal,
+# a place, a template in either order (*the cat did not cross the street ...* or *the street was
+# not crossed by the cat ...*), and an adjective that fits only one of them: the corpus's
+# adjectives of animals (*tired*, *lazy*, *sad*, ...) or adjectives of places that we add
+# (*wide*, *busy*, *congested*, ...). So do *it*, *was*, *too*, *did*, *cross*, *crossed*, *by*, and
+# two places, *street* (*rue*) and *road* (*route*), which the corpus does not have. The label is
+# the French pronoun of the noun that *it* refers to. Optional adjectives before the nouns (*the
+# old cat*) are distractors. Every gender combination occurs, so the model cannot answer from
+# the sentence's genders alone: it must work out the referent. The two sentences of the
+# picture are kept out of training.
+
+# %%
+animals = [n for n in NOUNS if n.kind == "animal"]
+places = [n for n in NOUNS if n.en in ("river", "bridge", "forest", "garden", "city", "village", "island", "market")]
+places += [Noun("street", "streets", "rue", "rues", True, "place"), Noun("road", "roads", "route", "routes", True, "place")]
+ANIMAL_ADJECTIVES = ["tired", "lazy", "sad", "angry", "young", "happy"]   # in the corpus: they describe animals
+PLACE_ADJECTIVES = ["wide", "long", "busy", "crowded", "congested", "deep"]
+DISTRACTORS = ["old", "small", "big", "black", "grey"]
+HELD_OUT = ("the cat did not cross the street because it was too tired .",
+            "the cat did not cross the street because it was too congested .")
+
+
+def coreference_sentence(rng: random.Random) -> dict:
+    animal, place = rng.choice(animals), rng.choice(places)
+    refers_to_animal = rng.random() < 0.5
+    adjective = rng.choice(ANIMAL_ADJECTIVES if refers_to_animal else PLACE_ADJECTIVES)
+    a = ["the", *([rng.choice(DISTRACTORS)] if rng.random() < 0.3 else []), animal.en]
+    p = ["the", *([rng.choice(DISTRACTORS)] if rng.random() < 0.3 else []), place.en]
+    words = a + ["did", "not", "cross"] + p if rng.random() < 0.5 else p + ["was", "not", "crossed", "by"] + a
+    words += ["because", "it", "was", *(["too"] if rng.random() < 0.7 else []), adjective, "."]
+    referent = animal if refers_to_animal else place
+    return dict(words=words, label=int(referent.feminine), where=words.index("it"), to_animal=refers_to_animal,
+                animal=words.index(animal.en), place=words.index(place.en), adjective=words.index(adjective),
+                same_gender=animal.feminine == place.feminine)
+
+
+rng, seen = random.Random(run.seed), {}
+while len(seen) < run.coref["train"] + run.coref["test"]:
+    example = coreference_sentence(rng)
+    key = " ".join(example["words"])
+    if key not in HELD_OUT:
+        seen.setdefault(key, example)
+coref_data = list(seen.values())
+coref_vocab = Vocab.build(e["words"] for e in coref_data)
+for e in coref_data:
+    e["ids"] = coref_vocab.encode(e["words"])
+coref_train, coref_test = coref_data[: run.coref["train"]], coref_data[run.coref["train"]:]
+new_words = sorted(set(coref_vocab.itos[4:]) - set(gender_vocab.itos))
+print(f"{len(coref_train):,} training and {len(coref_test):,} test sentences; {len(coref_vocab) - 4} words, "
+      f"of which not in the corpus: {', '.join(new_words)}")
+print("for example:", " ".join(coref_train[0]["words"]), "->", ["il", "elle"][coref_train[0]["label"]])
+coref_model = train_classifier(len(coref_vocab), coref_train, run.coref, max_len=20)
+
+# %% [markdown]
+# Where does *it* look? For each layer and head, the average weight from the query at *it* on the
+# animal, on the place, on the adjective that decides, and on the final period, separately for
+# the sentences where *it* is the animal and those where it is the place; and the accuracy, on
+# all test sentences and on those whose two nouns differ in gender (where the wrong noun gives
+# the wrong pronoun).
+
+# %%
+coref_results = weights_and_predictions(coref_model, coref_test)
+correct = np.array([pred == e["label"] for (pred, _), e in zip(coref_results, coref_test, strict=True)])
+different = np.array([not e["same_gender"] for e in coref_test])
+layers_, heads_ = run.coref["layers"], run.coref["heads"]
+TARGETS = ("animal", "place", "adjective", "'.'")
+looks = {"animal": np.zeros((layers_, heads_, len(TARGETS))), "place": np.zeros((layers_, heads_, len(TARGETS)))}
+count = Counter()
+for (_, weights), e in zip(coref_results, coref_test, strict=True):
+    referent = "animal" if e["to_animal"] else "place"
+    count[referent] += 1
+    positions = [e["animal"], e["place"], e["adjective"], len(e["words"]) - 1]
+    for layer, w in enumerate(weights):
+        looks[referent][layer] += w[:, e["where"], positions].numpy()
+looks = {k: v / count[k] for k, v in looks.items()}
+print(f"accuracy: {correct.mean():.1%} on all {len(correct):,} test sentences, {correct[different].mean():.1%} on the "
+      f"{different.sum():,} whose nouns differ in gender")
+print(f"{'weight of the query at it on:':>29} " + " | ".join(
+    f"{'when it = the ' + k + f' ({count[k]:,})':^34}" for k in looks))
+print(f"{'':>16} " + " | ".join(" ".join(f"{t:>8}" for t in TARGETS) for _ in looks))
+for layer in range(layers_):
+    for head in range(heads_):
+        print(f"layer {layer + 1} head {head + 1}  " + " | ".join(
+            " ".join(f"{x:>8.2f}" for x in looks[k][layer, head]) for k in looks))
+
+# Which strategy did the model find? In the last layer, the best head's weight on the noun that is
+# meant, and on the noun that is not; in the first layer, the weight on each noun whatever is meant.
+last = layers_ - 1
+meant = {"animal": looks["animal"][last, :, 0].max(), "place": looks["place"][last, :, 1].max()}
+not_meant = {"animal": looks["place"][last, :, 0].max(), "place": looks["animal"][last, :, 1].max()}
+fetched = {k: min(looks["animal"][0, :, i].max(), looks["place"][0, :, i].max())
+           for i, k in enumerate(("animal", "place"))}
+pointed = [k for k in meant if meant[k] > 0.4 and not_meant[k] < 0.2]
+if len(pointed) == 2:
+    verdict = "in the last layer, a head at 'it' points at whichever noun is meant"
+elif len(pointed) == 1:
+    k, default = pointed[0], ({"animal", "place"} - set(pointed)).pop()
+    verdict = (f"in the last layer, 'it' points at the {k} when the {k} is meant, and at neither noun otherwise: "
+               f"the {default} is the default" + (f", read by the first layer in every sentence (weight "
+                                                 f"{fetched[default]:.2f})" if fetched[default] > 0.4 else ""))
+else:
+    verdict = "no last-layer head points clearly at the noun that is meant"
+print("verdict:", verdict)
+# How much the last layer's weights at 'it' change with the meaning: the largest, over heads, total
+# variation distance between its mean weights on (animal, place, adjective, '.') in the two cases.
+change = 0.5 * np.abs(looks["animal"][last] - looks["place"][last]).sum(-1).max()
+print(f"largest change of a last-layer head's weights at 'it' between the two cases: {change:.2f} "
+      "(0: the same weights, 1: disjoint)")
+if run.profile != "smoke":
+    assert correct[different].mean() > 0.95, "the model should resolve 'it' when the genders differ"
+    assert pointed, "some last-layer head should point at the noun that is meant, at least for one kind"
+    assert change > 0.3, "the last layer's weights at 'it' should depend on what 'it' means"
+
+# %% [markdown]
+# Now the two sentences of the famous picture, which the model has never seen. Each panel shows,
+# for every layer and head, the weights of the query at *it*.
+
+# %%
+iconic = [dict(words=s.split(), where=s.split().index("it"), label=0) for s in HELD_OUT]
+for e in iconic:
+    e["ids"] = coref_vocab.encode(e["words"])
+iconic_results = weights_and_predictions(coref_model, iconic)
+fig, axes = plt.subplots(1, 2, figsize=(16, 3.8))
+for ax, e, (prediction, weights) in zip(axes, iconic, iconic_results, strict=True):
+    rows = torch.stack([w[head, e["where"]] for w in weights for head in range(heads_)])
+    plot_heatmap(rows, ax=ax, x_labels=e["words"], vmin=0, vmax=1, colorbar=False,
+                 y_labels=[f"layer {layer + 1} head {head + 1}" for layer in range(layers_) for head in range(heads_)],
+                 title=f"... too {e['words'][-2]}: 'it' -> {['il', 'elle'][prediction]}", xlabel="English sentence",
+                 ylabel="head (query at 'it')")
+fig.tight_layout()
+plt.show()
+for e, (prediction, weights) in zip(iconic, iconic_results, strict=True):
+    tops = [f"layer {layer + 1} head {head + 1} on '{e['words'][int(w[head, e['where']].argmax())]}'"
+            f" ({w[head, e['where']].max():.2f})" for layer, w in enumerate(weights) for head in range(heads_)]
+    print(f"too {e['words'][-2]:>9}: predicted '{['il', 'elle'][prediction]}'; largest weights: " + ", ".join(tops))
+if run.profile != "smoke":
+    assert [p for p, _ in iconic_results] == [0, 1], "tired cat -> il, congested street -> elle"
+
+# %% [markdown]
+# What the heads do, as far as these numbers show (the details describe the committed run; the
+# verdict line, and the asserts, check the main claims on every run):
+#
+# * **The model is right**, on new sentences and whatever the genders (the accuracies), and on
+#   the two sentences of the picture: *il* for the tired cat, *elle* for the congested street.
+# * **The first layer fetches.** Its query at *it* is made from the word *it* and its position
+#   only, so it cannot depend on the adjective, which it has not read yet: whatever the first
+#   layer does at *it*, it does in every sentence alike. In the committed run one head there
+#   reads the nouns (mostly the animal) and the other reads the adjective, with all its weight.
+# * **The last layer decides.** After layer 1 the vector at *it* holds the adjective, so its
+#   query can depend on it, and it does (the printed change). When the place is meant, both
+#   heads look at the place: the blog post's picture, *it* → *street*. When the animal is meant,
+#   they divide their weight between the animal and the final period, a position that adds
+#   little; in the sentence with *tired*, the period takes nearly all of it. The animal had
+#   already been read in layer 1, so the last layer only has to look when the answer is the
+#   place: a default and an override, learned, not designed. A two-step computation needs two
+#   layers; that is one reason Transformers are deep.
+# * **So the picture holds here for *street*, and hardly for *cat*.** A heatmap of the last
+#   layer alone says that in *the cat ... was too tired*, *it* ignores the cat; the first layer
+#   shows that it read the cat, as in every sentence. Attention weights show where a layer read,
+#   not what the model knows or how it decided. Jain and Wallace (2019) showed that different
+#   weights can give the same prediction, and Michel et al. (2019) that many heads of a trained
+#   Transformer can be removed at test time with little loss. And heads find whatever the
+#   training data make useful: had every training sentence paired nouns of different genders, a
+#   head could look at the *other* noun and the classifier answer with the opposite gender, with
+#   the same accuracy (question 8). That is why this data set mixes all gender combinations and
+#   the accuracy is reported on the sentences where such a shortcut would fail.
+#
+# ## Summary
+#
+# * Self-attention computes, for every position at once,
+#   $Z = \operatorname{softmax}(QK^\top/\sqrt{d_k})\,V$ with $Q$, $K$, $V$ three projections of the
+#   same sequence: $z_t = \sum_s \alpha_{ts} v_s$, a weighted sum over the key index $s$
+#   (checked against a loop).
+# * **The scale**: for unit-variance entries $\operatorname{Var}(q \cdot k) = d_k$ (measured);
+#   unscaled scores saturate the softmax (largest weight towards 1, entropy towards 0) and its
+#   Jacobian, and so the gradient to queries and keys, shrinks by orders of magnitude as $d_k$
+#   grows. Dividing by $\sqrt{d_k}$ makes all of it independent of $d_k$ (section 2's figure).
+# * **Masks** are `bool`, `True` = may attend, broadcast against `(B, h, T, S)`: padding
+#   `(B, 1, 1, S)`, causal `(T, S)`, combined with `&`. Filling with $-\infty$ turns a query that
+#   may see nothing into NaN, which poisons the whole gradient of $W^Q$; the package's masked
+#   softmax returns zeros. The causal mask was verified by the Jacobian: exactly zero dependence on
+#   later inputs, and on padded ones.
+# * **Multi-head** attention is one projection per kind, cut into $h$ slices and made a batch
+#   axis by a reshape and a transpose: equal to a loop over heads, faster, and with
+#   $4(d^2_{\text{model}} + d_{\text{model}})$ parameters whatever $h$.
+# * The **fast** attention (`F.scaled_dot_product_attention`) equals the explicit one, and our
+#   layer equals `nn.MultiheadAttention` with copied weights, forward and backward, under every
+#   mask, to float32 rounding; PyTorch's layer reads `bool` masks the opposite way (`True` =
+#   hidden), and returns NaN where ours returns zeros.
+# * **GRU against attention** (section 6's table): the GRU's time grows with $n$, its $n$
+#   sequential steps; attention is faster on short sequences, and on a CPU its advantage shrinks
+#   as $n$ grows, because of its $n^2 d$ arithmetic; its weights, $B h n^2$ floats, grow
+#   quadratically in memory. Table 1 of Vaswani et al. in numbers, measured on this machine.
+# * **Heads on sentences**: the `<bos>` heads found the subject whose gender decides a French
+#   article. For *it*, the first layer fetched the nouns and the adjective, the same way in every
+#   sentence; the last layer looked at *street* when the adjective was a place's, and mostly
+#   elsewhere when it was an animal's, whose noun it had read already: the well-known picture
+#   for one sentence of the pair, a default and an override in fact. Attention maps show where a
+#   layer read, not the whole of how a model decided.
+#
+# ## Exercises
+#
+# ### Questions
+#
+# 1. Suppose the entries of $q$ have variance $\sigma_q^2$ and those of $k$ variance $\sigma_k^2$
+#    (still independent, mean 0). What is $\operatorname{Var}(q \cdot k)$, and which scale makes it
+#    1? Compute $\sigma_q^2$ for `MultiHeadAttention` at initialisation on unit-variance inputs
+#    (`nn.Linear` draws its weights from $U(-1/\sqrt{d}, 1/\sqrt{d})$). Why is the $\sqrt{d_k}$ still
+#    the right *dependence* on the width?
+# 2. The scale could be learned (a "temperature" per head), or folded into $W^Q$. Why do both give
+#    the same set of functions as the fixed scale, and why does the fixed scale still help?
+# 3. $h$ heads of width $d_{\text{model}}/h$ have the same parameters as one head of width
+#    $d_{\text{model}}$. Name something $h$ heads can compute that one head cannot (think of one
+#    query that needs two words), and something one wide head can do that narrow heads cannot
+#    (the rank of $W_i^Q {W_i^K}^\top$).
+# 4. Why test causality with gradients rather than by checking that the weights above the
+#    diagonal are zero? Give a bug that zero weights would miss.
+# 5. A query that may see nothing returns a zero vector. Is that a sensible output? What does the
+#    residual connection $x + \operatorname{MHA}(x)$ of section 7 make of it?
+# 6. Predict how section 6's crossover length moves if you double $d_{\text{model}}$, and if you
+#    run on a GPU. Then measure it (change `run.timing`).
+# 7. FlashAttention computes the softmax over a row of keys one block at a time. Show that
+#    keeping a running maximum $m$ and a running sum $\ell = \sum \exp(e - m)$ lets you combine
+#    two blocks exactly. What does the explicit version give you that the fused one cannot?
+# 8. Train section 7b's model only on sentences whose two nouns differ in gender. Which shortcut
+#    could a last-layer head take (hint: look at the *other* noun), why would the accuracy not
+#    reveal it, and which test sentences would? How would you measure, in the style of Michel et
+#    al. (2019), which heads the classifier actually needs (remove one head's output at test
+#    time and measure the accuracy)?
+#
+# ### Coding exercises
+#
+# Fill in each function and run the cell: the checker says "correct!", tells you what is wrong,
+# or, while the stub still raises `NotImplementedError`, gives a hint. Solutions are in
+# `notebooks/solutions/05_scaled_dot_product_and_multihead_solutions.ipynb`.
+#
+# **1. Scaled dot-product attention with a mask.** `q` is `(B, h, T, d_k)`, `k` is
+# `(B, h, S, d_k)`, `v` is `(B, h, S, d_v)`, `mask` is a `bool` tensor `(B, 1, T, S)`, `True` where
+# a query may attend. Return `(out, weights)`, shapes `(B, h, T, d_v)` and `(B, h, T, S)`; a query
+# row that may attend to nothing must give zero weights and a zero output, not NaN.
+
+# %%
+def attention_exercise(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    raise NotImplementedError  # your code here
+
+
+exercises.check("05.attention", attention_exercise)
+
+# %% [markdown]
+# **2. Heads as a batch axis.** `x` is `(B, L, heads * d)`. Return `(B, heads, L, d)` where head
+# `i` holds features `i*d` to `(i+1)*d - 1` of every position.
+
+# %%
+def split_heads_exercise(x: Tensor, heads: int) -> Tensor:
+    raise NotImplementedError  # your code here
+
+
+exercises.check("05.split_heads", split_heads_exercise)
+
+# %% [markdown]
+# **3. A causal mask for cached keys.** Return a `bool` tensor `(T, S)`, `S >= T`, that is `True`
+# where query `t` may attend to key `s`, when the `T` queries are the *last* `T` of `S` positions
+# (a decoder that has kept the keys of the `S - T` positions it wrote before, chapter 09).
+
+# %%
+def causal_mask_exercise(T: int, S: int) -> Tensor:
+    raise NotImplementedError  # your code here
+
+
+exercises.check("05.causal_mask", causal_mask_exercise)
+
+# %% [markdown]
+# ## References
+#
+# * A. Vaswani, N. Shazeer, N. Parmar, J. Uszkoreit, L. Jones, A. N. Gomez, Ł. Kaiser,
+#   I. Polosukhin (2017). *Attention is all you need.* NeurIPS. Scaled dot-product attention
+#   (§3.2.1, with footnote 4 on the variance of $q \cdot k$), multi-head attention (§3.2.2), the
+#   masks of the decoder (§3.2.3), why self-attention (§4 and Table 1), varying the number of
+#   heads (§6.2, Table 3 rows A), attention pictures (Figures 3 to 5).
+# * J. Uszkoreit (2017). *Transformer: a novel neural network architecture for language
+#   understanding.* Google Research blog, 31 August 2017. The *animal / street / it* picture and
+#   why a translation into French needs it.
+# * M.-T. Luong, H. Pham, C. D. Manning (2015). *Effective approaches to attention-based neural
+#   machine translation.* EMNLP. The dot and general scores (§3.1).
+# * D. Britz, A. Goldie, M.-T. Luong, Q. Le (2017). *Massive exploration of neural machine
+#   translation architectures.* EMNLP. Additive against multiplicative attention at several
+#   widths (§4.5).
+# * T. Dao, D. Y. Fu, S. Ermon, A. Rudra, C. Ré (2022). *FlashAttention: fast and memory-efficient
+#   exact attention with IO-awareness.* NeurIPS. Tiling and recomputation with a running softmax
+#   (§3.1, Algorithm 1), its memory traffic (§3.2).
+# * P. Michel, O. Levy, G. Neubig (2019). *Are sixteen heads really better than one?* NeurIPS.
+#   Removing one head at test time (§3.1), all heads of a layer but one (§3.2), pruning by head
+#   importance (§4).
+# * E. Voita, D. Talbot, F. Moiseev, R. Sennrich, I. Titov (2019). *Analyzing multi-head
+#   self-attention: specialized heads do the heavy lifting, the rest can be pruned.* ACL. Which
+#   heads matter (§4), positional, syntactic and rare-word heads (§5), pruning heads (§6).
+# * K. Clark, U. Khandelwal, O. Levy, C. D. Manning (2019). *What does BERT look at? An analysis
+#   of BERT's attention.* BlackboxNLP. Heads that attend to `[CLS]`, `[SEP]` and punctuation
+#   (§3), heads that track syntax and coreference (§4).
+# * S. Jain, B. C. Wallace (2019). *Attention is not explanation.* NAACL. Different weights,
+#   same predictions (§4.2).
