@@ -26,6 +26,7 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -70,7 +71,7 @@ def max_difference(ours: MultiHeadAttention, ref: nn.MultiheadAttention, x: torc
     return max((a - b).abs().max().item() for a, b in pairs)
 
 
-def interleaved_medians(fns: dict[str, callable], repeats: int) -> dict[str, float]:
+def interleaved_medians(fns: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
     """Median seconds of each function over ``repeats`` rounds (after two warm-up calls each); the
     functions take turns within a round."""
     for _ in range(2):
