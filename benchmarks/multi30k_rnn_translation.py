@@ -47,6 +47,33 @@ def find_multi30k(explicit: str | None) -> Path | None:
     return next((p for p in candidates if (p / "train.en.gz").exists() or (p / "train.en").exists()), None)
 
 
+def report_fields(report) -> dict:
+    """The JSON fields of an ``evaluate_translator`` report: BLEU (overall, detail, by source
+    length), exact matches, decoding time, three examples and sacreBLEU's signature."""
+    return {
+        "bleu": round(report.bleu.score, 2),
+        "bleu_detail": str(report.bleu),
+        "exact_match": round(report.exact, 4),
+        "bleu_by_length": [{k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()}
+                           for r in report.by_length],
+        "decode_seconds": round(report.seconds, 2),
+        "examples": [{"src": report.sources[i], "ref": report.references[i], "hyp": report.hypotheses[i]}
+                     for i in (0, 1, 2)],
+        "signature": report.bleu.signature,
+    }
+
+
+def machine_fields(device: torch.device) -> dict:
+    """The JSON fields that say where a benchmark ran."""
+    return {
+        "device": str(device),
+        "device_name": (torch.cuda.get_device_name() if device.type == "cuda"
+                        else platform.processor() or platform.machine()),
+        "cpu_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", help="folder with Multi30k's train/val/test_2016_flickr files")
@@ -101,15 +128,7 @@ def main() -> None:
             "steps": steps,
             "epochs": round(steps / (len(train_data) / args.batch_size), 2),
             "final_train_loss": round(history.epochs[-1]["train_loss"], 4),
-            "bleu": round(report.bleu.score, 2),
-            "bleu_detail": str(report.bleu),
-            "exact_match": round(report.exact, 4),
-            "bleu_by_length": [{k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()}
-                               for r in report.by_length],
-            "decode_seconds": round(report.seconds, 2),
-            "examples": [{"src": report.sources[i], "ref": report.references[i], "hyp": report.hypotheses[i]}
-                         for i in (0, 1, 2)],
-            "signature": report.bleu.signature,
+            **report_fields(report),
         }
         print(f"  {name}: {results[name]['epochs']} epochs, train loss {results[name]['final_train_loss']}, "
               f"BLEU {results[name]['bleu']}")
@@ -125,11 +144,7 @@ def main() -> None:
         "benchmark": "multi30k_rnn_translation",
         "pair": f"{args.src}-{args.tgt}",
         "test_set": "test_2016_flickr",
-        "device": str(device),
-        "device_name": (torch.cuda.get_device_name() if device.type == "cuda"
-                        else platform.processor() or platform.machine()),
-        "cpu_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
+        **machine_fields(device),
         "budget_s_per_model": args.budget_s,
         "config": {k: v for k, v in vars(args).items() if k not in ("out", "data")},
         "vocab_sizes": [len(src_vocab), len(tgt_vocab)],
