@@ -806,8 +806,267 @@ def _check_rotate_pairs(rotate_pairs: Callable[[torch.Tensor, torch.Tensor], tor
 
 
 # ----------------------------------------------------------------------------- chapter 07
+def _layer_norm_case(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    g = torch.Generator().manual_seed(seed)
+    shape = [(3, 8), (2, 5, 6), (4, 3, 2, 10), (1, 16)][seed % 4]
+    x = torch.randn(*shape, generator=g, dtype=torch.double) * (1 + 3 * seed) + 2 * seed
+    x[..., 0, :] = 1.5 + 1e-3 * torch.randn(shape[-1], generator=g, dtype=torch.double)  # near-constant
+    gamma = torch.randn(shape[-1], generator=g, dtype=torch.double)
+    beta = torch.randn(shape[-1], generator=g, dtype=torch.double)
+    return x, gamma, beta, [1e-5, 1e-3, 0.1, 1e-2][seed % 4]
+
+
+def _layer_norm_mistakes(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor,
+                         eps: float) -> dict[str, torch.Tensor]:
+    """What typical wrong versions of layer normalisation return (for helpful messages)."""
+    mu = x.mean(-1, keepdim=True)
+    var = x.var(-1, unbiased=False, keepdim=True)
+    return {
+        "you divided by d - 1 (x.var() and x.std() are unbiased by default; layer norm uses "
+        "unbiased=False)": gamma * (x - mu) / torch.sqrt(x.var(-1, keepdim=True) + eps) + beta,
+        "epsilon must go inside the square root: sqrt(var + eps), not sqrt(var) + eps":
+            gamma * (x - mu) / (var.sqrt() + eps) + beta,
+        "the mean and variance are over the last axis (the features of one position), not over "
+        "the batch": gamma * (x - x.mean(0, keepdim=True)) / torch.sqrt(x.var(0, unbiased=False, keepdim=True)
+                                                                         + eps) + beta,
+        "mu is the mean of the features, not their sum":
+            gamma * (x - x.sum(-1, keepdim=True)) / torch.sqrt(((x - x.sum(-1, keepdim=True)) ** 2).mean(
+                -1, keepdim=True) + eps) + beta,
+        "gamma multiplies the normalised vector and beta is added after: gamma * x_hat + beta":
+            (x - mu) / torch.sqrt(var + eps) * beta + gamma,
+    }
+
+
+@checker("07.layer_norm", hint="mu = x.mean(-1, keepdim=True); var = ((x - mu) ** 2).mean(-1, keepdim=True); "
+         "return gamma * (x - mu) / torch.sqrt(var + eps) + beta")
+def _check_layer_norm(layer_norm: Callable[..., torch.Tensor]) -> None:
+    for seed in range(4):
+        x, gamma, beta, eps = _layer_norm_case(seed)
+        want = torch.nn.functional.layer_norm(x, (x.shape[-1],), gamma, beta, eps)
+        got = layer_norm(x.clone(), gamma.clone(), beta.clone(), eps)
+        if isinstance(got, torch.Tensor) and got.shape == want.shape and \
+                not torch.allclose(got.double(), want, atol=1e-6, rtol=1e-5):
+            for reason, wrong in _layer_norm_mistakes(x, gamma, beta, eps).items():
+                if wrong.shape == want.shape and torch.allclose(got.double(), wrong, atol=1e-6, rtol=1e-5):
+                    raise Wrong(reason)
+        expect_close(got, want, f"layer_norm(x of shape {tuple(x.shape)}, eps={eps})", atol=1e-6, rtol=1e-5)
+
+
+@checker("07.sublayer", hint="post-LN (norm_first=False): norm(x + sublayer(x)); pre-LN (norm_first=True): "
+         "x + sublayer(norm(x))")
+def _check_sublayer(sublayer_connection: Callable[..., torch.Tensor]) -> None:
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        d = 4 + 2 * seed
+        x = torch.randn(2, 3 + seed, d, generator=g) * 2 + 1
+        sublayer = torch.nn.Linear(d, d)
+        norm = torch.nn.LayerNorm(d)
+        with torch.no_grad():
+            for p in [*sublayer.parameters(), *norm.parameters()]:
+                p.copy_(torch.randn(p.shape, generator=g))
+        with torch.no_grad():
+            want = {False: norm(x + sublayer(x)), True: x + sublayer(norm(x))}
+            wrong = {False: {"that is pre-LN, x + sublayer(norm(x)); post-LN normalises the sum": want[True],
+                             "the residual connection is missing: add x before normalising":
+                                 norm(sublayer(x))},
+                     True: {"that is post-LN, norm(x + sublayer(x)); pre-LN normalises the sublayer's input":
+                                want[False],
+                            "the residual connection is missing: return x + sublayer(norm(x))":
+                                sublayer(norm(x)),
+                            "pre-LN leaves the residual sum alone: do not normalise x + sublayer(norm(x))":
+                                norm(x + sublayer(norm(x)))}}
+            for norm_first in (False, True):
+                got = sublayer_connection(x.clone(), sublayer, norm, norm_first)
+                if isinstance(got, torch.Tensor) and got.shape == x.shape:
+                    for reason, w in wrong[norm_first].items():
+                        distinct = not torch.allclose(w, want[norm_first], atol=1e-5)
+                        if distinct and torch.allclose(got, w, atol=1e-5):
+                            raise Wrong(f"norm_first={norm_first}: {reason}")
+                expect_close(got, want[norm_first], f"sublayer_connection(..., norm_first={norm_first})")
+
+
+def _as_attention_mask(mask: Any, B: int, T: int, S: int, what: str) -> torch.Tensor:
+    """``mask`` broadcast to ``(B, 1, T, S)`` the way :func:`tfmlib.attention.check_mask` reads it."""
+    if not isinstance(mask, torch.Tensor):
+        raise Wrong(f"{what} should be a torch.Tensor, got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise Wrong(f"{what} should be a bool tensor (True = may attend), got {mask.dtype}")
+    if mask.dim() == 3:
+        mask = mask[:, None]
+    if mask.dim() not in (2, 4):
+        raise Wrong(f"{what} should have 2, 3 or 4 dimensions, got shape {tuple(mask.shape)}")
+    try:
+        return torch.broadcast_to(mask, (B, 1, T, S))
+    except RuntimeError:
+        raise Wrong(f"{what} of shape {tuple(mask.shape)} does not broadcast to (batch, heads, queries, "
+                    f"keys) = {(B, 'h', T, S)}") from None
+
+
+@checker("07.decoder_masks", hint="self: causal (T, T) lower triangle & tgt_mask[:, None, None, :] (keys); "
+         "cross: src_mask[:, None, None, :], shape (B, 1, 1, S); True = may attend")
+def _check_decoder_masks(decoder_masks: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> None:
+    for seed in range(4):
+        g = torch.Generator().manual_seed(seed)
+        B, S, T = 2 + seed % 2, 3 + seed, 2 + 2 * seed
+        src_len = torch.randint(1, S + 1, (B,), generator=g)
+        tgt_len = torch.randint(1, T + 1, (B,), generator=g)
+        src_len[0], tgt_len[-1] = S, max(1, T - 1)
+        src_mask = torch.arange(S)[None, :] < src_len[:, None]
+        tgt_mask = torch.arange(T)[None, :] < tgt_len[:, None]
+        causal = torch.ones(T, T, dtype=torch.bool).tril()
+        want_self = (causal[None] & tgt_mask[:, None, :])[:, None]                  # (B, 1, T, T)
+        want_cross = src_mask[:, None, None, :].expand(B, 1, T, S)
+        got = decoder_masks(src_mask.clone(), tgt_mask.clone())
+        if not isinstance(got, tuple) or len(got) != 2:
+            raise Wrong("return a pair (self_mask, cross_mask)")
+        self_mask = _as_attention_mask(got[0], B, T, T, "self_mask")
+        cross_mask = _as_attention_mask(got[1], B, T, S, "cross_mask")
+        if torch.equal(self_mask, ~want_self) or torch.equal(cross_mask, ~want_cross):
+            raise Wrong("the masks are inverted: in this book True means 'may attend' (PyTorch's "
+                        "nn.MultiheadAttention reads True as 'may not')")
+        if not torch.equal(self_mask, want_self):
+            if torch.equal(self_mask, causal[None, None].expand(B, 1, T, T)):
+                raise Wrong("self_mask must also hide the target's padded keys (tgt_mask), not only the "
+                            "future")
+            if torch.equal(self_mask, tgt_mask[:, None, None, :].expand(B, 1, T, T)):
+                raise Wrong("self_mask must be causal: position t may attend to positions 0..t only")
+            if torch.equal(self_mask, (causal[None] & tgt_mask[:, :, None])[:, None]):
+                raise Wrong("padding masks the keys (the last axis): use tgt_mask[:, None, None, :]")
+            raise Wrong("self_mask is wrong: position t may attend to u when u <= t and u is a real token")
+        if not torch.equal(cross_mask, want_cross):
+            lower = [torch.ones(T, S, dtype=torch.bool).tril(k) for k in (0, S - T)]
+            if any(torch.equal(cross_mask, want_cross & tri) for tri in lower):
+                raise Wrong("cross-attention is not causal: every target position may read the whole source")
+            raise Wrong("cross_mask is wrong: every target position may attend to every real source token "
+                        "(src_mask on the keys), and to no padding")
+
+
 # (end of chapter 07's checkers)
 
 
 # ----------------------------------------------------------------------------- chapter 08
+
+
+def _smoothing_case(seed: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+    g = torch.Generator().manual_seed(100 + seed)
+    B, T = (int(v) for v in torch.randint(2, 6, (2,), generator=g))
+    V = int(torch.randint(4, 12, (1,), generator=g))
+    logits = torch.randn(B, T, V, generator=g) * 3
+    targets = torch.randint(1, V, (B, T), generator=g)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    lengths[0] = T
+    targets[torch.arange(T)[None, :] >= lengths[:, None]] = 0  # PAD_ID
+    eps = (0.1, 0.0, 0.3, 0.25, 0.5)[seed % 5]
+    return logits, targets, eps
+
+
+@checker("08.smoothed_loss", hint="log_p = log_softmax(logits, -1); per token: (1 - eps) * "
+         "(-log_p[target]) + eps * (-log_p.mean(-1)) (the uniform part spreads eps/V over ALL V tokens); "
+         "then average over the positions where targets != 0")
+def _check_smoothed_loss(smoothed_loss: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]) -> None:
+    F = torch.nn.functional
+    for seed in range(6):
+        logits, targets, eps = _smoothing_case(seed)
+        V = logits.shape[-1]
+        want = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=0, label_smoothing=eps)
+        got = smoothed_loss(logits.clone(), targets.clone(), eps)
+        if not isinstance(got, torch.Tensor):
+            raise Wrong(f"return a scalar tensor, got {type(got).__name__}")
+        if got.dim() != 0:
+            raise Wrong(f"return a scalar (0-d) tensor, averaged over the real tokens; got shape "
+                        f"{tuple(got.shape)}")
+        if eps > 0 and not torch.allclose(got.double(), want.double(), atol=1e-5, rtol=1e-4):
+            log_p = F.log_softmax(logits.double(), -1)
+            nll = -log_p.gather(-1, targets[..., None]).squeeze(-1)
+            real = targets != 0
+            others = (-log_p.sum(-1) - nll) / (V - 1)       # eps spread over the V - 1 wrong tokens
+            if torch.allclose(got.double(), ((1 - eps) * nll + eps * others)[real].mean(), atol=1e-5):
+                raise Wrong("you spread eps over the V - 1 wrong tokens; this book (like Szegedy et al. "
+                            "and PyTorch's label_smoothing) gives eps / V to every token, the right one "
+                            "included: q = (1 - eps) * one_hot + eps / V")
+            if (targets == 0).any():
+                everything = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), label_smoothing=eps)
+                if torch.allclose(got.double(), everything.double(), atol=1e-5):
+                    raise Wrong("your loss counts the padded positions too: average over the tokens "
+                                "where targets != 0 only")
+            plain = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=0)
+            if torch.allclose(got.double(), plain.double(), atol=1e-5):
+                raise Wrong(f"with eps={eps} you returned the plain cross-entropy: mix in the uniform part")
+        expect_close(got, want, f"smoothed_loss(logits {tuple(logits.shape)}, targets "
+                     f"{tuple(targets.shape)}, eps={eps})")
+
+
+@checker("08.transformer_lr", hint="d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5), with step "
+         "counted from 1")
+def _check_transformer_lr(transformer_lr: Callable[[int, int, int], float]) -> None:
+    import math
+
+    for d_model, warmup in [(512, 4000), (128, 200), (64, 1), (256, 1000)]:
+        for step in sorted({1, 2, max(1, warmup // 2), max(1, warmup - 1), warmup, warmup + 1, 3 * warmup,
+                            100 * warmup}):
+            want = d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+            got = transformer_lr(step, d_model, warmup)
+            if isinstance(got, torch.Tensor) and got.numel() == 1:
+                got = got.item()
+            if isinstance(got, (bool, str)) or not hasattr(got, "__float__"):
+                raise Wrong(f"return a float, got {type(got).__name__}")
+            got = float(got)
+            if not math.isclose(got, want, rel_tol=1e-6):
+                why = ""
+                rising, falling = step * warmup ** -1.5, step ** -0.5
+                if math.isclose(got, d_model ** -0.5 * max(rising, falling), rel_tol=1e-6):
+                    why = " (min, not max: the rate is the smaller of the rising and the falling branch)"
+                elif math.isclose(got, min(rising, falling), rel_tol=1e-6):
+                    why = " (the whole schedule is scaled by d_model ** -0.5)"
+                raise Wrong(f"for step={step}, d_model={d_model}, warmup={warmup} expected {want:.6g}, "
+                            f"got {got:.6g}{why}")
+
+
+def _beam_step_reference(beam_scores: torch.Tensor, log_probs: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    B, K, V = log_probs.shape
+    top_scores, top_index = (beam_scores[:, :, None] + log_probs).view(B, K * V).topk(K, dim=1)
+    return top_scores, top_index // V, top_index % V
+
+
+@checker("08.beam_step", hint="candidates = beam_scores[:, :, None] + log_probs is (B, K, V); flatten it to "
+         "(B, K * V), take .topk(K, dim=1) (best first); flat index j is beam j // V, token j % V")
+def _check_beam_step(beam_step: Callable[[torch.Tensor, torch.Tensor], tuple]) -> None:
+    for seed in range(6):
+        g = torch.Generator().manual_seed(200 + seed)
+        B, K = int(torch.randint(1, 4, (1,), generator=g)), (1, 2, 3, 4, 2, 3)[seed]
+        V = int(torch.randint(max(K, 3), 9, (1,), generator=g))
+        log_probs = torch.log_softmax(torch.randn(B, K, V, generator=g) * 2, dim=-1)
+        beam_scores = -torch.rand(B, K, generator=g) * 4
+        if seed == 4:  # the first step: one live prefix per sentence, the others at -inf
+            beam_scores[:, 1:] = float("-inf")
+        if seed == 5:  # one prefix far ahead: all K best extensions come from it
+            beam_scores[:, 0] = 5.0
+        want_scores, want_beams, want_tokens = _beam_step_reference(beam_scores, log_probs)
+        got = beam_step(beam_scores.clone(), log_probs.clone())
+        if not isinstance(got, tuple) or len(got) != 3:
+            raise Wrong("return a tuple (scores, beams, tokens), each (B, K)")
+        scores, beams, tokens = got
+        for name, x in (("scores", scores), ("beams", beams), ("tokens", tokens)):
+            if not isinstance(x, torch.Tensor) or x.shape != (B, K):
+                got_shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+                raise Wrong(f"{name} should be a (B, K) = {(B, K)} tensor, got {got_shape}")
+        ignored = (log_probs.view(B, K * V).topk(K, dim=1).indices % V)
+        if K > 1 and torch.equal(tokens, ignored) and not torch.equal(tokens, want_tokens):
+            raise Wrong("you ranked the extensions by the new token's log-probability alone: add the score "
+                        "of the prefix it extends (beam_scores[:, :, None] + log_probs)")
+        if K > 1 and seed == 5 and bool((beams != 0).any()):
+            raise Wrong("all K best extensions may come from the same prefix (here prefix 0 is far ahead): "
+                        "rank all K * V candidates together, not the best one of each prefix")
+        if not torch.equal(beams, want_beams) or not torch.equal(tokens, want_tokens):
+            if torch.equal(torch.sort(beams * V + tokens, dim=1).values,
+                           torch.sort(want_beams * V + want_tokens, dim=1).values):
+                raise Wrong("the right candidates in the wrong order: return them best first "
+                            "(topk sorts them)")
+            raise Wrong(f"for beam_scores {beam_scores.tolist()} the best extensions are beams "
+                        f"{want_beams.tolist()} with tokens {want_tokens.tolist()}; got beams "
+                        f"{beams.tolist()} and tokens {tokens.tolist()} (flat index j over K * V: beam "
+                        "j // V, token j % V)")
+        expect_close(scores, want_scores, "scores (B, K)")
+
 # (end of chapter 08's checkers)

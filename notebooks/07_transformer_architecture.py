@@ -1,0 +1,1763 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 07 · The Transformer, piece by piece
+#
+# Chapter 05 built multi-head attention and chapter 06 gave it positions. Between those two
+# pieces and the model of Vaswani et al. (2017, Figure 1) lie a handful of parts that look like
+# plumbing: a small feed-forward network after every attention sublayer, a residual connection
+# and a layer normalisation around every sublayer, a decoder whose self-attention cannot see
+# the future and which reads the encoder through a second attention, embeddings multiplied by
+# $\sqrt{d_\text{model}}$, and an output layer that shares the embedding matrix. None of them is
+# decoration. This chapter builds each one, measures what it is for, assembles the whole
+# encoder-decoder, and checks it number for number against PyTorch's `nn.Transformer`.
+#
+# **This chapter builds**
+#
+# 1. the position-wise feed-forward network, and why attention needs one: for fixed weights a
+#    stack of attention layers is a *linear* map of its input (checked), and on a task that
+#    needs computation on what attention gathers, attention alone fails where one feed-forward
+#    network succeeds (proved for one layer, measured);
+# 2. residual connections: without them a deep stack collapses every token onto the same vector
+#    within a few layers and the gradient vanishes; with them, neither (measured at
+#    initialisation, 24 layers);
+# 3. layer normalisation written out, equal to `nn.LayerNorm` forward and backward, and a
+#    common mis-statement of it corrected;
+# 4. the encoder layer, post-LN (the paper's) and pre-LN (most later models'); the decoder layer
+#    with causal self-attention and cross-attention; the stacks; the model with scaled
+#    embeddings and a tied output layer; causality and padding checked;
+# 5. the check against `nn.TransformerEncoderLayer`, `nn.TransformerDecoderLayer` and
+#    `nn.Transformer` with copied weights: outputs and every gradient, post-LN and pre-LN, with
+#    padding and causal masks;
+# 6. one batch of real sentences followed through the model shape by shape, the parameters per
+#    component, and the paper's base model counted by building it;
+# 7. post-LN against pre-LN: gradient norms per layer at initialisation, and training with and
+#    without learning-rate warm-up;
+# 8. a sanity run: the assembled model learns to copy sequences in seconds, and its
+#    cross-attention shows how.
+#
+# **It assumes** chapter 05 (`MultiHeadAttention`, masks with `True` = may attend), chapter 06
+# (sinusoidal positions) and chapter 02 (the `EncoderDecoder` interface, the training recipe,
+# greedy decoding). The code it finishes is `tfmlib.transformer`; chapter 08 trains it to
+# translate.
+
+# %%
+from __future__ import annotations  # lets the classes below name themselves in type hints
+
+import itertools
+import math
+import os
+import time
+import warnings
+from typing import NamedTuple
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from tfmlib import exercises
+from tfmlib.attention import (
+    MultiHeadAttention,
+    causal_mask,
+    copy_from_torch_mha,
+    merge_heads,
+    padding_mask,
+    split_heads,
+)
+from tfmlib.config import setup
+from tfmlib.corpora import load_corpus
+from tfmlib.data import PAD_ID, TranslationDataset, Vocab, build_vocabs, make_batch, tokenize
+from tfmlib.decoding import greedy_decode
+from tfmlib.plot import plot_curves, plot_heatmap
+from tfmlib.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from tfmlib.seq2seq import (
+    EncoderDecoder,
+    EncoderOutput,
+    StepOutput,
+    check_ids,
+    check_source,
+    count_parameters,
+    train_translator,
+)
+from tfmlib.train import fit
+from tfmlib.transformer import (  # argument checks and small copy helpers, not shown
+    ACTIVATIONS,
+    _check_dropout,
+    _check_layer_kind,
+    _copy_linear,
+    _copy_norm,
+    _positive_int,
+)
+
+run = setup(
+    seed=0,
+    smoke=dict(parity_steps=30, depth=6, init_seeds=1,
+               stability=dict(layers=2, d_model=32, steps=10, warmup=4, lr=3e-3, batch=16, pairs=400, max_len=16),
+               copy=dict(pairs=300, epochs=1, d_model=32, layers=1, batch=32, lr=3e-3, warmup=5)),
+    cpu=dict(parity_steps=500, depth=24, init_seeds=3,
+             stability=dict(layers=12, d_model=64, steps=150, warmup=50, lr=3e-3, batch=32, pairs=20_000,
+                            max_len=16),
+             copy=dict(pairs=4_000, epochs=4, d_model=64, layers=2, batch=64, lr=3e-3, warmup=30)),
+    gpu=dict(parity_steps=500, depth=24, init_seeds=5,
+             stability=dict(layers=12, d_model=64, steps=150, warmup=50, lr=3e-3, batch=32, pairs=20_000,
+                            max_len=16),
+             copy=dict(pairs=8_000, epochs=8, d_model=64, layers=2, batch=64, lr=3e-3, warmup=30)),
+)
+
+# %% [markdown]
+# ## 1. The position-wise feed-forward network
+#
+# Every layer of the Transformer, after its attention, passes each position's vector through
+# the same small two-layer network (Vaswani et al. 2017, §3.3):
+#
+# $$\mathrm{FFN}(x) = \max(0,\ x W_1 + b_1)\, W_2 + b_2, \qquad
+#   W_1 \in \mathbb{R}^{d_\text{model} \times d_\text{ff}},\ W_2 \in \mathbb{R}^{d_\text{ff} \times d_\text{model}},$$
+#
+# with $d_\text{ff} = 2048 = 4 d_\text{model}$ in the paper. *Position-wise* means that the
+# network sees one position at a time: the same weights at every position (different weights
+# in every layer), and no exchange between positions, which is attention's job. The paper
+# describes it as two convolutions with kernel size 1. Later models often use the GELU instead
+# of the ReLU; the package accepts both.
+
+# %%
+# tfmlib-source: tfmlib.transformer.FeedForward
+class FeedForward(nn.Module):
+    """The position-wise feed-forward network ``linear2(dropout(act(linear1(x))))``.
+
+    ``forward(x (..., d_model)) -> (..., d_model)``; every position is transformed by the same
+    two-layer MLP, independently of the others. ``d_ff`` is the hidden width (the paper: 4 d_model).
+    """
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, activation: str = "relu"):
+        super().__init__()
+        _positive_int("FeedForward", d_model=d_model, d_ff=d_ff)
+        _check_dropout("FeedForward", dropout)
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"FeedForward: activation must be one of {sorted(ACTIVATIONS)}, "
+                             f"got {activation!r}")
+        self.linear1 = nn.Linear(d_model, d_ff)
+        self.linear2 = nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.activation = ACTIVATIONS[activation]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear2(self.dropout(self.activation(self.linear1(x))))
+
+
+# %% [markdown]
+# Position-wise, checked: the output at position 3 of a sequence is what the network gives for
+# position 3 alone, and shuffling the positions shuffles the outputs in the same way.
+
+# %%
+torch.manual_seed(0)
+ff = FeedForward(16, 64)
+x = torch.randn(2, 7, 16)
+with torch.no_grad():
+    out = ff(x)
+    perm = torch.randperm(7)
+    alone = (out[:, 3] - ff(x[:, 3:4])[:, 0]).abs().max().item()
+    shuffled = (ff(x[:, perm]) - out[:, perm]).abs().max().item()
+print(f"position 3 in the sequence vs alone: max difference {alone:.1e}; shuffled input vs shuffled "
+      f"output: {shuffled:.1e}")
+assert alone < 1e-6 and shuffled < 1e-6, "the feed-forward network must act on each position alone"
+
+# %% [markdown]
+# ### Why attention needs it
+#
+# Write one self-attention sublayer with its residual connection (section 2) for head $h$'s
+# weights $\alpha^{(h)}_{ti}$, value matrix $W_V^{(h)}$ and its block $W_O^{(h)}$ of the output
+# projection:
+#
+# $$y_t = x_t + \sum_{h} \Big(\sum_{i=1}^{T} \alpha^{(h)}_{ti}\ x_i W_V^{(h)}\Big) W_O^{(h)}.$$
+#
+# The sum runs over the positions $i$ of the *values*: each output is a weighted average of
+# linearly projected inputs. If the weights $\alpha$ were held fixed, $y$ would be a linear
+# function of $x$, and so would a stack of any number of such layers: sums and products of
+# linear maps. All the non-linearity of an attention stack lives in the weights, in the softmax
+# that decides *where to look*; what is read there is only averaged and projected. We check this
+# on a stack of six attention layers (no feed-forward network, no LayerNorm): we run it,
+# record every layer's weights, and *replay* it with the weights frozen.
+
+# %%
+torch.manual_seed(0)
+d, heads, T = 32, 4, 7
+stack = [MultiHeadAttention(d, heads, bias=False).double() for _ in range(6)]
+
+
+def attention_stack(x: Tensor) -> tuple[Tensor, list[Tensor]]:
+    """Six residual self-attention layers, nothing else; also returns each layer's weights (B, h, T, T)."""
+    weights = []
+    for mha in stack:
+        a, w = mha(x, need_weights=True)
+        x = x + a
+        weights.append(w)
+    return x, weights
+
+
+def replay(y: Tensor, weights: list[Tensor]) -> Tensor:
+    """The same stack with its attention weights frozen: each layer re-averages its values."""
+    for mha, w in zip(stack, weights, strict=True):
+        values = split_heads(mha.v_proj(y), heads)                 # (B, h, T, d_k)
+        y = y + mha.out_proj(merge_heads(w @ values))              # sum_i alpha_ti v_i, then W_O
+    return y
+
+
+x = torch.randn(2, T, d, dtype=torch.double)
+y1, y2 = torch.randn_like(x), torch.randn_like(x)
+with torch.no_grad():
+    out, weights = attention_stack(x)
+    same = (replay(x, weights) - out).abs().max().item()
+    frozen_gap = (replay(2 * y1 - 3 * y2, weights) - 2 * replay(y1, weights) + 3 * replay(y2, weights)).abs().max()
+    live_gap = (attention_stack(2 * y1 - 3 * y2)[0] - 2 * attention_stack(y1)[0] + 3 * attention_stack(y2)[0]).abs().max()
+    # For one sentence, the frozen stack is a single (T*d) x (T*d) matrix: its Jacobian.
+    M = torch.autograd.functional.jacobian(lambda s: replay(s[None], [w[:1] for w in weights])[0], x[0])
+    M = M.reshape(T * d, T * d)
+    one_matrix = (M @ x[0].flatten() - out[0].flatten()).abs().max().item()
+print(f"replaying the recorded weights reproduces the stack: max difference {same:.1e}")
+print(f"frozen weights, f(2 y1 - 3 y2) - 2 f(y1) + 3 f(y2): {frozen_gap.item():.1e}   (linear)")
+print(f"live weights,   f(2 y1 - 3 y2) - 2 f(y1) + 3 f(y2): {live_gap.item():.1e}   (not linear)")
+print(f"the six layers, for this sentence's weights, are one {T * d} x {T * d} matrix: |M x - stack(x)| = "
+      f"{one_matrix:.1e}")
+assert same < 1e-12 and frozen_gap < 1e-12 and one_matrix < 1e-12, "frozen attention must be linear"
+assert live_gap > 1e-2, "with the softmax live, the stack is not linear"
+
+# %% [markdown]
+# So a deep attention stack is not a linear model, but its only non-linearity is in the choice
+# of weights. Is that enough to *compute*? A task that needs both gathering and computing: the
+# input is five bits, after an extra first token `<cls>` whose output we classify, and the
+# answer is the **parity** of the number of ones (1 when it is odd). Gathering is easy for
+# attention (uniform weights give the fraction of ones at `<cls>`); the answer is then a
+# non-monotone function of that count. We compare three one-layer models: the feed-forward
+# sublayer alone, the attention sublayer alone, and both, which is exactly an encoder layer.
+# No positional encoding: the answer does not depend on the order of the bits. One class with
+# switches gives all of them (and section 2's stacks): each sublayer in its residual connection
+# and LayerNorm, as in the paper.
+
+# %%
+class AblatedLayer(nn.Module):
+    """An encoder layer whose parts can be switched off: the attention sublayer, the feed-forward
+    sublayer, the residual connections, the LayerNorms. With everything on it is the post-LN
+    ``EncoderLayer`` of section 4 (same parameter names, so their weights load into each other)."""
+
+    def __init__(self, d_model: int, heads: int, d_ff: int, *, attention: bool = True, ffn: bool = True,
+                 residual: bool = True, norm: bool = True):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, heads) if attention else None
+        self.ff = FeedForward(d_model, d_ff) if ffn else None
+        self.norm1 = nn.LayerNorm(d_model) if norm and attention else nn.Identity()
+        self.norm2 = nn.LayerNorm(d_model) if norm and ffn else nn.Identity()
+        self.residual = residual
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.self_attn is not None:
+            a, _ = self.self_attn(x)
+            x = self.norm1(x + a if self.residual else a)
+        if self.ff is not None:
+            f = self.ff(x)
+            x = self.norm2(x + f if self.residual else f)
+        return x
+
+
+class ParityClassifier(nn.Module):
+    """Embed ``<cls>`` + bits, one :class:`AblatedLayer`, read the class off ``<cls>``'s vector."""
+
+    def __init__(self, d_model: int = 32, heads: int = 2, **parts: bool):
+        super().__init__()
+        self.embed = nn.Embedding(3, d_model)                   # ids: 0 and 1 are bits, 2 is <cls>
+        self.layer = AblatedLayer(d_model, heads, 4 * d_model, **parts)
+        self.readout = nn.Linear(d_model, 2)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return self.readout(self.layer(self.embed(tokens))[:, 0])
+
+
+n_bits = 5
+bits = torch.tensor(list(itertools.product([0, 1], repeat=n_bits)))        # all 32 inputs
+tokens = torch.cat([torch.full((len(bits), 1), 2), bits], dim=1)           # <cls> first
+parity = bits.sum(1) % 2
+
+parity_models = {"feed-forward only": dict(attention=False), "attention only": dict(ffn=False),
+                 "attention + feed-forward": {}}
+parity_seeds = range(run.seed, run.seed + 3)
+parity_results = {name: [] for name in parity_models}          # per model, one (losses, accuracy) per seed
+for (name, parts), seed in tqdm(list(itertools.product(parity_models.items(), parity_seeds)), desc="parity"):
+    torch.manual_seed(seed)
+    model = ParityClassifier(**parts)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(run.parity_steps):                                       # full batch: all 32 inputs
+        loss = F.cross_entropy(model(tokens), parity)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    with torch.no_grad():
+        accuracy = (model(tokens).argmax(-1) == parity).float().mean().item()
+    parity_results[name].append((losses, accuracy))
+
+print(f"{'accuracy on all 32 inputs':26s} " + " ".join(f"{'seed ' + str(s):>8s}" for s in parity_seeds))
+for name, runs in parity_results.items():
+    print(f"{name:26s} " + " ".join(f"{acc:8.1%}" for _, acc in runs))
+fig, ax = plt.subplots(figsize=(7, 3.6))
+for color, (name, runs) in zip(("C0", "C1", "C2"), parity_results.items(), strict=True):
+    for k, (losses, _) in enumerate(runs):
+        ax.plot(losses, color=color, alpha=0.8, lw=1, label=name if k == 0 else None)
+ax.set(yscale="log", title=f"Parity of {n_bits} bits, one layer, {len(parity_seeds)} seeds each",
+       xlabel="optimisation step (full batch)", ylabel="cross-entropy (nats)")
+ax.grid(alpha=0.3)
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# The feed-forward network alone sees only `<cls>`: its answer cannot depend on the bits, and
+# it scores exactly half. With attention and the feed-forward network together the layer
+# solves the task, after a plateau typical of parity whose length depends on the seed (the
+# curves; for a few seeds it lasts longer than this budget, as the table may show). Attention
+# alone does not solve it, and for one layer this is not a matter of training but a theorem.
+# The query is always `<cls>`, so a head's score for a key depends only on whether that key is
+# a 0 or a 1: two values, $s_0$ and $s_1$, plus $s_c$ for `<cls>` itself.
+# With $n$ ones among $T$ bits, the head's output at `<cls>` is
+#
+# $$o_h(n) = \frac{e^{s_c} v_c + (T - n)\, e^{s_0} v_0 + n\, e^{s_1} v_1}{e^{s_c} + (T - n)\, e^{s_0} + n\, e^{s_1}},$$
+#
+# a ratio of two polynomials of degree one in $n$. The sum over $h$ heads (and the residual
+# `<cls>` vector) is a vector of polynomials of degree at most $h$ divided by a positive
+# polynomial of degree $h$. LayerNorm divides by a norm, so the read-out's margin has the form
+# $f(n) = P(n)/\sqrt{R(n)} + c$ with $\deg P \le h$ and $\deg R \le 2h$; it changes sign only where
+# $P(n)^2 = c^2 R(n)$, a polynomial equation of degree at most $2h$. So the decision flips at most
+# $2h = 4$ times as $n$ goes from 0 to 5, and parity flips 5 times: at least one count is
+# misclassified whatever the weights. The rarest counts ($n = 0$ and $n = 5$) are one input each,
+# so the best an attention-only layer can do is $31/32 = 96.9\%$; training found less. (A
+# deeper attention-only stack escapes the argument, because its later queries depend on the
+# count; exercise 1 asks what training makes of that.)
+
+# %%
+bound = 1 - 1 / len(bits)
+accuracies = {name: [acc for _, acc in runs] for name, runs in parity_results.items()}
+print(f"ceiling for one attention-only layer with 2 heads: {bound:.1%}; best measured "
+      f"{max(accuracies['attention only']):.1%}")
+assert all(acc == 0.5 for acc in accuracies["feed-forward only"]), "without attention, <cls> sees no bit"
+assert all(acc <= bound for acc in accuracies["attention only"]), "one attention layer cannot beat the ceiling"
+if run.profile != "smoke":
+    assert sum(acc == 1.0 for acc in accuracies["attention + feed-forward"]) >= 2, \
+        "one full layer should solve parity for most seeds"
+
+# %% [markdown]
+# This is the division of labour in a Transformer layer: attention moves information between
+# positions, with weights that depend on content; the feed-forward network transforms what
+# arrived, at each position, non-linearly. Neither can do the other's job.
+#
+# ## 2. Residual connections
+#
+# Every sublayer $F$ (attention or feed-forward) sits in a residual connection (He et al.
+# 2016): the layer outputs $x + F(x)$, so $F$ only learns a correction to its input. The
+# Jacobian of one layer is then $I + \partial F/\partial x$, and the gradient that reaches layer
+# $l$ of a stack of $L$,
+#
+# $$\frac{\partial \mathcal{L}}{\partial x_l} = \frac{\partial \mathcal{L}}{\partial x_L}
+#   \prod_{k=l}^{L-1}\Big(I + \frac{\partial F_k}{\partial x_k}\Big),$$
+#
+# contains the term $\partial\mathcal{L}/\partial x_L$ itself, unchanged by depth. Without the
+# residual the product is $\prod_k \partial F_k / \partial x_k$, which shrinks or grows
+# geometrically with depth, as chapter 01 measured for the RNN through time.
+#
+# Attention has a second reason to need them. Dong, Cordonnier and Loukas (2021, §2) show that
+# a stack of pure attention layers drives every token towards the *same* vector, and fast: the
+# distance to a matrix with identical rows shrinks *doubly* exponentially with depth, since each
+# layer averages what the previous layer had already averaged. Their measure is
+# $\lVert X - \mathbf{1}\bar{x}^\top \rVert / \lVert X \rVert$ with $\bar{x}$ the mean token; we
+# call it the *token spread*. We follow both quantities through stacks of 24 layers at
+# initialisation, for a random batch, in five variants built from `AblatedLayer`.
+
+# %%
+variants = {
+    "attention only":                 dict(ffn=False, residual=False, norm=False),
+    "attention + FFN":                dict(residual=False, norm=False),
+    "attention + FFN + LayerNorm":    dict(residual=False),
+    "residual: attention + FFN":      dict(norm=False),
+    "residual + LayerNorm (post-LN)": {},
+}
+
+
+def token_spread(x: Tensor) -> Tensor:
+    """||X - mean token|| / ||X|| per sentence, averaged: 0 when all tokens are the same vector."""
+    return ((x - x.mean(1, keepdim=True)).norm(dim=(1, 2)) / x.norm(dim=(1, 2))).mean()
+
+
+def spread_and_gradients(parts: dict, depth: int, seed: int) -> tuple[list[float], list[float]]:
+    """Token spread after each layer and the gradient norm ||dL/dx_l|| reaching each layer's input."""
+    torch.manual_seed(seed)
+    layers = [AblatedLayer(64, 4, 256, **parts).double() for _ in range(depth)]
+    x = torch.randn(8, 16, 64, dtype=torch.double, requires_grad=True)
+    target = torch.randn(8, 16, 64, dtype=torch.double)
+    inputs, spreads = [], [token_spread(x).item()]
+    for layer in layers:
+        inputs.append(x)
+        x = layer(x)
+        spreads.append(token_spread(x).item())
+    loss = F.mse_loss(x, target)
+    grads = torch.autograd.grad(loss, inputs)
+    return spreads, [g.norm().item() for g in grads]
+
+
+flow = {name: spread_and_gradients(parts, run.depth, run.seed) for name, parts in tqdm(variants.items(), total=5)}
+fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
+for name, (spreads, grads) in flow.items():
+    axes[0].plot(range(run.depth + 1), spreads, "o-", ms=3, label=name)
+    axes[1].plot(range(run.depth), grads, "o-", ms=3, label=name)
+axes[0].set(yscale="log", title="Tokens collapse onto one vector without residuals", xlabel="layer",
+            ylabel="token spread ||X - mean|| / ||X||")
+axes[1].set(yscale="log", title="Gradient reaching each layer, at initialisation", xlabel="layer (input of)",
+            ylabel="||dL / dx_l||")
+for ax in axes:
+    ax.grid(alpha=0.3)
+axes[1].legend(fontsize=8)
+fig.tight_layout()
+plt.show()
+print(f"{'variant':32s} {'spread after 1, 2, 3 layers':>30s} {'spread at top':>14s} {'grad layer 0 / top':>19s}")
+for name, (spreads, grads) in flow.items():
+    print(f"{name:32s} {spreads[1]:9.1e} {spreads[2]:9.1e} {spreads[3]:9.1e} {spreads[-1]:14.1e} "
+          f"{grads[0] / grads[-1]:19.1e}")
+
+# %% [markdown]
+# The left panel is Dong et al.'s result, measured: pure attention takes the token spread from
+# about 1 to a few tenths after one layer, to about $10^{-5}$ after two and to the round-off of
+# float64, about $10^{-16}$, after three (the table): the exponent itself grows geometrically,
+# hence "doubly exponential". Every token is then the same vector, whatever the sentence was.
+# A feed-forward network after each attention does not stop this (in their analysis an MLP can
+# only slow the collapse through its Lipschitz constant, §3.2), and neither does LayerNorm,
+# which acts on each token separately and cannot make identical tokens differ again (§3.3). The
+# residual connection does (§3.1): the spread stays of order one through all 24 layers. The
+# right panel shows the same from the backward side: without residuals and LayerNorm, the
+# gradient that reaches the first layer is smaller than at the top by many orders of magnitude;
+# with LayerNorm but no residual it keeps a reasonable norm, but by then it is the gradient of
+# a function whose input tokens have been merged into one. With residual connections the
+# gradient reaching the first layer is within an order of magnitude of the top's.
+
+# %%
+spreads = {name: s for name, (s, _) in flow.items()}
+ratio = {name: g[0] / g[-1] for name, (_, g) in flow.items()}
+if run.profile != "smoke":
+    for name in ("attention only", "attention + FFN", "attention + FFN + LayerNorm"):
+        assert spreads[name][-1] < 1e-6, f"{name}: without residuals the tokens should collapse"
+    for name in ("residual: attention + FFN", "residual + LayerNorm (post-LN)"):
+        assert spreads[name][-1] > 0.1, f"{name}: residual connections should keep the tokens apart"
+        assert 0.05 < ratio[name] < 50, f"{name}: the gradient should reach the first layer at a similar norm"
+    for name in ("attention only", "attention + FFN"):
+        assert ratio[name] < 1e-6, f"{name}: without residuals or LayerNorm the gradient should vanish"
+    assert spreads["attention only"][3] < 1e-10, "pure attention should collapse within three layers"
+
+# %% [markdown]
+# ## 3. Layer normalisation
+#
+# Ba, Kiros and Hinton (2016, §3) normalise each vector by the statistics of its own features:
+# for $x \in \mathbb{R}^d$ (one position, one layer),
+#
+# $$\mu = \frac{1}{d}\sum_{i=1}^{d} x_i, \qquad \sigma^2 = \frac{1}{d}\sum_{i=1}^{d}(x_i - \mu)^2,
+#   \qquad \mathrm{LN}(x) = \gamma \odot \frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}} + \beta,$$
+#
+# with a learned gain $\gamma$ and bias $\beta$ (initialised to 1 and 0). Both statistics are
+# **means** over the $d$ features, the variance is the biased one (divided by $d$, not $d - 1$),
+# and $\epsilon$ (PyTorch: $10^{-5}$) sits **inside** the square root, where it bounds the gain
+# $1/\sqrt{\sigma^2 + \epsilon}$ by $1/\sqrt{\epsilon}$ when a vector is nearly constant. A
+# write-up that circulates in course notes gives $\mu = \sum_j x_j$ (a sum) and
+# $(x - \mu)/(\sqrt{\sigma} + \epsilon)$ (the root of the standard deviation, $\epsilon$ outside):
+# neither is what Ba et al. or any library computes. Unlike batch normalisation, nothing is
+# averaged over the batch or over positions, so a token's output does not depend on its
+# neighbours or on the padding in its batch, and training and inference compute the same thing.
+
+# %%
+# tfmlib-source: tfmlib.transformer.LayerNormScratch
+class LayerNormScratch(nn.Module):
+    """Layer normalisation (Ba et al. 2016) over the last axis, written out::
+
+        mu = mean_i x_i,  var = mean_i (x_i - mu)^2,  y = gamma * (x - mu) / sqrt(var + eps) + beta
+
+    The mean and the (biased) variance are *means* over the ``d`` features, and ``eps`` sits
+    inside the square root: what ``nn.LayerNorm`` computes. ``forward(x (..., d)) -> (..., d)``.
+    """
+
+    def __init__(self, d: int, eps: float = 1e-5):
+        super().__init__()
+        _positive_int("LayerNormScratch", d=d)
+        self.d, self.eps = d, eps
+        self.gamma = nn.Parameter(torch.ones(d))
+        self.beta = nn.Parameter(torch.zeros(d))
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.shape[-1] != self.d:
+            raise ValueError(f"LayerNormScratch: expected {self.d} features on the last axis, got shape "
+                             f"{tuple(x.shape)}")
+        mu = x.mean(dim=-1, keepdim=True)
+        var = ((x - mu) ** 2).mean(dim=-1, keepdim=True)
+        return self.gamma * (x - mu) / torch.sqrt(var + self.eps) + self.beta
+
+
+# %% [markdown]
+# Checked against `nn.LayerNorm` in float64, with random $\gamma$ and $\beta$, on the outputs
+# and on the gradients with respect to the input, $\gamma$ and $\beta$:
+
+# %%
+torch.manual_seed(0)
+d = 24
+ref, mine = nn.LayerNorm(d).double(), LayerNormScratch(d).double()
+with torch.no_grad():
+    ref.weight.normal_()
+    ref.bias.normal_()
+    mine.gamma.copy_(ref.weight)
+    mine.beta.copy_(ref.bias)
+x = (torch.randn(4, 9, d, dtype=torch.double) * 3 + 2).requires_grad_()
+upstream = torch.randn(4, 9, d, dtype=torch.double)
+want, got = ref(x), mine(x)
+g_want = torch.autograd.grad(want, [x, ref.weight, ref.bias], upstream)
+g_got = torch.autograd.grad(got, [x, mine.gamma, mine.beta], upstream)
+errors = [(got - want).abs().max().item()] + [(a - b).abs().max().item() for a, b in zip(g_got, g_want, strict=True)]
+print("max |LayerNormScratch - nn.LayerNorm|: output {:.1e}, d/dx {:.1e}, d/dgamma {:.1e}, d/dbeta {:.1e}".format(*errors))
+assert max(errors) < 1e-12, "LayerNormScratch must equal nn.LayerNorm, forward and backward"
+
+# %% [markdown]
+# How far off are the mis-statements? Four wrong variants, each with one change from the
+# formula: the sum instead of the mean; $\epsilon$ outside the root, $(x - \mu)/(\sigma + \epsilon)$;
+# the write-up's $(x - \mu)/(\sqrt{\sigma} + \epsilon)$; and the unbiased variance (`x.var(-1)`
+# and `x.std(-1)` divide by $d - 1$ by default, a classic slip). We measure each against
+# `nn.LayerNorm` (here with $\gamma = 1$, $\beta = 0$) on a typical vector, and look at what each
+# makes of a nearly constant vector, whose features differ only by noise of size $10^{-4}$.
+
+# %%
+def layer_norm_variant(x: Tensor, kind: str, eps: float = 1e-5) -> Tensor:
+    """Layer normalisation without gain and bias, correct or with one typical mistake."""
+    d = x.shape[-1]
+    mu = x.sum(-1, keepdim=True) if kind == "sum, not mean" else x.mean(-1, keepdim=True)
+    var = ((x - mu) ** 2).sum(-1, keepdim=True) / (d - 1 if kind == "unbiased variance" else d)
+    if kind == "eps outside: sigma + eps":
+        return (x - mu) / (var.sqrt() + eps)
+    if kind == "sqrt(sigma) + eps":
+        return (x - mu) / (var.sqrt().sqrt() + eps)
+    return (x - mu) / torch.sqrt(var + eps)
+
+
+torch.manual_seed(0)
+typical = torch.randn(1, 64, dtype=torch.double) * 2 + 1
+nearly_constant = 3 + 1e-4 * torch.randn(1, 64, dtype=torch.double)
+ln = nn.LayerNorm(64, elementwise_affine=False).double()
+variant_rows = {}
+print(f"{'variant':26s} {'max |variant - nn.LayerNorm|':>29s} {'largest |output| when nearly constant':>38s}")
+for kind in ("correct", "sum, not mean", "eps outside: sigma + eps", "sqrt(sigma) + eps", "unbiased variance"):
+    error = (layer_norm_variant(typical, kind) - ln(typical)).abs().max().item()
+    largest = layer_norm_variant(nearly_constant, kind).abs().max().item()
+    variant_rows[kind] = (error, largest)
+    print(f"{kind:26s} {error:29.2e} {largest:38.3f}")
+assert variant_rows["correct"][0] < 1e-12, "the formula is nn.LayerNorm"
+assert all(variant_rows[k][0] > 1e-3 for k in ("sum, not mean", "sqrt(sigma) + eps", "unbiased variance"))
+assert variant_rows["eps outside: sigma + eps"][1] > 10 * variant_rows["correct"][1], \
+    "epsilon outside the root should amplify the noise of a nearly constant vector"
+
+# %% [markdown]
+# Three of the mistakes show on an ordinary vector: the sum moves the centre $(d - 1)\mu$ away
+# from the mean, and the variance with it; $\sqrt{\sigma}$ gets the scale wrong everywhere; and
+# the unbiased variance is off by the factor $\sqrt{(d-1)/d}$, small but enough to fail a
+# comparison with `nn.LayerNorm`. (The Annotated Transformer's `LayerNorm` divides by
+# `x.std(-1) + eps`: the unbiased deviation, with $\epsilon$ outside the root.) Where
+# $\epsilon$ sits hardly matters for an ordinary vector, whose $\sigma$ dwarfs it; it matters
+# for the nearly constant one. Inside the root it caps the gain at $1/\sqrt{\epsilon} \approx
+# 316$, so noise of size $10^{-4}$ stays small; outside, the cap is $1/\epsilon = 10^5$, and
+# the same noise is normalised to the scale of a real signal (the last column).
+
+# %% [markdown]
+# ## 4. The encoder layer: post-LN and pre-LN
+#
+# An encoder layer is two sublayers, self-attention then the feed-forward network, each in a
+# residual connection with a LayerNorm. The paper puts the LayerNorm *after* the residual sum
+# (§3.1: "the output of each sub-layer is $\mathrm{LayerNorm}(x + \mathrm{Sublayer}(x))$"), with
+# dropout on the sublayer's output before the sum (§5.4). This is **post-LN**:
+#
+# $$x \leftarrow \mathrm{LN}_1\big(x + \mathrm{Dropout}(\mathrm{SelfAttn}(x))\big), \qquad
+#   x \leftarrow \mathrm{LN}_2\big(x + \mathrm{Dropout}(\mathrm{FFN}(x))\big).$$
+#
+# Most later models (GPT-2 and its descendants, most large translation systems) normalise the
+# *input* of each sublayer instead and leave the residual sum alone (Wang et al. 2019, §2.1;
+# Xiong et al. 2020, Figure 1). This is **pre-LN**:
+#
+# $$x \leftarrow x + \mathrm{Dropout}\big(\mathrm{SelfAttn}(\mathrm{LN}_1(x))\big), \qquad
+#   x \leftarrow x + \mathrm{Dropout}\big(\mathrm{FFN}(\mathrm{LN}_2(x))\big).$$
+#
+# In pre-LN the path from the input of the stack to its output is a plain sum, $x_L = x_0 +
+# \sum_l F_l(\cdot)$, which nothing normalises, so a pre-LN stack ends with one more LayerNorm.
+# In post-LN every path to the output passes through every LayerNorm. Section 9 measures what
+# this changes for training. `EncoderLayer` does both, chosen by `norm_first` (PyTorch's name).
+
+# %%
+# tfmlib-source: tfmlib.transformer.EncoderLayer
+class EncoderLayer(nn.Module):
+    """Self-attention, then the feed-forward network, each in a residual connection with LayerNorm.
+
+    ``norm_first=False`` (post-LN, the paper's)::
+
+        x = norm1(x + dropout(SelfAttn(x)));   x = norm2(x + dropout(FFN(x)))
+
+    ``norm_first=True`` (pre-LN)::
+
+        x = x + dropout(SelfAttn(norm1(x)));   x = x + dropout(FFN(norm2(x)))
+
+    ``forward(x (B, S, d), mask=None, need_weights=False) -> (x (B, S, d), weights (B, h, S, S) or
+    None)``; ``mask`` as in :class:`~tfmlib.attention.MultiHeadAttention` (e.g. ``padding_mask``).
+    """
+
+    def __init__(self, d_model: int, heads: int, d_ff: int, dropout: float = 0.1, *, norm_first: bool = False,
+                 activation: str = "relu", eps: float = 1e-5):
+        super().__init__()
+        _check_dropout("EncoderLayer", dropout)
+        self.self_attn = MultiHeadAttention(d_model, heads, dropout=dropout)
+        self.ff = FeedForward(d_model, d_ff, dropout, activation)
+        self.norm1, self.norm2 = nn.LayerNorm(d_model, eps=eps), nn.LayerNorm(d_model, eps=eps)
+        self.dropout1, self.dropout2 = nn.Dropout(dropout), nn.Dropout(dropout)
+        self.norm_first = norm_first
+
+    def forward(self, x: Tensor, mask: Tensor | None = None,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        if self.norm_first:
+            a, weights = self.self_attn(self.norm1(x), mask=mask, need_weights=need_weights)
+            x = x + self.dropout1(a)
+            x = x + self.dropout2(self.ff(self.norm2(x)))
+        else:
+            a, weights = self.self_attn(x, mask=mask, need_weights=need_weights)
+            x = self.norm1(x + self.dropout1(a))
+            x = self.norm2(x + self.dropout2(self.ff(x)))
+        return x, weights
+
+
+# %% [markdown]
+# Two checks. The post-LN layer is the `AblatedLayer` of sections 1 and 2 with every part
+# switched on (same parameter names, so one's weights load into the other). And padding is
+# invisible: with `padding_mask`, changing what sits at padded positions changes nothing at
+# the real ones, and no attention weight lands on a padded key.
+
+# %%
+torch.manual_seed(0)
+layer = EncoderLayer(32, 4, 128, dropout=0.0)
+ablated = AblatedLayer(32, 4, 128)
+ablated.load_state_dict(layer.state_dict())
+keep = torch.arange(6)[None, :] < torch.tensor([6, 4, 2])[:, None]          # (B, S): True at real tokens
+x = torch.randn(3, 6, 32)
+noisy = torch.where(keep[..., None], x, torch.randn_like(x) * 100)           # garbage at the padded positions
+with torch.no_grad():
+    out, w = layer(x, padding_mask(keep), need_weights=True)
+    out_noisy, _ = layer(noisy, padding_mask(keep))
+    same_as_ablated = (ablated(x) - layer(x)[0]).abs().max().item()
+print(f"EncoderLayer vs AblatedLayer (all parts on): {same_as_ablated:.1e}")
+print(f"real positions, clean vs garbage padding: {(out - out_noisy)[keep].abs().max().item():.1e}; "
+      f"largest weight on a padded key: {w.masked_select(~keep[:, None, None, :]).max().item():.1e}")
+assert same_as_ablated < 1e-5, "the post-LN EncoderLayer is AblatedLayer with every part on"
+assert torch.allclose(out[keep], out_noisy[keep], atol=1e-5), "padding must not reach the real tokens"
+assert torch.all(w.masked_select(~keep[:, None, None, :]) == 0), "no weight on padded keys"
+
+# %% [markdown]
+# ## 5. The decoder layer: causal self-attention and cross-attention
+#
+# A decoder layer has three sublayers (Vaswani et al. 2017, §3.1 and §3.2.3):
+#
+# 1. **masked self-attention** over the target prefix: position $t$ may attend to positions
+#    $0, \dots, t$ only (chapter 05's causal mask), so that training on a whole target at once
+#    (teacher forcing) computes at every position what decoding one token at a time will;
+# 2. **cross-attention** (the paper's "encoder-decoder attention"): the *queries* come from the
+#    decoder, the *keys and values* from the encoder's output (the *memory*), so every target
+#    position reads the whole source; only source padding is masked. This is chapter 03's
+#    attention, with a scaled dot product for the score and every target position at once;
+# 3. the feed-forward network;
+#
+# each in a residual connection with LayerNorm, post-LN or pre-LN as in the encoder:
+#
+# $$y \leftarrow \mathrm{LN}_1\big(y + \mathrm{SelfAttn}_{\text{causal}}(y)\big), \quad
+#   y \leftarrow \mathrm{LN}_2\big(y + \mathrm{Attn}(Q{=}y,\ K{=}V{=}m)\big), \quad
+#   y \leftarrow \mathrm{LN}_3\big(y + \mathrm{FFN}(y)\big) \qquad \text{(post-LN)}.$$
+#
+# With $T$ target and $S$ source positions, the self-attention weights are $T \times T$ (lower
+# triangular) and the cross-attention weights $T \times S$.
+
+# %%
+# tfmlib-source: tfmlib.transformer.DecoderLayer
+class DecoderLayer(nn.Module):
+    """Masked (causal) self-attention, cross-attention over the encoder's output, the feed-forward
+    network; each in a residual connection with LayerNorm (post-LN or pre-LN as in
+    :class:`EncoderLayer`).
+
+    Cross-attention takes its *queries* from the decoder and its *keys and values* from the
+    encoder output ``memory``: each target position reads the source.
+
+    ``forward(x (B, T, d), memory (B, S, d), memory_mask=None, self_mask=None, need_weights=False)
+    -> (x (B, T, d), self_weights (B, h, T, T) or None, cross_weights (B, h, T, S) or None)``.
+    Self-attention is always causal (position ``t`` sees ``0..t``); ``self_mask`` may restrict it
+    further (e.g. target padding); ``memory_mask`` is usually ``padding_mask(src_mask)``.
+    """
+
+    def __init__(self, d_model: int, heads: int, d_ff: int, dropout: float = 0.1, *, norm_first: bool = False,
+                 activation: str = "relu", eps: float = 1e-5):
+        super().__init__()
+        _check_dropout("DecoderLayer", dropout)
+        self.self_attn = MultiHeadAttention(d_model, heads, dropout=dropout)
+        self.cross_attn = MultiHeadAttention(d_model, heads, dropout=dropout)
+        self.ff = FeedForward(d_model, d_ff, dropout, activation)
+        self.norm1, self.norm2, self.norm3 = (nn.LayerNorm(d_model, eps=eps) for _ in range(3))
+        self.dropout1, self.dropout2, self.dropout3 = (nn.Dropout(dropout) for _ in range(3))
+        self.norm_first = norm_first
+
+    def forward(self, x: Tensor, memory: Tensor, memory_mask: Tensor | None = None,
+                self_mask: Tensor | None = None,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        if self.norm_first:
+            a, self_w = self.self_attn(self.norm1(x), mask=self_mask, causal=True, need_weights=need_weights)
+            x = x + self.dropout1(a)
+            c, cross_w = self.cross_attn(self.norm2(x), memory, mask=memory_mask, need_weights=need_weights)
+            x = x + self.dropout2(c)
+            x = x + self.dropout3(self.ff(self.norm3(x)))
+        else:
+            a, self_w = self.self_attn(x, mask=self_mask, causal=True, need_weights=need_weights)
+            x = self.norm1(x + self.dropout1(a))
+            c, cross_w = self.cross_attn(x, memory, mask=memory_mask, need_weights=need_weights)
+            x = self.norm2(x + self.dropout2(c))
+            x = self.norm3(x + self.dropout3(self.ff(x)))
+        return x, self_w, cross_w
+
+
+# %% [markdown]
+# The checks that matter for a decoder, on both variants. **No leak from the future**: the
+# gradient of the output at position $t$ with respect to the decoder's input at any later
+# position is exactly zero (while earlier positions do contribute). **Cross-attention reads the
+# whole source and nothing else**: its weights are $T \times S$, sum to one over the real source
+# positions, are zero on source padding, and garbage in the padded memory positions changes
+# nothing.
+
+# %%
+torch.manual_seed(0)
+T_, S_ = 5, 6
+src_keep = torch.arange(S_)[None, :] < torch.tensor([6, 3])[:, None]                 # (B, S)
+for norm_first in (False, True):
+    dec_layer = DecoderLayer(32, 4, 128, dropout=0.0, norm_first=norm_first)
+    y = torch.randn(2, T_, 32, requires_grad=True)
+    memory = torch.randn(2, S_, 32)
+    out, self_w, cross_w = dec_layer(y, memory, padding_mask(src_keep), need_weights=True)
+    # d out[:, t] / d y[:, u] for every (t, u): the Jacobian's block norms
+    influence, probe = torch.zeros(T_, T_), torch.randn(2, 32)
+    for t in range(T_):
+        (g,) = torch.autograd.grad((out[:, t] * probe).sum(), y, retain_graph=True)
+        influence[t] = g.norm(dim=(0, 2))
+    future, past = influence.triu(diagonal=1), influence[causal_mask(T_)]      # u > t, and u <= t
+    garbage = torch.where(src_keep[..., None], memory, torch.randn_like(memory) * 100)
+    with torch.no_grad():
+        out_garbage, _, _ = dec_layer(y, garbage, padding_mask(src_keep))
+    print(f"{'pre-LN' if norm_first else 'post-LN'}: self weights {tuple(self_w.shape)}, cross weights "
+          f"{tuple(cross_w.shape)}; largest gradient from a later position {future.max().item():.1e}, "
+          f"smallest from an earlier one {past.min().item():.1e}; "
+          f"garbage in padded memory changes the output by {(out_garbage - out).abs().max().item():.1e}")
+    assert torch.all(future == 0), "the decoder must not read later target positions"
+    assert torch.all(past > 0), "the decoder must read earlier target positions"
+    assert torch.all(self_w.masked_select(~causal_mask(T_)) == 0), "causal weights above the diagonal must be 0"
+    assert torch.all(cross_w.masked_select(~src_keep[:, None, None, :]) == 0), "no cross weight on source padding"
+    assert torch.allclose(cross_w.sum(-1), torch.ones(2, 4, T_)), "cross weights sum to 1 over the source"
+    assert torch.allclose(out, out_garbage, atol=1e-5), "padded memory must not matter"
+
+# %% [markdown]
+# ## 6. The stacks and the model
+#
+# The encoder is $N$ encoder layers, the decoder $N$ decoder layers, every decoder layer reading
+# the *same* memory, the encoder's final output (§3.1; $N = 6$ in the paper). A pre-LN stack
+# ends with a LayerNorm; the paper's post-LN stacks do not need one (their last sublayer ends
+# in one), but PyTorch's `nn.TransformerEncoder` and `nn.TransformerDecoder`, as built by
+# `nn.Transformer`, always add it (section 7 takes this into account).
+
+# %%
+# tfmlib-source: tfmlib.transformer.Encoder
+class Encoder(nn.Module):
+    """``num_layers`` :class:`EncoderLayer` s, then a LayerNorm when ``final_norm``.
+
+    A pre-LN stack needs the final norm (its residual stream is never normalised otherwise); the
+    paper's post-LN stack does not have one (its default here), while ``nn.Transformer`` always
+    adds one. ``forward(x (B, S, d), mask=None, need_weights=False) -> (x, [weights per layer] or
+    None)``.
+    """
+
+    def __init__(self, num_layers: int, d_model: int, heads: int, d_ff: int, dropout: float = 0.1, *,
+                 norm_first: bool = False, final_norm: bool | None = None, activation: str = "relu",
+                 eps: float = 1e-5):
+        super().__init__()
+        _positive_int("Encoder", num_layers=num_layers)
+        self.layers = nn.ModuleList(EncoderLayer(d_model, heads, d_ff, dropout, norm_first=norm_first,
+                                                 activation=activation, eps=eps) for _ in range(num_layers))
+        final_norm = norm_first if final_norm is None else final_norm
+        self.norm = nn.LayerNorm(d_model, eps=eps) if final_norm else None
+
+    def forward(self, x: Tensor, mask: Tensor | None = None,
+                need_weights: bool = False) -> tuple[Tensor, list[Tensor] | None]:
+        maps = []
+        for layer in self.layers:
+            x, w = layer(x, mask, need_weights)
+            maps.append(w)
+        if self.norm is not None:
+            x = self.norm(x)
+        return x, (maps if need_weights else None)
+
+
+# %%
+# tfmlib-source: tfmlib.transformer.Decoder
+class Decoder(nn.Module):
+    """``num_layers`` :class:`DecoderLayer` s, then a LayerNorm when ``final_norm`` (see :class:`Encoder`).
+
+    ``forward(x (B, T, d), memory (B, S, d), memory_mask=None, self_mask=None, need_weights=False)
+    -> (x, [self weights per layer] or None, [cross weights per layer] or None)``.
+    """
+
+    def __init__(self, num_layers: int, d_model: int, heads: int, d_ff: int, dropout: float = 0.1, *,
+                 norm_first: bool = False, final_norm: bool | None = None, activation: str = "relu",
+                 eps: float = 1e-5):
+        super().__init__()
+        _positive_int("Decoder", num_layers=num_layers)
+        self.layers = nn.ModuleList(DecoderLayer(d_model, heads, d_ff, dropout, norm_first=norm_first,
+                                                 activation=activation, eps=eps) for _ in range(num_layers))
+        final_norm = norm_first if final_norm is None else final_norm
+        self.norm = nn.LayerNorm(d_model, eps=eps) if final_norm else None
+
+    def forward(self, x: Tensor, memory: Tensor, memory_mask: Tensor | None = None,
+                self_mask: Tensor | None = None,
+                need_weights: bool = False) -> tuple[Tensor, list[Tensor] | None, list[Tensor] | None]:
+        self_maps, cross_maps = [], []
+        for layer in self.layers:
+            x, sw, cw = layer(x, memory, memory_mask, self_mask, need_weights)
+            self_maps.append(sw)
+            cross_maps.append(cw)
+        if self.norm is not None:
+            x = self.norm(x)
+        return x, (self_maps if need_weights else None), (cross_maps if need_weights else None)
+
+
+# %% [markdown]
+# ### Embeddings, positions and the output layer
+#
+# Around the stacks (§3.4, §3.5): token ids are looked up in an embedding matrix $E \in
+# \mathbb{R}^{V \times d}$, **multiplied by $\sqrt{d_\text{model}}$**, and the positional
+# encoding of chapter 06 is added; after the decoder, a linear layer gives the logits over the
+# target vocabulary. The paper **shares** one matrix between the two embeddings and this
+# output layer (its vocabulary is shared between source and target), following Press and Wolf
+# (2017), who showed that the output matrix of a language model is itself a good embedding and
+# that tying the two helps; for translation it removes two of three $V \times d$ matrices.
+#
+# The paper gives no reason for the $\sqrt{d}$. Here is one that the numbers below check. With
+# tying, $E$ is also the output layer, whose logits $h^\top e_v$ should start small: with $E$'s
+# entries of variance $1/d$ (rows of norm about 1) and a decoder output $h$ of norm about
+# $\sqrt{d}$ (what a final LayerNorm gives), the logits start with a standard deviation of about
+# 1. But a row of norm 1 added to a sinusoidal encoding of norm $\sqrt{d/2}$ would be drowned by
+# the position. Multiplying by $\sqrt{d}$ gives the token entries variance 1, the scale of the
+# positions' (variance 1/2). The package initialises $E \sim \mathcal{N}(0, 1/d)$ for this reason.
+#
+# `Transformer` implements chapter 02's `EncoderDecoder` interface: `encode` runs the encoder
+# once; `decode_step`'s state is the target prefix read so far, which the decoder re-reads at
+# every step (chapter 09 caches keys and values instead), so chapter 02's greedy decoding and
+# training recipe run it unchanged; `decode_teacher_forced` runs the decoder over a whole target
+# at once, the causal mask standing in for the step-by-step order.
+
+# %%
+# tfmlib-source: tfmlib.transformer.AttentionMaps
+class AttentionMaps(NamedTuple):
+    """Attention weights of every layer, for plots: lists (one per layer) of tensors.
+
+    * ``encoder``: ``(B, h, S, S)`` encoder self-attention;
+    * ``decoder``: ``(B, h, T, T)`` decoder (causal) self-attention;
+    * ``cross``: ``(B, h, T, S)`` decoder-to-encoder attention.
+    """
+
+    encoder: list[Tensor]
+    decoder: list[Tensor]
+    cross: list[Tensor]
+
+
+# %%
+# tfmlib-source: tfmlib.transformer.Transformer
+class Transformer(EncoderDecoder):
+    """The Transformer encoder-decoder for translation (Vaswani et al. 2017, section 3).
+
+    Source and target tokens are embedded, scaled by ``sqrt(d_model)`` (section 3.4) and given
+    positions (``positional="sinusoidal"``, section 3.5, or ``"learned"``, a trained table of
+    ``max_len`` rows); the encoder reads the source, the decoder reads the target prefix and the
+    encoder's output, and a linear layer maps its output to logits. ``tie_output`` shares that
+    layer's weight with the target embedding (section 3.4); ``share_embeddings`` also shares the
+    source embedding (needs one vocabulary for both sides).
+
+    Implements :class:`~tfmlib.seq2seq.EncoderDecoder`: ``encode`` runs the encoder once;
+    ``decode_step``'s state is the target prefix ``(B, t)`` read so far (the decoder re-reads it
+    at every step; chapter 09 caches its keys and values instead); ``decode_teacher_forced`` runs
+    the decoder on the whole target at once, the causal mask keeping each position from seeing
+    later ones. :meth:`attention_maps` returns every layer's and head's weights.
+    """
+
+    def __init__(self, src_vocab_size: int, tgt_vocab_size: int, *, d_model: int = 512, heads: int = 8,
+                 encoder_layers: int = 6, decoder_layers: int = 6, d_ff: int = 2048, dropout: float = 0.1,
+                 norm_first: bool = False, activation: str = "relu", positional: str = "sinusoidal",
+                 max_len: int = 256, tie_output: bool = True, share_embeddings: bool = False):
+        super().__init__()
+        _positive_int("Transformer", src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size,
+                      d_model=d_model, heads=heads, encoder_layers=encoder_layers,
+                      decoder_layers=decoder_layers, d_ff=d_ff, max_len=max_len)
+        if d_model % heads:
+            raise ValueError(f"Transformer: d_model={d_model} is not divisible by heads={heads}")
+        if positional not in ("sinusoidal", "learned"):
+            raise ValueError(f"Transformer: positional must be 'sinusoidal' or 'learned', got {positional!r}")
+        if share_embeddings and src_vocab_size != tgt_vocab_size:
+            raise ValueError("Transformer: share_embeddings needs one vocabulary for both sides, got sizes "
+                             f"{src_vocab_size} and {tgt_vocab_size}")
+        self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
+        self.max_source_len = self.max_target_len = max_len
+        self.d_model, self.heads = d_model, heads
+        self.config = dict(d_model=d_model, heads=heads, encoder_layers=encoder_layers,
+                           decoder_layers=decoder_layers, d_ff=d_ff, dropout=dropout, norm_first=norm_first,
+                           activation=activation, positional=positional, max_len=max_len,
+                           tie_output=tie_output, share_embeddings=share_embeddings)
+        self.src_embed = nn.Embedding(src_vocab_size, d_model, padding_idx=PAD_ID)
+        self.tgt_embed = self.src_embed if share_embeddings else \
+            nn.Embedding(tgt_vocab_size, d_model, padding_idx=PAD_ID)
+        if positional == "sinusoidal":
+            self.src_pos = SinusoidalPositionalEncoding(d_model, dropout, max_len=max_len)
+            self.tgt_pos = SinusoidalPositionalEncoding(d_model, dropout, max_len=max_len)
+        else:
+            self.src_pos = LearnedPositionalEmbedding(max_len, d_model, dropout)
+            self.tgt_pos = LearnedPositionalEmbedding(max_len, d_model, dropout)
+        layer_args = dict(d_model=d_model, heads=heads, d_ff=d_ff, dropout=dropout, norm_first=norm_first,
+                          activation=activation)
+        self.encoder = Encoder(encoder_layers, **layer_args)
+        self.decoder = Decoder(decoder_layers, **layer_args)
+        self.generator = nn.Linear(d_model, tgt_vocab_size)
+        self._reset_parameters()
+        if tie_output:
+            self.generator.weight = self.tgt_embed.weight
+
+    def _reset_parameters(self) -> None:
+        # Glorot-uniform matrices in the stacks (as nn.Transformer), N(0, d^-1/2) embeddings so that
+        # after the sqrt(d) scale a token vector has entries of variance 1, like the positions'.
+        for stack in (self.encoder, self.decoder):
+            for p in stack.parameters():
+                if p.dim() > 1:
+                    nn.init.xavier_uniform_(p)
+        for emb in {self.src_embed, self.tgt_embed}:
+            nn.init.normal_(emb.weight, 0.0, self.d_model ** -0.5)
+            with torch.no_grad():
+                emb.weight[PAD_ID].zero_()
+        nn.init.zeros_(self.generator.bias)
+
+    def embed_source(self, src: Tensor) -> Tensor:
+        """``(B, S)`` ids -> ``(B, S, d)``: ``sqrt(d) * E[src] + positions`` (then dropout)."""
+        return self.src_pos(self.src_embed(src) * math.sqrt(self.d_model))
+
+    def embed_target(self, tgt: Tensor) -> Tensor:
+        """``(B, T)`` ids -> ``(B, T, d)``: ``sqrt(d) * E[tgt] + positions`` (then dropout)."""
+        return self.tgt_pos(self.tgt_embed(tgt) * math.sqrt(self.d_model))
+
+    def encode(self, src: Tensor, src_mask: Tensor) -> EncoderOutput:
+        memory, _ = self.encoder(self.embed_source(src), padding_mask(src_mask))
+        empty_prefix = src.new_zeros((src.shape[0], 0))  # decode_step's state: no target token read yet
+        return EncoderOutput(memory, src_mask, empty_prefix)
+
+    def decode(self, tgt_in: Tensor, enc: EncoderOutput) -> Tensor:
+        """The decoder's output ``(B, T, d)`` for the target prefix ``tgt_in`` ``(B, T)``."""
+        x, _, _ = self.decoder(self.embed_target(tgt_in), enc.memory, padding_mask(enc.mask))
+        return x
+
+    def decode_teacher_forced(self, tgt_in: Tensor, enc: EncoderOutput) -> Tensor:
+        return self.generator(self.decode(tgt_in, enc))
+
+    def decode_step(self, prev: Tensor, state: Tensor, enc: EncoderOutput) -> StepOutput:
+        prefix = torch.cat([state, prev[:, None]], dim=1)               # (B, t + 1)
+        if prefix.shape[1] > self.max_target_len:
+            raise ValueError(f"Transformer: a target of {prefix.shape[1]} tokens is longer than this model's "
+                             f"max_len={self.max_target_len}")
+        return StepOutput(self.generator(self.decode(prefix, enc)[:, -1]), prefix)
+
+    @torch.no_grad()
+    def attention_maps(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> AttentionMaps:
+        """Every layer's and head's attention weights while reading the reference ``tgt_in``
+        (teacher forcing), in eval mode (no dropout; the previous mode is restored)."""
+        check_source(src, src_mask, "attention_maps", self.max_source_len, self.src_vocab_size)
+        if tgt_in.dim() != 2 or tgt_in.shape[0] != src.shape[0] or tgt_in.shape[1] == 0:
+            raise ValueError(f"attention_maps: tgt_in must be (batch={src.shape[0]}, target_len >= 1), "
+                             f"got shape {tuple(tgt_in.shape)}")
+        check_ids(tgt_in, self.tgt_vocab_size, "attention_maps", "tgt_in")
+        was_training = self.training
+        self.eval()
+        try:
+            memory_mask = padding_mask(src_mask)
+            memory, enc_maps = self.encoder(self.embed_source(src), memory_mask, need_weights=True)
+            _, self_maps, cross_maps = self.decoder(self.embed_target(tgt_in), memory, memory_mask,
+                                                    need_weights=True)
+        finally:
+            self.train(was_training)
+        return AttentionMaps(enc_maps, self_maps, cross_maps)
+
+
+# %% [markdown]
+# The embedding scale, measured on a model of width 512, the paper's: the norm of a token's
+# embedding before and after the $\sqrt{d}$, against the norm of a positional encoding; and the
+# spread of the logits at initialisation with the tied output layer.
+
+# %%
+torch.manual_seed(0)
+wide = Transformer(1000, 1000, d_model=512, heads=8, encoder_layers=1, decoder_layers=1, d_ff=2048, dropout=0.0)
+wide.eval()
+with torch.no_grad():
+    ids = torch.randint(4, 1000, (4, 20))
+    token = wide.src_embed(ids)
+    position = wide.src_pos.table[:20]
+    print(f"token embedding norm: {token.norm(dim=-1).mean().item():.2f} as initialised, "
+          f"{(token * math.sqrt(512)).norm(dim=-1).mean().item():.1f} after * sqrt(512); "
+          f"positional encoding norm: {position.norm(dim=-1).mean().item():.1f} (sqrt(d/2) = {math.sqrt(256):.0f})")
+    logits = wide(ids, torch.ones_like(ids, dtype=torch.bool), ids[:, :12])
+    print(f"tied output layer: logits at initialisation have standard deviation {logits.std().item():.2f}")
+    print(f"the output layer's weight is the target embedding: {wide.generator.weight is wide.tgt_embed.weight}")
+assert wide.generator.weight is wide.tgt_embed.weight, "tie_output=True must share the matrix"
+assert 0.3 < logits.std().item() < 3, "with the tied, small embedding the logits start of order 1"
+
+# %% [markdown]
+# ## 7. Checked against PyTorch
+#
+# PyTorch ships the same architecture as `nn.TransformerEncoderLayer`,
+# `nn.TransformerDecoderLayer` and `nn.Transformer`. Copying their weights into ours and
+# comparing outputs and gradients tests everything above at once. Three differences in
+# convention have to be bridged, and the copy functions name them:
+#
+# * PyTorch packs the query, key and value projections of an attention into one
+#   `in_proj_weight` of shape $(3d, d)$ (chapter 05's `copy_from_torch_mha` splits it), and calls
+#   the decoder's cross-attention `multihead_attn`;
+# * PyTorch reads a boolean mask the other way round: `True` means *may not* attend. So
+#   `src_key_padding_mask=~src_mask` and `tgt_mask=~causal_mask(T)`;
+# * `nn.Transformer` always ends both stacks with a LayerNorm, post-LN or not, so we compare it
+#   with stacks built with `final_norm=True`.
+
+# %%
+# tfmlib-source: tfmlib.transformer.copy_from_torch_encoder_layer
+@torch.no_grad()
+def copy_from_torch_encoder_layer(src: nn.TransformerEncoderLayer, dst: EncoderLayer) -> EncoderLayer:
+    """Copy an ``nn.TransformerEncoderLayer``'s weights into ``dst`` (same sizes and ``norm_first``)."""
+    _check_layer_kind(src, dst, nn.TransformerEncoderLayer)
+    copy_from_torch_mha(src.self_attn, dst.self_attn)
+    _copy_linear(src.linear1, dst.ff.linear1)
+    _copy_linear(src.linear2, dst.ff.linear2)
+    _copy_norm(src.norm1, dst.norm1)
+    _copy_norm(src.norm2, dst.norm2)
+    return dst
+
+
+# %%
+# tfmlib-source: tfmlib.transformer.copy_from_torch_decoder_layer
+@torch.no_grad()
+def copy_from_torch_decoder_layer(src: nn.TransformerDecoderLayer, dst: DecoderLayer) -> DecoderLayer:
+    """Copy an ``nn.TransformerDecoderLayer``'s weights into ``dst`` (its ``multihead_attn`` is our
+    ``cross_attn``)."""
+    _check_layer_kind(src, dst, nn.TransformerDecoderLayer)
+    copy_from_torch_mha(src.self_attn, dst.self_attn)
+    copy_from_torch_mha(src.multihead_attn, dst.cross_attn)
+    _copy_linear(src.linear1, dst.ff.linear1)
+    _copy_linear(src.linear2, dst.ff.linear2)
+    for name in ("norm1", "norm2", "norm3"):
+        _copy_norm(getattr(src, name), getattr(dst, name))
+    return dst
+
+
+# %%
+# tfmlib-source: tfmlib.transformer.copy_from_torch_transformer
+@torch.no_grad()
+def copy_from_torch_transformer(src: nn.Transformer, encoder: Encoder, decoder: Decoder) -> None:
+    """Copy ``nn.Transformer``'s weights into ``encoder`` and ``decoder``.
+
+    ``nn.Transformer`` always ends each stack with a LayerNorm, so both stacks need
+    ``final_norm=True``, and the same number of layers, sizes and ``norm_first``.
+    """
+    if not isinstance(src, nn.Transformer):
+        raise TypeError(f"copy_from_torch_transformer: src must be nn.Transformer, got {type(src).__name__}")
+    for name, theirs, ours in (("encoder", src.encoder, encoder), ("decoder", src.decoder, decoder)):
+        if len(theirs.layers) != len(ours.layers):
+            raise ValueError(f"copy_from_torch_transformer: the {name} has {len(theirs.layers)} layers in "
+                             f"nn.Transformer and {len(ours.layers)} here")
+        if (theirs.norm is None) != (ours.norm is None):
+            raise ValueError(f"copy_from_torch_transformer: nn.Transformer's {name} "
+                             f"{'has' if theirs.norm is not None else 'has no'} final LayerNorm; "
+                             "build ours with "
+                             f"final_norm={theirs.norm is not None}")
+        copy_layer = copy_from_torch_encoder_layer if name == "encoder" else copy_from_torch_decoder_layer
+        for t, o in zip(theirs.layers, ours.layers, strict=True):
+            copy_layer(t, o)
+        if theirs.norm is not None:
+            _copy_norm(theirs.norm, ours.norm)
+
+
+# %% [markdown]
+# To compare gradients parameter by parameter, PyTorch's names are translated into ours (the
+# packed `in_proj` gradient is cut into its three blocks). Every check below runs in float64,
+# with source padding, target padding and the causal mask, for post-LN and pre-LN, and compares
+# the output, the gradients with respect to the inputs, and the gradient of every parameter.
+
+# %%
+def torch_grads_by_our_names(module: nn.Module) -> dict[str, Tensor]:
+    """The gradients of a PyTorch transformer module, keyed by the names our modules use."""
+    grads = {}
+    for name, p in module.named_parameters():
+        name = name.replace("multihead_attn", "cross_attn").replace("linear1", "ff.linear1")
+        name = name.replace("linear2", "ff.linear2")
+        if name.endswith(("in_proj_weight", "in_proj_bias")):
+            owner, packed = name.rsplit(".", 1)
+            kind = packed.removeprefix("in_proj_")
+            for proj, block in zip(("q_proj", "k_proj", "v_proj"), p.grad.chunk(3), strict=True):
+                grads[f"{owner}.{proj}.{kind}"] = block
+        else:
+            grads[name] = p.grad
+    return grads
+
+
+def compare(ours_out: Tensor, ref_out: Tensor, inputs_ours: list[Tensor], inputs_ref: list[Tensor],
+            ours: nn.Module, ref: nn.Module) -> tuple[float, float, float, int]:
+    """Max differences of outputs, input gradients and parameter gradients (same loss on both)."""
+    probe = torch.randn(ours_out.shape, dtype=torch.double, generator=torch.Generator().manual_seed(1))
+    (ours_out * probe).sum().backward()
+    (ref_out * probe).sum().backward()
+    d_out = (ours_out - ref_out).abs().max().item()
+    d_in = max((a.grad - b.grad).abs().max().item() for a, b in zip(inputs_ours, inputs_ref, strict=True))
+    mine = {n: p.grad for n, p in ours.named_parameters()}
+    theirs = torch_grads_by_our_names(ref)
+    assert mine.keys() == theirs.keys(), f"parameter names differ: {set(mine) ^ set(theirs)}"
+    d_param = max((mine[n] - theirs[n]).abs().max().item() for n in mine)
+    return d_out, d_in, d_param, len(mine)
+
+
+def leaf(*shape: int) -> tuple[Tensor, Tensor]:
+    """The same random input twice, as two separate leaves (one per model)."""
+    x = torch.randn(*shape, dtype=torch.double)
+    return x.clone().requires_grad_(), x.clone().requires_grad_()
+
+
+warnings.filterwarnings("ignore", message="enable_nested_tensor")  # about PyTorch's inference fast path
+torch.manual_seed(0)
+B, S, T, d, h, d_ff = 3, 7, 6, 32, 4, 64
+src_keep = torch.arange(S)[None, :] < torch.tensor([7, 5, 2])[:, None]        # source padding
+tgt_keep = torch.arange(T)[None, :] < torch.tensor([6, 6, 3])[:, None]        # target padding
+causal = causal_mask(T)
+rows = []
+for norm_first in (False, True):
+    kind = "pre-LN " if norm_first else "post-LN"
+    # encoder layer
+    ref = nn.TransformerEncoderLayer(d, h, d_ff, dropout=0.0, batch_first=True, norm_first=norm_first).double()
+    ours = copy_from_torch_encoder_layer(ref, EncoderLayer(d, h, d_ff, 0.0, norm_first=norm_first).double())
+    x_o, x_r = leaf(B, S, d)
+    out_o, _ = ours(x_o, padding_mask(src_keep))
+    out_r = ref(x_r, src_key_padding_mask=~src_keep)
+    rows.append((f"{kind} EncoderLayer", *compare(out_o, out_r, [x_o], [x_r], ours, ref)))
+    # decoder layer: causal and target padding on the self-attention, source padding on the cross-attention
+    ref = nn.TransformerDecoderLayer(d, h, d_ff, dropout=0.0, batch_first=True, norm_first=norm_first).double()
+    ours = copy_from_torch_decoder_layer(ref, DecoderLayer(d, h, d_ff, 0.0, norm_first=norm_first).double())
+    (y_o, y_r), (m_o, m_r) = leaf(B, T, d), leaf(B, S, d)
+    out_o, _, _ = ours(y_o, m_o, padding_mask(src_keep), padding_mask(tgt_keep))
+    out_r = ref(y_r, m_r, tgt_mask=~causal, tgt_key_padding_mask=~tgt_keep, memory_key_padding_mask=~src_keep)
+    rows.append((f"{kind} DecoderLayer", *compare(out_o, out_r, [y_o, m_o], [y_r, m_r], ours, ref)))
+    # the whole nn.Transformer: two stacks with final LayerNorms
+    ref = nn.Transformer(d, h, 2, 3, d_ff, dropout=0.0, batch_first=True, norm_first=norm_first).double()
+    stacks = nn.Module()
+    stacks.encoder = Encoder(2, d, h, d_ff, 0.0, norm_first=norm_first, final_norm=True)
+    stacks.decoder = Decoder(3, d, h, d_ff, 0.0, norm_first=norm_first, final_norm=True)
+    stacks.double()
+    copy_from_torch_transformer(ref, stacks.encoder, stacks.decoder)
+    (x_o, x_r), (y_o, y_r) = leaf(B, S, d), leaf(B, T, d)
+    memory, _ = stacks.encoder(x_o, padding_mask(src_keep))
+    out_o, _, _ = stacks.decoder(y_o, memory, padding_mask(src_keep), padding_mask(tgt_keep))
+    out_r = ref(x_r, y_r, tgt_mask=~causal, src_key_padding_mask=~src_keep, tgt_key_padding_mask=~tgt_keep,
+                memory_key_padding_mask=~src_keep)
+    rows.append((f"{kind} nn.Transformer (2+3 layers)", *compare(out_o, out_r, [x_o, y_o], [x_r, y_r], stacks, ref)))
+print(f"{'module':36s} {'output':>9s} {'d/d inputs':>11s} {'d/d params':>11s} {'tensors':>8s}")
+for name, d_out, d_in, d_param, n in rows:
+    print(f"{name:36s} {d_out:9.1e} {d_in:11.1e} {d_param:11.1e} {n:8d}")
+assert all(max(r[1:4]) < 1e-10 for r in rows), "our layers must equal PyTorch's, forward and backward"
+
+# %% [markdown]
+# Every output and every gradient agrees to float64 round-off, for every one of the parameter
+# tensors in the table. (PyTorch's fast inference path for `nn.TransformerEncoderLayer` only runs
+# when no gradient is needed; these checks exercise the ordinary path.)
+#
+# The last check is the whole model, embeddings and output layer included. A pre-LN
+# `Transformer` has final LayerNorms already, so `nn.Transformer`'s weights copy straight into
+# it; our embeddings and output layer then go around PyTorch's stacks:
+
+# %%
+torch.manual_seed(0)
+model = Transformer(50, 60, d_model=d, heads=h, encoder_layers=2, decoder_layers=2, d_ff=d_ff, dropout=0.0,
+                    norm_first=True).double().eval()
+ref = nn.Transformer(d, h, 2, 2, d_ff, dropout=0.0, batch_first=True, norm_first=True).double().eval()
+copy_from_torch_transformer(ref, model.encoder, model.decoder)
+src = torch.randint(4, 50, (B, S)).masked_fill(~src_keep, PAD_ID)
+tgt_in = torch.randint(4, 60, (B, T)).masked_fill(~tgt_keep, PAD_ID)
+with torch.no_grad():
+    ours_logits = model(src, src_keep, tgt_in)
+    ref_logits = model.generator(ref(model.embed_source(src), model.embed_target(tgt_in), tgt_mask=~causal,
+                                     src_key_padding_mask=~src_keep, memory_key_padding_mask=~src_keep))
+gap = (ours_logits - ref_logits).abs().max().item()
+print(f"whole pre-LN model vs nn.Transformer inside the same embeddings: max logit difference {gap:.1e}")
+assert gap < 1e-10, "the whole model must equal nn.Transformer between the same embeddings"
+
+# %% [markdown]
+# ## 8. One batch of real sentences, shape by shape
+#
+# Figure 1 of the paper, as tensors. We take three sentences of different lengths from the test
+# split of the book's corpus (or the corpus `TFM_CORPUS` names), build the vocabularies as
+# chapter 02 does, and follow one batch through a model of the paper's base size ($d = 512$,
+# $h = 8$ heads, $N = 6$ layers in each stack, $d_\text{ff} = 2048$), untrained, in evaluation
+# mode. Each stage is computed by hand from the model's own modules, and at the end the logits
+# are checked against one call of the model.
+
+# %%
+corpus_name = os.environ.get("TFM_CORPUS") or "synthetic"
+corpus = load_corpus(corpus_name)
+src_vocab, tgt_vocab = build_vocabs(corpus["train"][:20_000], min_freq=1 if corpus_name == "synthetic" else 2)
+by_length = sorted(corpus["test"][:300], key=lambda pair: len(tokenize(pair[0])))
+walk_pairs = [by_length[0], by_length[len(by_length) // 2], by_length[-1]]
+walk = make_batch(TranslationDataset(walk_pairs, src_vocab, tgt_vocab).examples)
+for en, fr in walk_pairs:
+    print(f"  {en}\n  -> {fr}")
+print(f"vocabularies: {len(src_vocab):,} source and {len(tgt_vocab):,} target tokens")
+
+torch.manual_seed(0)
+base = Transformer(len(src_vocab), len(tgt_vocab), d_model=512, heads=8, encoder_layers=6, decoder_layers=6,
+                   d_ff=2048, dropout=0.1).eval()
+stages = []
+
+
+def note(stage: str, t: Tensor, meaning: str) -> Tensor:
+    stages.append((stage, tuple(t.shape), meaning))
+    return t
+
+
+with torch.no_grad():
+    Bw, Sw, Tw = walk.src.shape[0], walk.src.shape[1], walk.tgt_in.shape[1]
+    note("src", walk.src, "(B, S) source ids, <eos> then <pad>")
+    note("src_mask", walk.src_mask, "(B, S) True at real tokens")
+    e = note("E_src[src]", base.src_embed(walk.src), "(B, S, d) token embeddings")
+    x = note("* sqrt(d) + PE", base.src_pos(e * math.sqrt(base.d_model)), "(B, S, d) plus positions")
+    memory_mask = note("padding_mask(src_mask)", padding_mask(walk.src_mask), "(B, 1, 1, S) broadcast over heads, queries")
+    first = base.encoder.layers[0]
+    note("  queries, split into heads", split_heads(first.self_attn.q_proj(x), 8), "(B, h, S, d_k), d_k = d/h")
+    for i, enc_layer in enumerate(base.encoder.layers):
+        if i == 0:
+            x1, w = enc_layer(x, memory_mask, need_weights=True)
+            note("  encoder 1: self-attention weights", w, "(B, h, S, S)")
+            note("  encoder 1: FFN hidden layer", first.ff.linear1(x1), "(B, S, d_ff)")
+        x, _ = enc_layer(x, memory_mask)
+        note(f"encoder layer {i + 1}", x, "(B, S, d)")
+    memory = x
+    note("tgt_in", walk.tgt_in, "(B, T) <bos> + target ids")
+    y = note("E_tgt[tgt_in] * sqrt(d) + PE", base.embed_target(walk.tgt_in), "(B, T, d)")
+    for i, dec_layer in enumerate(base.decoder.layers):
+        y, self_w, cross_w = dec_layer(y, memory, memory_mask, need_weights=(i == 0))
+        if i == 0:
+            note("  decoder 1: causal self-attention weights", self_w, "(B, h, T, T), zero above the diagonal")
+            note("  decoder 1: cross-attention weights", cross_w, "(B, h, T, S): target reads source")
+        note(f"decoder layer {i + 1}", y, "(B, T, d)")
+    logits = note("logits = y E_tgt^T + b", base.generator(y), "(B, T, V_tgt)")
+    loss = F.cross_entropy(logits.flatten(0, 1), walk.tgt_out.flatten(), ignore_index=PAD_ID)
+    note("loss", loss, "() mean over the real target tokens")
+    one_call = base(walk.src, walk.src_mask, walk.tgt_in)
+print(f"B = {Bw} sentences, S = {Sw} source positions, T = {Tw} target positions, d = 512, h = 8, "
+      f"d_ff = 2048, V_tgt = {len(tgt_vocab)}\n")
+for stage, shape, meaning in stages:
+    print(f"{stage:44s} {str(shape):22s} {meaning}")
+print(f"\nloss of the untrained model: {loss.item():.2f} nats (ln V_tgt = {math.log(len(tgt_vocab)):.2f})")
+assert torch.allclose(logits, one_call, atol=1e-5), "the walk must compute what the model computes"
+assert abs(loss.item() - math.log(len(tgt_vocab))) < 1.0, "an untrained model should be close to a uniform guess"
+
+# %% [markdown]
+# The untrained model's loss is about $\ln V$, the loss of a uniform guess, as it should be
+# with logits of order one. Note what each shape says: the heads are a batch axis
+# ($d_k = 512/8 = 64$ features each); every layer maps $(B, S, d)$ to $(B, S, d)$, which is what
+# lets residual connections add and layers stack; the feed-forward network widens each position
+# to $d_\text{ff} = 2048$ and back; and the cross-attention's $T \times S$ weights are the only
+# place where target and source meet.
+#
+# ### Where the parameters are
+#
+# Counting by hand, with biases: an attention sublayer has four $d \times d$ projections,
+# $4d^2 + 4d$; the feed-forward network $2 d\, d_\text{ff} + d_\text{ff} + d$; a LayerNorm $2d$. An
+# encoder layer is one attention, one FFN and two LayerNorms; a decoder layer two attentions,
+# one FFN and three LayerNorms. The number of heads does not appear: heads split $d$, they do
+# not add parameters. The formulas against the modules:
+
+# %%
+def attention_params(d: int) -> int:
+    return 4 * d * d + 4 * d
+
+
+def ffn_params(d: int, d_ff: int) -> int:
+    return 2 * d * d_ff + d_ff + d
+
+
+def encoder_layer_params(d: int, d_ff: int) -> int:
+    return attention_params(d) + ffn_params(d, d_ff) + 2 * 2 * d
+
+
+def decoder_layer_params(d: int, d_ff: int) -> int:
+    return 2 * attention_params(d) + ffn_params(d, d_ff) + 3 * 2 * d
+
+
+counts = [
+    ("attention sublayer", attention_params(512), count_parameters(base.encoder.layers[0].self_attn)),
+    ("feed-forward network", ffn_params(512, 2048), count_parameters(base.encoder.layers[0].ff)),
+    ("encoder layer", encoder_layer_params(512, 2048), count_parameters(base.encoder.layers[0])),
+    ("decoder layer", decoder_layer_params(512, 2048), count_parameters(base.decoder.layers[0])),
+    ("encoder (6 layers)", 6 * encoder_layer_params(512, 2048), count_parameters(base.encoder)),
+    ("decoder (6 layers)", 6 * decoder_layer_params(512, 2048), count_parameters(base.decoder)),
+]
+print(f"{'component':24s} {'formula':>12s} {'counted':>12s}")
+for name, formula, counted in counts:
+    print(f"{name:24s} {formula:12,} {counted:12,}")
+    assert formula == counted, f"{name}: the formula must match the module"
+
+# %% [markdown]
+# Now the base model of the paper (§3, §3.4, §5.1 and Table 3): $d = 512$, 8 heads, 6 + 6
+# layers, $d_\text{ff} = 2048$, one BPE vocabulary of about 37,000 tokens shared by source and
+# target, and one embedding matrix shared by the two embeddings and the output layer. We build
+# it and count. The paper's Table 3 lists it at 65 million parameters.
+
+# %%
+V_base = 37_000
+start = time.perf_counter()
+torch.manual_seed(0)
+paper_base = Transformer(V_base, V_base, share_embeddings=True, tie_output=True)   # the defaults are the base model
+built_in = time.perf_counter() - start
+total = count_parameters(paper_base)
+parts = {"shared embedding (V x d)": paper_base.src_embed.weight.numel(),
+         "encoder": count_parameters(paper_base.encoder), "decoder": count_parameters(paper_base.decoder),
+         "output bias (the weight is the embedding)": paper_base.generator.bias.numel()}
+for name, n in parts.items():
+    print(f"{name:44s} {n:12,}  {n / total:6.1%}")
+print(f"{'total (each shared tensor counted once)':44s} {total:12,}   (built in {built_in:.1f} s)")
+untied = total + 2 * V_base * 512
+print(f"without any sharing (three V x d matrices):  {untied:12,}")
+print(f"the paper says 65M; we count {total / 1e6:.1f}M. The gap, {65e6 - total:,.0f}, is what "
+      f"{(65e6 - total) / 512:,.0f} more vocabulary rows would add.")
+ffn_total = sum(count_parameters(lyr.ff) for lyr in [*paper_base.encoder.layers, *paper_base.decoder.layers])
+print(f"the 12 feed-forward networks hold {ffn_total:,} parameters, "
+      f"{ffn_total / (parts['encoder'] + parts['decoder']):.0%} of the two stacks")
+stacks_torch = sum(p.numel() for p in nn.Transformer(512, 8, 6, 6, 2048).parameters())
+print(f"nn.Transformer(512, 8, 6, 6, 2048): {stacks_torch:,} = our two stacks + its two final LayerNorms")
+assert sum(parts.values()) == total
+assert stacks_torch == parts["encoder"] + parts["decoder"] + 2 * 2 * 512
+assert 62e6 < total < 66e6, "the base model has about 63-65 million parameters"
+assert ffn_total > 0.5 * (parts["encoder"] + parts["decoder"]), "most of the stacks is feed-forward"
+assert 3 * V_base * 512 > parts["encoder"] + parts["decoder"], "three untied V x d matrices outweigh the stacks"
+del paper_base
+
+# %% [markdown]
+# Seventy percent of the base model is in its two stacks, the decoder the larger (a second
+# attention in every layer), and nearly all the rest is the one shared embedding. Without the
+# sharing, three $V \times d$ matrices would hold more than both stacks together. Inside the
+# stacks, the feed-forward networks hold the majority ($2 \cdot 512 \cdot 2048$ per layer against
+# $4 \cdot 512^2$ per attention: two thirds of an encoder layer, half of a decoder layer): the part
+# of the model that "only" transforms each position holds most of its weights.
+
+# %% [markdown]
+# ## 9. Post-LN or pre-LN?
+#
+# The paper's post-LN Transformer is known to need a learning-rate **warm-up**: the learning
+# rate rises linearly from zero over the first few thousand steps (§5.3), and without it
+# training can fail. Xiong et al. (2020) explain why, with a mean-field analysis at
+# initialisation (§3.3, Theorem 1): in post-LN the gradients of the parameters near the output
+# are large (for the last layer's $W_2$ of order $d\sqrt{\ln d}$, whatever the depth), so the first
+# updates at a large learning rate are large where they do most damage; in pre-LN they are
+# smaller by a factor of order $\sqrt{L}$ and about equal across layers, and the warm-up can be
+# dropped (their §4). Wang et al. (2019, §2) argue the same from the backward pass: in pre-LN
+# the identity path carries the gradient to every layer untouched, in post-LN it passes a
+# LayerNorm at every sublayer.
+#
+# **Gradients at initialisation.** We measure what Xiong et al. plot (their Figure 3): the norm
+# of the gradient of each layer's $W_2$ (the feed-forward network's second matrix), for the
+# model of this chapter with 6 + 6 layers, on a batch of real sentence pairs, averaged over a
+# few initialisations.
+
+# %%
+init_data = TranslationDataset(corpus["train"][:32], src_vocab, tgt_vocab)
+init_batch = make_batch(init_data.examples)
+w2_norms = {}
+for norm_first in (False, True):
+    per_seed = []
+    for seed in range(run.init_seeds):
+        torch.manual_seed(seed)
+        m = Transformer(len(src_vocab), len(tgt_vocab), d_model=128, heads=4, encoder_layers=6, decoder_layers=6,
+                        d_ff=512, dropout=0.0, norm_first=norm_first)
+        logits = m(init_batch.src, init_batch.src_mask, init_batch.tgt_in)
+        F.cross_entropy(logits.flatten(0, 1), init_batch.tgt_out.flatten(), ignore_index=PAD_ID).backward()
+        per_seed.append([lyr.ff.linear2.weight.grad.norm().item() for lyr in [*m.encoder.layers, *m.decoder.layers]])
+    w2_norms["pre-LN" if norm_first else "post-LN"] = np.mean(per_seed, axis=0)
+layer_names = [f"enc {i}" for i in range(1, 7)] + [f"dec {i}" for i in range(1, 7)]
+fig, ax = plt.subplots(figsize=(8, 3.6))
+for name, norms in w2_norms.items():
+    ax.plot(range(12), norms, "o-", label=name)
+ax.axvline(5.5, color="grey", lw=0.8)
+ax.set_xticks(range(12), layer_names)
+ax.set(yscale="log", title="Gradient of each layer's FFN weight W2 at initialisation (6 + 6 layers)",
+       xlabel="layer", ylabel="||dL / dW2||")
+ax.grid(alpha=0.3)
+ax.legend()
+plt.show()
+for name, norms in w2_norms.items():
+    print(f"{name:8s} " + " ".join(f"{v:.3f}" for v in norms))
+post, pre = w2_norms["post-LN"], w2_norms["pre-LN"]
+print(f"last decoder layer: post-LN / pre-LN = {post[-1] / pre[-1]:.1f}; post-LN decoder last / first = "
+      f"{post[-1] / post[6]:.1f}; pre-LN decoder last / first = {pre[-1] / pre[6]:.1f}")
+if run.profile != "smoke":
+    assert post[-1] > 2 * pre[-1], "post-LN's gradient near the output should be larger than pre-LN's"
+    assert post[-1] > 2 * post[6], "post-LN's decoder gradients should grow towards the output"
+    assert pre[-1] < 1.5 * pre[6], "pre-LN's decoder gradients should not grow towards the output"
+
+# %% [markdown]
+# The picture is Xiong et al.'s: post-LN's decoder gradients grow towards the output, and its
+# last layers get gradients several times larger than pre-LN's, whose gradients shrink slightly
+# towards the output instead (the numbers above).
+#
+# **Training with and without warm-up.** Does it matter in practice? We train the same deep,
+# small model post-LN and pre-LN, each with and without warm-up, at a learning rate on the
+# large side for Adam, on a cheap task. The model is a stack of this chapter's encoder layers
+# with a causal mask, which makes it a language model (chapter 09 builds one properly); the
+# task is to predict the next word of the French sentences of the corpus (those of up to 16
+# tokens, to keep the runs short). Same data, same batch order, same initial weights for the
+# four runs; Adam with the paper's $\beta_2 = 0.98$ and $\epsilon = 10^{-9}$; no gradient
+# clipping (the paper mentions none). The warm-up rises linearly to the full learning rate and
+# then stays there.
+
+# %%
+class TinyLM(nn.Module):
+    """Scaled embeddings and positions, a stack of EncoderLayers with a causal mask (post-LN or
+    pre-LN), and a linear read-out: ``forward(ids (B, T)) -> logits (B, T, V)`` for the next token."""
+
+    def __init__(self, vocab_size: int, d_model: int, layers: int, norm_first: bool):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, d_model, padding_idx=PAD_ID)
+        nn.init.normal_(self.embed.weight, 0.0, d_model ** -0.5)
+        self.pos = SinusoidalPositionalEncoding(d_model)
+        self.stack = Encoder(layers, d_model, 4, 4 * d_model, dropout=0.0, norm_first=norm_first)
+        self.readout = nn.Linear(d_model, vocab_size)
+        self.d_model = d_model
+
+    def forward(self, ids: Tensor) -> Tensor:
+        x = self.pos(self.embed(ids) * math.sqrt(self.d_model))
+        h, _ = self.stack(x, causal_mask(ids.shape[1], device=ids.device))
+        return self.readout(h)
+
+
+cfg = run.stability
+french = [s for s in (tokenize(fr) for _, fr in corpus["train"][: cfg["pairs"]]) if len(s) <= cfg["max_len"]]
+lm_vocab = Vocab.build(french)
+lm_examples = [(lm_vocab.encode(s), lm_vocab.encode(s)) for s in french]
+order = torch.randperm(len(lm_examples), generator=torch.Generator().manual_seed(run.seed)).tolist()
+lm_batches = [make_batch([lm_examples[i] for i in order[k:k + cfg["batch"]]])       # tgt_in = <bos> + sentence,
+              for k in range(0, cfg["batch"] * cfg["steps"], cfg["batch"])]          # tgt_out = sentence + <eos>
+
+
+def lm_loss(model: nn.Module, batch) -> tuple[Tensor, int]:
+    logits = model(batch.tgt_in)
+    return F.cross_entropy(logits.flatten(0, 1), batch.tgt_out.flatten(), ignore_index=PAD_ID), \
+        batch.num_target_tokens
+
+
+stability = {}
+for norm_first, warmup in tqdm(list(itertools.product((False, True), (0, cfg["warmup"]))), desc="4 runs"):
+    name = f"{'pre-LN' if norm_first else 'post-LN'}, {f'warm-up {warmup} steps' if warmup else 'no warm-up'}"
+    torch.manual_seed(run.seed)                                    # the same initial weights for post and pre
+    lm = TinyLM(len(lm_vocab), cfg["d_model"], cfg["layers"], norm_first)
+    optimizer = torch.optim.Adam(lm.parameters(), lr=cfg["lr"], betas=(0.9, 0.98), eps=1e-9)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s, w=warmup: min(1.0, (s + 1) / w) if w else 1.0)
+    start = time.perf_counter()
+    try:
+        history = fit(lm, lm_batches, lm_loss, optimizer, epochs=1, device=run.device, clip_norm=None,
+                      scheduler=schedule, desc=name, verbose=False)
+        losses, status = history.step_loss, "finished"
+    except ValueError as err:                                     # fit stops on a non-finite loss: divergence
+        losses, status = [], f"diverged ({err})"
+    stability[name] = dict(losses=losses, status=status, seconds=time.perf_counter() - start)
+# The loss of a model that ignores the context and predicts each word by its frequency:
+# the entropy of the target words (a stalled language model sits near it).
+counts = torch.bincount(torch.cat([b.tgt_out[b.tgt_out != PAD_ID] for b in lm_batches]), minlength=len(lm_vocab))
+freq = counts[counts > 0].double() / counts.sum()
+unigram = -(freq * freq.log()).sum().item()
+
+ax = plot_curves({k: v["losses"] for k, v in stability.items() if v["losses"]}, smooth=5,
+                 title=f"{cfg['layers']}-layer language model, learning rate {cfg['lr']:g}",
+                 xlabel="optimisation step", ylabel="training loss (nats per token)")
+ax.axhline(unigram, color="grey", ls="--", lw=1)
+ax.text(cfg["steps"], unigram, "word frequencies only ", ha="right", va="bottom", color="grey", fontsize=8)
+ax.legend(loc="upper right", fontsize=8)
+plt.show()
+
+
+def final_loss(name: str) -> float:
+    """Mean loss of the last 10 steps (inf for a run that diverged)."""
+    r = stability[name]
+    return float(np.mean(r["losses"][-10:])) if r["losses"] else float("inf")
+
+
+print(f"{'run':32s} {'first 10 steps':>15s} {'last 10 steps':>14s} {'seconds':>8s}")
+for name, r in stability.items():
+    first = np.mean(r["losses"][:10]) if r["losses"] else float("nan")
+    print(f"{name:32s} {first:15.2f} {final_loss(name):14.2f} {r['seconds']:8.1f}  {r['status']}")
+print(f"loss of predicting word frequencies only: {unigram:.2f}")
+post_cold, post_warm = final_loss("post-LN, no warm-up"), final_loss(f"post-LN, warm-up {cfg['warmup']} steps")
+pre_cold, pre_warm = final_loss("pre-LN, no warm-up"), final_loss(f"pre-LN, warm-up {cfg['warmup']} steps")
+if run.profile != "smoke":
+    assert post_cold > post_warm + 0.5, "post-LN without warm-up should stall or diverge where warm-up trains it"
+    assert post_cold > unigram - 0.6, "post-LN without warm-up should not get far below the frequency baseline"
+    assert pre_cold < post_cold - 0.5, "pre-LN without warm-up should train where post-LN without it does not"
+    assert abs(pre_cold - pre_warm) < 0.3, "pre-LN should not need the warm-up"
+
+# %% [markdown]
+# The curves show Xiong et al.'s result at a small scale. Post-LN without warm-up is the run that
+# fails: after a first drop its loss stalls near the dashed line, the loss of a model that
+# predicts each word by its frequency and ignores the context, while the other three runs go
+# well below it (the table). The same post-LN model, from the same initial weights and on the
+# same batches, trains once the learning rate is warmed up over the first steps. Pre-LN trains
+# with and without warm-up, and without it gets there soonest: for pre-LN the warm-up only
+# delays training. The warm-up is a patch for post-LN's large early gradients (the previous
+# figure); pre-LN removes the need for it, one reason most models since GPT-2 use it. How sharp
+# the contrast is depends on the learning rate and the depth: the setup cell's `stability`
+# sizes let you try others.
+#
+# ## 10. Does it learn? A sanity run
+#
+# Everything so far was checked at initialisation, or on a model without an encoder. A last
+# check that the assembled encoder-decoder *trains*: copying sequences of 3 to 10 symbols drawn
+# from 16. Trivial for a human, it still needs every part: the encoder must keep each symbol at
+# its position, the decoder must know where it is in its own output (causal self-attention and
+# positions) and fetch the matching source position through cross-attention, which nothing in
+# the architecture favours until it is learned. We train a small pre-LN model (section 9's
+# easier one to train) with chapter 02's recipe and the paper's Adam settings and warm-up
+# (chapter 08 explains them), then decode held-out sequences greedily.
+
+# %%
+ccfg = run.copy
+symbols = [f"s{i}" for i in range(16)]
+g = torch.Generator().manual_seed(run.seed)
+
+
+def copy_pairs(n: int) -> list[tuple[str, str]]:
+    pairs = []
+    for _ in range(n):
+        length = int(torch.randint(3, 11, (1,), generator=g))
+        seq = " ".join(symbols[int(i)] for i in torch.randint(0, 16, (length,), generator=g))
+        pairs.append((seq, seq))
+    return pairs
+
+
+copy_train, copy_test = copy_pairs(ccfg["pairs"]), copy_pairs(300)
+copy_vocab = Vocab.build([s.split() for s, _ in copy_train])
+torch.manual_seed(run.seed)
+copier = Transformer(len(copy_vocab), len(copy_vocab), d_model=ccfg["d_model"], heads=4,
+                     encoder_layers=ccfg["layers"], decoder_layers=ccfg["layers"], d_ff=4 * ccfg["d_model"],
+                     dropout=0.0, norm_first=True, share_embeddings=True)
+copy_history, _ = train_translator(copier, TranslationDataset(copy_train, copy_vocab, copy_vocab),
+                                   epochs=ccfg["epochs"], batch_size=ccfg["batch"], lr=ccfg["lr"],
+                                   warmup_steps=ccfg["warmup"], betas=(0.9, 0.98), adam_eps=1e-9,
+                                   device=run.device, seed=run.seed, desc="copy", verbose=False)
+copier.eval()
+copy_test_data = TranslationDataset(copy_test, copy_vocab, copy_vocab)
+test_batch = make_batch(copy_test_data.examples).to(run.device)
+decoded = greedy_decode(copier, test_batch.src, test_batch.src_mask)
+outputs = [decoded.tokens[i, : int(decoded.lengths[i])].tolist() for i in range(len(copy_test))]
+targets = [ex[1] for ex in copy_test_data.examples]
+exact = float(np.mean([o == t for o, t in zip(outputs, targets, strict=True)]))
+token_acc = float(np.mean([a == b for o, t in zip(outputs, targets, strict=True)
+                           for a, b in zip(o + [-1] * len(t), t, strict=False)]))
+steps = len(copy_history.step_loss)
+print(f"{count_parameters(copier):,} parameters, {steps} steps in {copy_history.seconds:.0f} s; loss "
+      f"{np.mean(copy_history.step_loss[:10]):.2f} -> {np.mean(copy_history.step_loss[-10:]):.3f} nats per token")
+print(f"held-out sequences: {exact:.1%} copied exactly, {token_acc:.1%} of the symbols right")
+for low, high in ((3, 6), (7, 10)):
+    chosen = [o == t for o, t in zip(outputs, targets, strict=True) if low <= len(t) <= high]
+    print(f"  {low} to {high} symbols: {np.mean(chosen):.1%} exact ({len(chosen)} sequences)")
+if run.profile != "smoke":
+    assert exact > 0.8 and token_acc > 0.95, "the assembled Transformer should learn to copy short sequences"
+
+# %% [markdown]
+# How does it do it? The cross-attention weights of the last decoder layer (averaged over its
+# heads) while the model reads the reference copy of one held-out sequence:
+
+# %%
+i = max(range(len(copy_test)), key=lambda k: (len(copy_test[k][0].split()), -k))     # a longest test sequence
+one = make_batch([copy_test_data.examples[i]]).to(run.device)
+maps = copier.attention_maps(one.src, one.src_mask, one.tgt_in)
+cross = maps.cross[-1][0].mean(0).cpu()                                            # (T, S), heads averaged
+source_tokens = copy_test[i][0].split() + ["<eos>"]
+plot_heatmap(cross, x_labels=source_tokens, y_labels=source_tokens, vmin=0, vmax=1,
+             title="Cross-attention, last decoder layer (mean over heads)", xlabel="source position",
+             ylabel="target word being predicted")
+plt.show()
+on_diagonal = float(cross.diagonal().sum() / cross.sum())
+print(f"share of the cross-attention weight on the diagonal (target t reads source t): {on_diagonal:.0%}")
+if run.profile != "smoke":
+    assert on_diagonal > 0.5, "the copying model should read source position t when writing target t"
+
+# %% [markdown]
+# The loss falls from about $\ln V$ to a few hundredths of a nat within a few hundred steps,
+# and most held-out sequences come back exactly (the numbers above, by length: the misses are
+# in the longer sequences, which this short run has not finished learning). The heatmap shows
+# how: the target word at position $t$ puts most of its cross-attention on source position $t$
+# (the share printed under it), while the `<eos>` row, which only has to notice that the source
+# has run out, spreads its weight over the last positions. Nobody told the model to align by
+# position: cross-attention learned it from the loss alone, as chapter 03's attention learned to
+# align words. Chapter 08 trains the same model to translate, where the alignments cross.
+#
+# %% [markdown]
+# ## Summary
+#
+# * A Transformer layer is attention and a position-wise feed-forward network, each in a
+#   residual connection with a LayerNorm. Attention moves information between positions: for
+#   fixed weights a stack of attention layers is one linear map of its input (checked), its only
+#   non-linearity the softmax that chooses where to look. The feed-forward network transforms
+#   each position non-linearly. One attention layer with two heads provably cannot compute the
+#   parity of five bits; one layer with a feed-forward network learned it, for most seeds after
+#   a plateau (section 1).
+# * Without residual connections, a deep attention stack maps every token of a sentence onto the
+#   same vector within a few layers (Dong et al.'s rank collapse, doubly exponential) and its
+#   gradient vanishes; feed-forward networks and LayerNorm do not prevent this, residual
+#   connections do (section 2, 24 layers at initialisation).
+# * LayerNorm is $\gamma \odot (x - \mu)/\sqrt{\sigma^2 + \epsilon} + \beta$ with $\mu$ and $\sigma^2$
+#   *means* over the features (the biased variance) and $\epsilon$ inside the root; written out, it
+#   equals `nn.LayerNorm` in both passes. A sum for the mean, an unbiased variance, or
+#   $\epsilon$ outside the root are all measurably different (section 3).
+# * The decoder layer adds causal self-attention (no gradient flows from later positions,
+#   checked) and cross-attention, whose queries come from the decoder and keys and values from
+#   the encoder (weights $T \times S$, zero on source padding). Token embeddings are scaled by
+#   $\sqrt{d}$, which, with a small embedding shared with the output layer, gives tokens the
+#   scale of the positions and logits of order one (sections 4 to 6).
+# * Our layers, stacks and model equal `nn.TransformerEncoderLayer`, `nn.TransformerDecoderLayer`
+#   and `nn.Transformer` with copied weights: outputs and every parameter's gradient to float64
+#   round-off, post-LN and pre-LN, with padding and causal masks, once PyTorch's inverted bool
+#   masks and its always-present final LayerNorms are accounted for (section 7).
+# * The paper's base model, built, has 63.1 million parameters with a shared 37,000-token
+#   vocabulary (the paper: 65M); 70% of it is in the two stacks, and most of the stacks is in
+#   the feed-forward networks (section 8).
+# * Post-LN gives the layers near the output large gradients at initialisation and, at a large
+#   learning rate, needs a warm-up to train; pre-LN's gradients are smaller and even, and it
+#   trained with or without warm-up (section 9). The assembled model learns a sequence task in
+#   seconds (section 10). Chapter 08 trains it to translate.
+#
+# ## Exercises
+#
+# ### Questions
+#
+# 1. **Deeper attention-only stacks.** Stack two or four attention-only layers
+#    (`AblatedLayer(..., ffn=False)`) in `ParityClassifier` and train each with several seeds.
+#    How often do they learn parity? Why does section 1's argument about one layer not apply to
+#    two? What does that say about the softmax as a non-linearity?
+# 2. Count the parameters of an encoder layer with $d = 512$, $h = 8$ and $d_\text{ff} = 2048$, and of
+#    the same layer with $h = 1$ and with $h = 64$. Why does the number of heads not appear in
+#    the count? What does change with $h$?
+# 3. The decoder's self-attention mask combines the causal mask with the target's padding. Show
+#    that when padding only ever comes *after* the real tokens, the padding part changes nothing
+#    for the real positions. Which positions does it change, and why does that not matter for
+#    the loss?
+# 4. A pre-LN stack needs a final LayerNorm and a post-LN stack does not. Follow the size of the
+#    residual stream $x_l$ through a pre-LN stack of $L$ layers at initialisation: how does its
+#    norm grow with $l$, and what would the output layer see without the final LayerNorm?
+# 5. The embeddings are multiplied by $\sqrt{d}$. If the model did *not* tie the output layer to
+#    the embedding, would you still scale them? How else could you give tokens and positions a
+#    similar scale?
+# 6. Batch normalisation averages over the batch. Why is that a poor fit for a decoder that, at
+#    inference time, processes one sentence one token at a time? What does LayerNorm do
+#    differently?
+# 7. Adam divides each update by a running estimate of the gradient's second moment. Why is
+#    that estimate unreliable in the first steps, and how does a warm-up protect against it?
+#    (Liu et al. 2020, "On the variance of the adaptive learning rate and beyond", make this
+#    argument.) Why would post-LN suffer more than pre-LN?
+# 8. In cross-attention, the keys and values come from the encoder's output, which does not
+#    change while the decoder writes. What could a decoder compute once per sentence instead of
+#    once per step? (Chapter 09 caches the decoder's own keys and values as well.)
+#
+# ### Coding exercises
+#
+# Fill in each function and run the cell: the checker says "correct!", tells you what is wrong,
+# or, while the stub still raises `NotImplementedError`, gives a hint. Solutions are in
+# `notebooks/solutions/07_transformer_architecture_solutions.ipynb`.
+#
+# **1. Layer normalisation from the formula.** `x` is `(..., d)`, `gamma` and `beta` are `(d,)`.
+# Return $\gamma \odot (x - \mu)/\sqrt{\sigma^2 + \epsilon} + \beta$ over the last axis, without
+# `nn.LayerNorm` or `F.layer_norm`.
+
+# %%
+def layer_norm(x: Tensor, gamma: Tensor, beta: Tensor, eps: float) -> Tensor:
+    raise NotImplementedError  # your code here
+
+
+exercises.check("07.layer_norm", layer_norm)
+
+# %% [markdown]
+# **2. A sublayer, post-LN or pre-LN.** `sublayer` is a function `(B, T, d) -> (B, T, d)` (an
+# attention or a feed-forward network), `norm` a LayerNorm. Return the sublayer wrapped in its
+# residual connection and LayerNorm: post-LN when `norm_first` is False, pre-LN when it is True.
+
+# %%
+def sublayer_connection(x: Tensor, sublayer, norm: nn.Module, norm_first: bool) -> Tensor:
+    raise NotImplementedError  # your code here
+
+
+exercises.check("07.sublayer", sublayer_connection)
+
+# %% [markdown]
+# **3. The decoder's masks.** `src_mask` is `(B, S)` and `tgt_mask` is `(B, T)`, both bool and
+# `True` at real tokens. Return `(self_mask, cross_mask)` in the book's convention (`True` = may
+# attend), each broadcastable to the scores, `(B, h, T, T)` and `(B, h, T, S)`: target position
+# $t$ may attend to target position $u$ when $u \le t$ and $u$ is a real token, and to every real
+# source token.
+
+# %%
+def decoder_masks(src_mask: Tensor, tgt_mask: Tensor) -> tuple[Tensor, Tensor]:
+    raise NotImplementedError  # your code here
+
+
+exercises.check("07.decoder_masks", decoder_masks)
+
+# %% [markdown]
+# ## References
+#
+# * A. Vaswani, N. Shazeer, N. Parmar, J. Uszkoreit, L. Jones, A. N. Gomez, Ł. Kaiser,
+#   I. Polosukhin (2017). *Attention is all you need.* NeurIPS. The encoder and decoder stacks
+#   with residual connections and LayerNorm (§3.1), the three uses of attention (§3.2.3), the
+#   position-wise feed-forward networks (§3.3), embeddings scaled by $\sqrt{d_\text{model}}$ and
+#   shared with the pre-softmax layer (§3.4), positional encoding (§3.5), the shared BPE
+#   vocabulary (§5.1), warm-up (§5.3), residual dropout (§5.4), the base model's 65M parameters
+#   (Table 3).
+# * J. L. Ba, J. R. Kiros, G. E. Hinton (2016). *Layer normalization.* arXiv:1607.06450. The
+#   definition, statistics over the hidden units of one layer for one example (§3).
+# * K. He, X. Zhang, S. Ren, J. Sun (2016). *Deep residual learning for image recognition.* CVPR.
+#   Residual learning and identity shortcuts (§3.1, §3.2).
+# * K. He, X. Zhang, S. Ren, J. Sun (2016). *Identity mappings in deep residual networks.* ECCV.
+#   Why a clean identity path propagates signals in both directions (§2, §3), and the
+#   pre-activation unit, the idea behind pre-LN (§4).
+# * R. Xiong, Y. Yang, D. He, K. Zheng, S. Zheng, C. Xing, H. Zhang, Y. Lan, L. Wang, T.-Y. Liu
+#   (2020). *On layer normalization in the Transformer architecture.* ICML. Post-LN and pre-LN
+#   (Figure 1), the warm-up stage is essential for post-LN (§3.2), gradients at initialisation
+#   (§3.3, Theorem 1, Figure 3), pre-LN trained without warm-up (§4).
+# * Q. Wang, B. Li, T. Xiao, J. Zhu, C. Li, D. F. Wong, L. S. Chao (2019). *Learning deep
+#   transformer models for machine translation.* ACL. Pre-norm against post-norm and the
+#   gradient through each (§2), deep pre-norm encoders that train (§4).
+# * O. Press, L. Wolf (2017). *Using the output embedding to improve language models.* EACL.
+#   The output matrix as an embedding, tying it to the input embedding, and three-way tying in
+#   translation, which the Transformer adopts.
+# * Y. Dong, J.-B. Cordonnier, A. Loukas (2021). *Attention is not all you need: pure attention
+#   loses rank doubly exponentially with depth.* ICML. The path decomposition and the doubly
+#   exponential rank collapse of pure attention (§2), and what counteracts it: skip connections,
+#   MLPs, layer normalisation (§3.1-3.3).
+# * L. Liu, H. Jiang, P. He, W. Chen, X. Liu, J. Gao, J. Han (2020). *On the variance of the
+#   adaptive learning rate and beyond.* ICLR. Why Adam's early steps need a warm-up (§3).

@@ -1,0 +1,148 @@
+"""Chapter 08 exercise checkers accept the reference solutions and reject typical wrong answers."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_exercises import _accepts, _rejects, _stub  # the helpers of chapter 01's checker tests
+
+from tfmlib import exercises
+
+
+def test_check_api_never_raises_without_must_pass(capsys):
+    assert exercises.names(8), "chapter 08 registers no exercises"
+    for name in exercises.names(8):
+        assert not exercises.check(name, _stub)
+        out = capsys.readouterr().out
+        assert "not solved yet" in out and "Hint" in out
+        assert not exercises.check(name, lambda *a: 1 / 0)
+        assert "ZeroDivisionError" in capsys.readouterr().out
+
+
+def test_chapter_08_exercises_are_registered():
+    assert exercises.names(8) == ["08.beam_step", "08.smoothed_loss", "08.transformer_lr"]
+
+
+# ----------------------------------------------------------------------------- 08.smoothed_loss
+
+
+def smoothed_loss_ref(logits, targets, eps):
+    log_p = F.log_softmax(logits, -1)
+    nll = -log_p.gather(-1, targets[..., None]).squeeze(-1)
+    per_token = (1 - eps) * nll + eps * (-log_p.mean(-1))
+    real = targets != 0
+    return per_token[real].sum() / real.sum()
+
+
+def _smoothed_over_wrong_tokens(logits, targets, eps):
+    log_p = F.log_softmax(logits, -1)
+    nll = -log_p.gather(-1, targets[..., None]).squeeze(-1)
+    others = (-log_p.sum(-1) - nll) / (logits.shape[-1] - 1)
+    return ((1 - eps) * nll + eps * others)[targets != 0].mean()
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda lg, t, e: F.cross_entropy(lg.flatten(0, 1), t.flatten(), label_smoothing=e),   # counts padding
+    lambda lg, t, e: F.cross_entropy(lg.flatten(0, 1), t.flatten(), ignore_index=0),       # no smoothing
+    _smoothed_over_wrong_tokens,                                                           # eps / (V - 1)
+    lambda lg, t, e: smoothed_loss_ref(lg, t, e) + e * math.log(lg.shape[-1]) * 0.5,       # shifted
+    lambda lg, t, e: F.cross_entropy(lg.flatten(0, 1), t.flatten(), ignore_index=0, label_smoothing=e,
+                                     reduction="none"),                                          # not reduced
+    lambda lg, t, e: (F.cross_entropy(lg.flatten(0, 1), t.flatten(), ignore_index=0, label_smoothing=e,
+                                      reduction="sum") / t.numel()),                             # denominator
+], ids=["counts-padding", "no-smoothing", "over-wrong-tokens", "shifted", "not-reduced", "denominator"])
+def test_08_smoothed_loss(wrong):
+    _accepts("08.smoothed_loss", smoothed_loss_ref)
+    _rejects("08.smoothed_loss", wrong)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (_smoothed_over_wrong_tokens, "V - 1 wrong tokens"),
+    (lambda lg, t, e: F.cross_entropy(lg.flatten(0, 1), t.flatten(), label_smoothing=e), "padded positions"),
+], ids=["over-wrong-tokens", "counts-padding"])
+def test_08_smoothed_loss_names_the_mistake(wrong, message, capsys):
+    exercises.check("08.smoothed_loss", wrong)
+    assert message in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- 08.transformer_lr
+
+
+def transformer_lr_ref(step, d_model, warmup):
+    return d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda s, d, w: d ** -0.5 * max(s ** -0.5, s * w ** -1.5),          # max
+    lambda s, d, w: min(s ** -0.5, s * w ** -1.5),                      # no d_model factor
+    lambda s, d, w: d ** -0.5 * min(s ** -0.5, s * w ** -0.5),          # wrong warm-up exponent
+    lambda s, d, w: d ** -0.5 * min((s + 1) ** -0.5, (s + 1) * w ** -1.5),  # counts from 0
+    lambda s, d, w: str(d ** -0.5 * min(s ** -0.5, s * w ** -1.5)),     # a string
+], ids=["max", "no-d-factor", "exponent", "off-by-one", "string"])
+def test_08_transformer_lr(wrong):
+    _accepts("08.transformer_lr", transformer_lr_ref)
+    _accepts("08.transformer_lr", lambda s, d, w: torch.tensor(transformer_lr_ref(s, d, w)))  # 0-d tensor
+    _rejects("08.transformer_lr", wrong)
+
+
+# ----------------------------------------------------------------------------- 08.beam_step
+
+
+def beam_step_ref(beam_scores, log_probs):
+    B, K, V = log_probs.shape
+    scores, index = (beam_scores[:, :, None] + log_probs).view(B, K * V).topk(K, dim=1)
+    return scores, index // V, index % V
+
+
+def _ignores_prefix_scores(beam_scores, log_probs):
+    B, K, V = log_probs.shape
+    _, index = log_probs.reshape(B, K * V).topk(K, dim=1)
+    beams, tokens = index // V, index % V
+    return beam_scores.gather(1, beams) + log_probs.reshape(B, K * V).gather(1, index), beams, tokens
+
+
+def _best_of_each_prefix(beam_scores, log_probs):
+    best, tokens = log_probs.max(dim=-1)                      # (B, K): one extension per prefix
+    scores = beam_scores + best
+    order = scores.argsort(dim=1, descending=True)
+    return scores.gather(1, order), order, tokens.gather(1, order)
+
+
+def _wrong_index_arithmetic(beam_scores, log_probs):
+    B, K, V = log_probs.shape
+    scores, index = (beam_scores[:, :, None] + log_probs).view(B, K * V).topk(K, dim=1)
+    return scores, index % K, index // K
+
+
+def _unsorted(beam_scores, log_probs):
+    scores, beams, tokens = beam_step_ref(beam_scores, log_probs)
+    return scores.flip(1), beams.flip(1), tokens.flip(1)
+
+
+def _across_the_batch(beam_scores, log_probs):
+    B, K, V = log_probs.shape
+    scores, index = (beam_scores[:, :, None] + log_probs).reshape(-1).topk(B * K)
+    return scores.view(B, K), (index // V % K).view(B, K), (index % V).view(B, K)
+
+
+@pytest.mark.parametrize("wrong", [_ignores_prefix_scores, _best_of_each_prefix, _wrong_index_arithmetic,
+                                   _unsorted, _across_the_batch, lambda s, lp: beam_step_ref(s, lp)[1:]],
+                         ids=["ignores-prefix-scores", "best-of-each-prefix", "index-arithmetic", "unsorted",
+                              "across-the-batch", "no-scores"])
+def test_08_beam_step(wrong):
+    _accepts("08.beam_step", beam_step_ref)
+    _rejects("08.beam_step", wrong)
+
+
+def test_08_beam_step_matches_what_beam_search_does():
+    """The reference is the candidate selection of tfmlib.decoding.beam_search (before EOS handling)."""
+    torch.manual_seed(0)
+    B, K, V = 2, 3, 7
+    log_probs = torch.log_softmax(torch.randn(B * K, V), -1)
+    beam_scores = -torch.rand(B, K)
+    candidates = (beam_scores.view(-1, 1) + log_probs).view(B, K * V)          # as in beam_search
+    top_scores, top_index = candidates.topk(K, dim=1)
+    scores, beams, tokens = beam_step_ref(beam_scores, log_probs.view(B, K, V))
+    assert torch.equal(scores, top_scores) and torch.equal(beams, top_index // V) and \
+        torch.equal(tokens, top_index % V)
