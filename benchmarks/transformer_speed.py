@@ -24,7 +24,9 @@ import math
 import os
 import platform
 import statistics
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -35,6 +37,9 @@ from tfmlib.data import EOS_ID, PAD_ID, make_batch
 from tfmlib.decoding import beam_search, greedy_decode
 from tfmlib.seq2seq import EncoderDecoder, EncoderOutput, translation_loss
 from tfmlib.transformer import Transformer, copy_from_torch_transformer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from attention_speed import interleaved_medians  # noqa: E402  (the same interleaved timing)
 
 RESULTS = Path(__file__).resolve().parent / "results" / "transformer_speed.json"
 
@@ -113,25 +118,21 @@ def check_equal(ours: nn.Module, theirs: nn.Module, batch) -> float:
 
 
 def time_training(models: dict[str, nn.Module], batches: list, repeats: int) -> dict[str, float]:
-    """Median seconds per optimisation step of each model, interleaving the models."""
+    """Median seconds per optimisation step of each model, interleaving the models
+    (``attention_speed.interleaved_medians`` over one pass through ``batches``)."""
     optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-4) for name, m in models.items()}
 
-    def step(name: str, batch) -> None:
-        loss, _ = translation_loss(models[name], batch, label_smoothing=0.1)
-        optimizers[name].zero_grad(set_to_none=True)
-        loss.backward()
-        optimizers[name].step()
-
-    for name in models:  # warm-up
-        step(name, batches[0])
-    times: dict[str, list[float]] = {name: [] for name in models}
-    for r in range(repeats):
-        for name in (list(models) if r % 2 == 0 else list(models)[::-1]):
-            start = time.perf_counter()
+    def steps(name: str) -> Callable[[], None]:
+        def run() -> None:
             for batch in batches:
-                step(name, batch)
-            times[name].append((time.perf_counter() - start) / len(batches))
-    return {name: statistics.median(t) for name, t in times.items()}
+                loss, _ = translation_loss(models[name], batch, label_smoothing=0.1)
+                optimizers[name].zero_grad(set_to_none=True)
+                loss.backward()
+                optimizers[name].step()
+        return run
+
+    medians = interleaved_medians({name: steps(name) for name in models}, repeats)
+    return {name: t / len(batches) for name, t in medians.items()}
 
 
 def time_decoding(model: Transformer, batch, beam_size: int, max_len: int) -> dict[str, float]:
