@@ -550,6 +550,36 @@ print(f"trained in {history.seconds:.0f} s, {sum(e['tokens_per_second'] for e in
 # (chapter 08) approximates better. In a batch, sentences end at different steps: a finished
 # row is padded, and the loop stops when all rows have finished, or at a length limit in case
 # one never does.
+#
+# A finished row also *leaves the batch*: from the next step on, the model runs only on the rows
+# still decoding. Without this, a batch costs as many full steps as its longest translation, and
+# one sentence that never emits `<eos>` keeps every row busy until the length limit. Leaving
+# means keeping the remaining rows of everything the decoder reads, the encoder's output and
+# the decoder's state, in the same order; two small helpers do that:
+
+# %%
+# tfmlib-source: tfmlib.decoding._select_rows
+def _select_rows(enc: EncoderOutput, rows: Tensor) -> EncoderOutput:
+    """Every tensor of ``enc`` at the given batch rows: ``(B, ...) -> (len(rows), ...)``."""
+    return EncoderOutput(*(None if x is None else x.index_select(0, rows) for x in enc))
+
+
+# %%
+# tfmlib-source: tfmlib.decoding._select_state
+def _select_state(state: object, rows: Tensor) -> object:
+    """A decoder ``state`` (a tensor, or a tuple/list of them, batch first) at the given rows."""
+    if isinstance(state, Tensor):
+        return state.index_select(0, rows)
+    if isinstance(state, (tuple, list)):
+        return type(state)(_select_state(s, rows) for s in state)
+    raise TypeError(f"decoding: a decoder state must be a tensor or a tuple of tensors, got "
+                    f"{type(state).__name__}")
+
+
+# %% [markdown]
+# In the loop, `running` lists the batch rows still decoding; each step's tokens are written
+# into a full-size row of `PAD_ID` with `index_copy`, so the output keeps one row per sentence
+# in the batch's order, whatever order the sentences end in:
 
 # %%
 # tfmlib-source: tfmlib.decoding.greedy_decode
@@ -559,9 +589,10 @@ def greedy_decode(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len:
     """Translate a batch greedily: at each step feed back the argmax token.
 
     ``src`` and ``src_mask`` are ``(B, S)`` as in a :class:`~tfmlib.data.Batch`. A row stops at
-    its first EOS; after it the row holds ``PAD_ID``. Decoding stops when every row has stopped
-    or after ``max_len`` steps (default :func:`default_max_len`). The model is put in eval mode
-    (and restored afterwards).
+    its first EOS; after it the row holds ``PAD_ID``. A row that has stopped leaves the batch the
+    model runs on, so the rows still decoding do not pay for it. Decoding stops when every row has
+    stopped or after ``max_len`` steps (default :func:`default_max_len`). The model is put in eval
+    mode (and restored afterwards).
     """
     check_source(src, src_mask, "greedy_decode", getattr(model, "max_source_len", None),
                  getattr(model, "src_vocab_size", None))
@@ -575,18 +606,25 @@ def greedy_decode(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len:
         enc = model.encode(src, src_mask)
         B = src.shape[0]
         prev, state = first_token_batch(B, src.device), enc.state
-        finished = torch.zeros(B, dtype=torch.bool, device=src.device)
+        running = torch.arange(B, device=src.device)  # the rows of the batch still decoding
         tokens, weights = [], []
         for _ in range(max_len):
             step = model.decode_step(prev, state, enc)
-            state = step.state
-            prev = step.logits.argmax(dim=-1)
-            tokens.append(torch.where(finished, torch.full_like(prev, PAD_ID), prev))
+            prev = step.logits.argmax(dim=-1)                         # (rows still running,)
+            tokens.append(prev.new_full((B,), PAD_ID).index_copy(0, running, prev))
             if return_attention and step.weights is not None:
-                weights.append(step.weights * (~finished)[:, None])
-            finished = finished | (prev == EOS_ID)
-            if bool(finished.all()):
+                weights.append(step.weights.new_zeros((B, *step.weights.shape[1:]))
+                               .index_copy(0, running, step.weights))
+            ended = prev == EOS_ID
+            n_ended = int(ended.sum())
+            if n_ended == len(running):
                 break
+            if n_ended:  # the rows that ended leave the batch: keep the others' inputs and state
+                keep = (~ended).nonzero().flatten()
+                running, prev = running[keep], prev[keep]
+                state, enc = _select_state(step.state, keep), _select_rows(enc, keep)
+            else:
+                state = step.state
     finally:
         model.train(was_training)
     out = torch.stack(tokens, dim=1)

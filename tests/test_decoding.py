@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from test_seq2seq import SRC_V, TGT_V, random_batch
 from torch import Tensor
 
@@ -26,7 +27,10 @@ from tfmlib.transformer import Transformer
 
 
 class ScriptedModel(EncoderDecoder):
-    """Emits a fixed token sequence per row (then keeps repeating its last token)."""
+    """Emits a fixed token sequence per source row (then keeps repeating its last token).
+
+    Its state is ``(row, step)`` per row, so it follows its rows when a decoder drops finished ones
+    from the batch; ``batch_sizes`` records how many rows each call of ``decode_step`` ran on."""
 
     max_source_len = 50
 
@@ -34,18 +38,23 @@ class ScriptedModel(EncoderDecoder):
         super().__init__()
         self.scripts, self.vocab_size = scripts, vocab_size
         self.dummy = torch.nn.Parameter(torch.zeros(1))
-        self.calls = 0
+        self.batch_sizes: list[int] = []
+
+    @property
+    def calls(self) -> int:
+        return len(self.batch_sizes)
 
     def encode(self, src: Tensor, src_mask: Tensor) -> EncoderOutput:
-        return EncoderOutput(src[..., None].float(), src_mask, torch.zeros(src.shape[0], 1))
+        rows = torch.arange(src.shape[0])
+        return EncoderOutput(src[..., None].float(), src_mask, torch.stack([rows, torch.zeros_like(rows)], 1))
 
     def decode_step(self, prev: Tensor, state: Tensor, enc: EncoderOutput) -> StepOutput:
-        t = int(state[0, 0])
-        self.calls += 1
+        self.batch_sizes.append(prev.shape[0])
         logits = torch.zeros(prev.shape[0], self.vocab_size)
-        for i, script in enumerate(self.scripts):
+        for i, (row, t) in enumerate(state.tolist()):
+            script = self.scripts[row]
             logits[i, script[min(t, len(script) - 1)]] = 1.0
-        return StepOutput(logits, state + 1)
+        return StepOutput(logits, state + torch.tensor([0, 1]))
 
 
 def test_greedy_stops_at_eos_and_pads_after_it():
@@ -62,12 +71,24 @@ def test_greedy_stops_as_soon_as_every_row_has_ended():
     model = ScriptedModel([[5, EOS_ID], [EOS_ID]])
     out = greedy_decode(model, torch.full((2, 3), 5), torch.ones(2, 3, dtype=torch.bool), max_len=50)
     assert model.calls == 2 and out.tokens.shape == (2, 2)
+    assert out.tokens.tolist() == [[5, EOS_ID], [EOS_ID, PAD_ID]]
+
+
+def test_greedy_runs_the_model_only_on_rows_still_decoding():
+    model = ScriptedModel([[4, 4, 4, EOS_ID], [EOS_ID], [6, EOS_ID], [7, 7, 7, 7, 7, 7]])
+    out = greedy_decode(model, torch.full((4, 2), 5), torch.ones(4, 2, dtype=torch.bool), max_len=6)
+    assert model.batch_sizes == [4, 3, 2, 2, 1, 1], "a row that ended must leave the batch"
+    assert out.tokens.tolist() == [[4, 4, 4, EOS_ID, PAD_ID, PAD_ID], [EOS_ID] + [PAD_ID] * 5,
+                                   [6, EOS_ID] + [PAD_ID] * 4, [7] * 6]
+    assert out.lengths.tolist() == [3, 0, 1, 6]
     assert default_max_len(torch.tensor([[True, True, False], [True, True, True]])) == 16
 
 
 @pytest.mark.parametrize("make", [
     lambda: Seq2Seq(SRC_V, TGT_V, embed=8, hidden=12),
     lambda: AttentionSeq2Seq(SRC_V, TGT_V, embed=8, enc_hidden=6, hidden=12, attn_size=10),
+    lambda: Transformer(SRC_V, TGT_V, d_model=16, heads=2, encoder_layers=1, decoder_layers=2, d_ff=24,
+                        dropout=0.0),
 ])
 def test_greedy_equals_the_teacher_forced_argmax_of_its_own_output(make):
     torch.manual_seed(0)
@@ -124,6 +145,33 @@ def test_translate_batches_do_not_change_results():
     sentences = ["the dog .", "a big big cat sees the dog .", "cat", "the cat sees a dog ."]
     assert translate(model, sentences, vocab, vocab, batch_size=1, max_len=8) == \
         translate(model, sentences, vocab, vocab, batch_size=4, max_len=8)
+
+
+class CopyModel(EncoderDecoder):
+    """'Translates' a sentence into itself: step t emits source token t (the source's EOS last)."""
+
+    max_source_len = 50
+
+    def __init__(self, vocab_size: int):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.dummy = torch.nn.Parameter(torch.zeros(1))
+
+    def encode(self, src: Tensor, src_mask: Tensor) -> EncoderOutput:
+        return EncoderOutput(src[..., None].float(), src_mask, torch.zeros(src.shape[0], 1, dtype=torch.long))
+
+    def decode_step(self, prev: Tensor, state: Tensor, enc: EncoderOutput) -> StepOutput:
+        token = enc.memory[:, :, 0].long().gather(1, state.clamp(max=enc.memory.shape[1] - 1))[:, 0]
+        return StepOutput(F.one_hot(token, self.vocab_size).float(), state + 1)
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_translate_returns_the_translations_in_the_order_asked(beam_size):
+    vocab = Vocab.build([["the", "dog", "sees", "a", "cat", "big", "."]])
+    sentences = ["the dog sees a big cat.", "a cat", "the big dog.", "dog", "a cat sees the dog."]
+    # translate decodes in batches sorted by length, and must put each answer back in its place
+    copied = translate(CopyModel(len(vocab)), sentences, vocab, vocab, batch_size=2, beam_size=beam_size)
+    assert copied == sentences
 
 
 # ----------------------------------------------------------------------------- beam search
@@ -239,6 +287,16 @@ def test_beam_search_stops_a_hypothesis_at_eos_and_pads_after_it():
                       max_len=8, alpha=0.6)
     assert out.tokens.tolist() == [[5, 6, EOS_ID], [7, EOS_ID, PAD_ID]]
     assert out.lengths.tolist() == [2, 1]
+
+
+def test_beam_search_runs_the_model_only_on_sentences_still_searching():
+    model = ScriptedModel([[5, EOS_ID], [6, 6, 6, 6, EOS_ID], [EOS_ID]])
+    out = beam_search(model, torch.full((3, 2), 5), torch.ones(3, 2, dtype=torch.bool), beam_size=2,
+                      max_len=8, alpha=0.0)
+    assert out.tokens.tolist() == [[5, EOS_ID, PAD_ID, PAD_ID, PAD_ID], [6, 6, 6, 6, EOS_ID],
+                                   [EOS_ID, PAD_ID, PAD_ID, PAD_ID, PAD_ID]]
+    # 3 sentences x 2 prefixes; the third is done after step 1, the first after step 2
+    assert model.batch_sizes == [6, 4, 2, 2, 2], "a sentence that is done must leave the batch"
 
 
 def test_beam_search_returns_the_best_prefix_when_nothing_ends():

@@ -64,9 +64,10 @@ def greedy_decode(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len:
     """Translate a batch greedily: at each step feed back the argmax token.
 
     ``src`` and ``src_mask`` are ``(B, S)`` as in a :class:`~tfmlib.data.Batch`. A row stops at
-    its first EOS; after it the row holds ``PAD_ID``. Decoding stops when every row has stopped
-    or after ``max_len`` steps (default :func:`default_max_len`). The model is put in eval mode
-    (and restored afterwards).
+    its first EOS; after it the row holds ``PAD_ID``. A row that has stopped leaves the batch the
+    model runs on, so the rows still decoding do not pay for it. Decoding stops when every row has
+    stopped or after ``max_len`` steps (default :func:`default_max_len`). The model is put in eval
+    mode (and restored afterwards).
     """
     check_source(src, src_mask, "greedy_decode", getattr(model, "max_source_len", None),
                  getattr(model, "src_vocab_size", None))
@@ -80,18 +81,25 @@ def greedy_decode(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len:
         enc = model.encode(src, src_mask)
         B = src.shape[0]
         prev, state = first_token_batch(B, src.device), enc.state
-        finished = torch.zeros(B, dtype=torch.bool, device=src.device)
+        running = torch.arange(B, device=src.device)  # the rows of the batch still decoding
         tokens, weights = [], []
         for _ in range(max_len):
             step = model.decode_step(prev, state, enc)
-            state = step.state
-            prev = step.logits.argmax(dim=-1)
-            tokens.append(torch.where(finished, torch.full_like(prev, PAD_ID), prev))
+            prev = step.logits.argmax(dim=-1)                         # (rows still running,)
+            tokens.append(prev.new_full((B,), PAD_ID).index_copy(0, running, prev))
             if return_attention and step.weights is not None:
-                weights.append(step.weights * (~finished)[:, None])
-            finished = finished | (prev == EOS_ID)
-            if bool(finished.all()):
+                weights.append(step.weights.new_zeros((B, *step.weights.shape[1:]))
+                               .index_copy(0, running, step.weights))
+            ended = prev == EOS_ID
+            n_ended = int(ended.sum())
+            if n_ended == len(running):
                 break
+            if n_ended:  # the rows that ended leave the batch: keep the others' inputs and state
+                keep = (~ended).nonzero().flatten()
+                running, prev = running[keep], prev[keep]
+                state, enc = _select_state(step.state, keep), _select_rows(enc, keep)
+            else:
+                state = step.state
     finally:
         model.train(was_training)
     out = torch.stack(tokens, dim=1)
@@ -101,6 +109,21 @@ def greedy_decode(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len:
                           torch.full_like(out[:, 0], out.shape[1]))
     attention = torch.stack(weights, dim=1) if weights else None
     return Decoded(out, lengths, attention)
+
+
+def _select_rows(enc: EncoderOutput, rows: Tensor) -> EncoderOutput:
+    """Every tensor of ``enc`` at the given batch rows: ``(B, ...) -> (len(rows), ...)``."""
+    return EncoderOutput(*(None if x is None else x.index_select(0, rows) for x in enc))
+
+
+def _select_state(state: object, rows: Tensor) -> object:
+    """A decoder ``state`` (a tensor, or a tuple/list of them, batch first) at the given rows."""
+    if isinstance(state, Tensor):
+        return state.index_select(0, rows)
+    if isinstance(state, (tuple, list)):
+        return type(state)(_select_state(s, rows) for s in state)
+    raise TypeError(f"decoding: a decoder state must be a tensor or a tuple of tensors, got "
+                    f"{type(state).__name__}")
 
 
 class BeamDecoded(NamedTuple):
@@ -170,6 +193,9 @@ def beam_search(model: EncoderDecoder, src: Tensor, src_mask: Tensor, beam_size:
     try:
         enc = _repeat_rows(model.encode(src, src_mask), K)
         state, prev = enc.state, first_token_batch(B * K, device)
+        # The sentences still searching (their ids in the batch); a sentence that is done leaves
+        # the rows the model runs on. Below, n = len(searching) and every tensor has n * K rows.
+        searching = torch.arange(B, device=device)
         prefixes = torch.empty(B * K, 0, dtype=torch.long, device=device)
         # Only the first of a sentence's K identical start prefixes is live, so that the first step
         # gives K different extensions instead of K copies of the best one.
@@ -177,53 +203,59 @@ def beam_search(model: EncoderDecoder, src: Tensor, src_mask: Tensor, beam_size:
         beam_scores[:, 0] = 0.0
         # per sentence, its finished hypotheses as (normalized score, raw score, token ids)
         finished: list[list[tuple[float, float, list[int]]]] = [[] for _ in range(B)]
-        done = torch.zeros(B, dtype=torch.bool, device=device)
+        best_finished = [-math.inf] * B
         best_bound_penalty = length_penalty(max_len, alpha)
         for step in range(1, max_len + 1):
+            n = len(searching)
             out = model.decode_step(prev, state, enc)
-            log_probs = F.log_softmax(out.logits.float(), dim=-1)             # (B*K, V)
+            log_probs = F.log_softmax(out.logits.float(), dim=-1)             # (n*K, V)
             V = log_probs.shape[-1]
-            candidates = (beam_scores.view(-1, 1) + log_probs).view(B, K * V)
+            candidates = (beam_scores.view(-1, 1) + log_probs).view(n, K * V)
             n_best = min(2 * K, K * V)
-            top_scores, top_index = candidates.topk(n_best, dim=1)            # (B, n_best), best first
+            top_scores, top_index = candidates.topk(n_best, dim=1)            # (n, n_best), best first
             top_beam, top_token = top_index // V, top_index % V
             is_eos = top_token == EOS_ID
-            # finished hypotheses: EOS among the first K candidates of a sentence still searching
+            # finished hypotheses: EOS among the first K candidates
             rank = torch.arange(n_best, device=device)[None, :]
-            new_finished = is_eos & (rank < K) & torch.isfinite(top_scores) & ~done[:, None]
-            for b, j in new_finished.nonzero().tolist():
-                raw = float(top_scores[b, j])
-                row = b * K + int(top_beam[b, j])
-                ids = prefixes[row].tolist() + [EOS_ID]
+            new_finished = is_eos & (rank < K) & torch.isfinite(top_scores)
+            sentence_of = searching.tolist()
+            for i, j in new_finished.nonzero().tolist():
+                b, raw = sentence_of[i], float(top_scores[i, j])
+                ids = prefixes[i * K + int(top_beam[i, j])].tolist() + [EOS_ID]
                 finished[b].append((raw / length_penalty(step, alpha), raw, ids))
+                best_finished[b] = max(best_finished[b], finished[b][-1][0])
             # live prefixes: the first K candidates that do not end with EOS (there are at least K:
             # each of the K prefixes contributes at most one EOS candidate)
             order = (is_eos.long() * n_best + rank).argsort(dim=1)[:, :K]    # non-EOS first, by rank
-            keep_scores = top_scores.gather(1, order)
-            keep_rows = (torch.arange(B, device=device)[:, None] * K + top_beam.gather(1, order)).view(-1)
-            keep_tokens = top_token.gather(1, order).view(-1)
-            beam_scores = keep_scores.masked_fill(done[:, None], -math.inf)
-            prefixes = torch.cat([prefixes.index_select(0, keep_rows), keep_tokens[:, None]], dim=1)
+            beam_scores = top_scores.gather(1, order)
+            keep_rows = (torch.arange(n, device=device)[:, None] * K + top_beam.gather(1, order)).view(-1)
+            prev = top_token.gather(1, order).view(-1)
+            prefixes = torch.cat([prefixes.index_select(0, keep_rows), prev[:, None]], dim=1)
             state = _select_state(out.state, keep_rows)
-            prev = keep_tokens
             # a sentence is done when no live prefix can beat its best finished hypothesis
-            bound = beam_scores.max(dim=1).values / best_bound_penalty
-            for b in (~done).nonzero().flatten().tolist():
-                if finished[b] and max(f[0] for f in finished[b]) >= float(bound[b]):
-                    done[b] = True
-            if bool(done.all()):
+            bound = (beam_scores.max(dim=1).values / best_bound_penalty).tolist()
+            still = [i for i, b in enumerate(sentence_of) if not finished[b] or best_finished[b] < bound[i]]
+            if not still:
                 break
+            if len(still) < n:  # the sentences that are done leave the batch
+                keep = torch.tensor(still, device=device)
+                rows = (keep[:, None] * K + torch.arange(K, device=device)).view(-1)
+                searching, beam_scores = searching[keep], beam_scores[keep]
+                prefixes, prev = prefixes[rows], prev[rows]
+                state, enc = _select_state(state, rows), _select_rows(enc, rows)
     finally:
         model.train(was_training)
     results = []
+    row_of = {b: i for i, b in enumerate(searching.tolist())}
     for b in range(B):
         if finished[b]:
             results.append(max(finished[b], key=lambda f: f[0]))
         else:  # max_len reached without an EOS: the best live prefix
-            j = int(beam_scores[b].argmax())
-            raw = float(beam_scores[b, j])
+            i = row_of[b]
+            j = int(beam_scores[i].argmax())
+            raw = float(beam_scores[i, j])
             normalized = raw / length_penalty(prefixes.shape[1], alpha)
-            results.append((normalized, raw, prefixes[b * K + j].tolist()))
+            results.append((normalized, raw, prefixes[i * K + j].tolist()))
     width = max(len(ids) for _, _, ids in results)
     tokens = torch.full((B, width), PAD_ID, dtype=torch.long, device=device)
     lengths = torch.empty(B, dtype=torch.long, device=device)
@@ -233,16 +265,6 @@ def beam_search(model: EncoderDecoder, src: Tensor, src_mask: Tensor, beam_size:
     scores = torch.tensor([r[1] for r in results], device=device)
     normalized = torch.tensor([r[0] for r in results], device=device)
     return BeamDecoded(tokens, lengths, scores, normalized)
-
-
-def _select_state(state: object, rows: Tensor) -> object:
-    """``state`` (a tensor, or a tuple/list of them, batch first) at the given rows, for beam search."""
-    if isinstance(state, Tensor):
-        return state.index_select(0, rows)
-    if isinstance(state, (tuple, list)):
-        return type(state)(_select_state(s, rows) for s in state)
-    raise TypeError(f"beam_search: a decoder state must be a tensor or a tuple of tensors, got "
-                    f"{type(state).__name__}")
 
 
 @torch.no_grad()
@@ -298,8 +320,11 @@ def translate(model: EncoderDecoder, sentences: Sequence[str], src_vocab: Vocab,
     """Translate texts with greedy decoding (``beam_size=1``) or :func:`beam_search` (with length
     penalty ``alpha``); returns one detokenized string per sentence.
 
-    Words missing from ``src_vocab`` become ``<unk>``. An empty sentence, or one longer than the
-    model's ``max_source_len`` tokens (EOS included), raises ``ValueError`` naming it.
+    Sentences are decoded in batches of ``batch_size`` sentences of similar length (sorted by
+    length: less padding, and a batch does not wait for one long sentence), and returned in the
+    order given. With ``max_len=None`` each batch may grow to :func:`default_max_len` of its
+    sources. Words missing from ``src_vocab`` become ``<unk>``. An empty sentence, or one longer
+    than the model's ``max_source_len`` tokens (EOS included), raises ``ValueError`` naming it.
     """
     ids = encode_sources(sentences, src_vocab, "translate", lowercase)
     limit = getattr(model, "max_source_len", None)
@@ -309,15 +334,17 @@ def translate(model: EncoderDecoder, sentences: Sequence[str], src_vocab: Vocab,
                              f"the model's max_source_len={limit}")
     if device is None:
         device = next(model.parameters()).device
-    out: list[str] = []
+    by_length = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    out: list[str] = [""] * len(ids)
     for start in range(0, len(ids), batch_size):
-        src, src_mask = pad_sequences(ids[start:start + batch_size])
+        chunk = by_length[start:start + batch_size]
+        src, src_mask = pad_sequences([ids[i] for i in chunk])
         if beam_size == 1:
             decoded = greedy_decode(model, src.to(device), src_mask.to(device), max_len)
         else:
             decoded = beam_search(model, src.to(device), src_mask.to(device), beam_size, max_len, alpha)
-        for row, n in zip(decoded.tokens.tolist(), decoded.lengths.tolist(), strict=False):
-            out.append(detokenize(tgt_vocab.decode(row[:n])))
+        for i, row, n in zip(chunk, decoded.tokens.tolist(), decoded.lengths.tolist(), strict=True):
+            out[i] = detokenize(tgt_vocab.decode(row[:n]))
     return out
 
 
