@@ -109,13 +109,13 @@ run = setup(
                transformer=dict(d_model=32, heads=4, encoder_layers=2, decoder_layers=2, d_ff=64, dropout=0.0),
                peak_lr=3e-3, warmup=30, label_smoothing=0.1, control_pairs=50,
                search_pairs=16, beam_sizes=[1, 2, 4], alphas=[0.0, 0.6], head_pairs=40),
-    cpu=dict(train_pairs=50_000, test_pairs=1_500, batch_size=64, budget_s=35.0,
+    cpu=dict(train_pairs=50_000, test_pairs=2_500, batch_size=64, budget_s=35.0,
              steps=dict(seq2seq=225, rnnsearch=130, transformer=310),
              seq2seq=dict(embed=128, hidden=256), rnnsearch=dict(embed=128, enc_hidden=128, hidden=256, attn_size=256),
              rnn_lr=2e-3,
              transformer=dict(d_model=128, heads=4, encoder_layers=2, decoder_layers=2, d_ff=256, dropout=0.0),
              peak_lr=3e-3, warmup=100, label_smoothing=0.1, control_pairs=400,
-             search_pairs=60, beam_sizes=[1, 2, 4], alphas=[0.0, 0.6], head_pairs=300),
+             search_pairs=200, beam_sizes=[1, 2, 4], alphas=[0.0, 0.6], head_pairs=300),
     gpu=dict(train_pairs=50_000, test_pairs=2_500, batch_size=128, budget_s=180.0, steps=None,
              seq2seq=dict(embed=256, hidden=512), rnnsearch=dict(embed=256, enc_hidden=256, hidden=512, attn_size=512),
              rnn_lr=1e-3,
@@ -126,11 +126,10 @@ run = setup(
 
 # %% [markdown]
 # The data is prepared exactly as in chapters 02 and 03 (the same corpus switch, training pairs,
-# vocabularies and test split), so that the three chapters' numbers compare; to keep this
-# notebook within five minutes, the `cpu` profile decodes the first 1,500 of the 2,500 test
-# pairs that chapters 02 and 03 use (the `gpu` profile all of them). We keep a copy of
-# the test pairs sorted by source length: decoding a batch costs as many steps as its longest
-# sentence needs, so batches of similar lengths decode faster, and no score depends on the order.
+# vocabularies, and the same 2,500 test pairs outside the `smoke` profile), so that the three
+# chapters' numbers compare. We keep a copy of the test pairs sorted by source length for the
+# measurements below that batch sentences in the order given: batches of similar lengths carry
+# less padding, and no score depends on the order. (`translate` sorts by length on its own.)
 
 # %%
 corpus_name = os.environ.get("TFM_CORPUS") or "synthetic"
@@ -704,9 +703,10 @@ def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
 
 # %% [markdown]
 # The package's beam search runs all $B \cdot K$ prefixes of a batch through one call of the
-# model's `decode_step`, so it works for every model of the book. Two small helpers repeat the
-# encoder's output $K$ times per sentence, and reorder the decoder's state (a GRU's hidden
-# vector, or the Transformer's prefix) to follow the prefixes that survive a step:
+# model's `decode_step`, so it works for every model of the book. Three small helpers repeat the
+# encoder's output $K$ times per sentence, and select rows of it and of the decoder's state (a
+# GRU's hidden vector, or the Transformer's prefix): to follow the prefixes that survive a step,
+# and, as chapter 02's greedy decoding does, to drop the sentences that are done:
 
 # %%
 # tfmlib-source: tfmlib.decoding._repeat_rows
@@ -716,14 +716,21 @@ def _repeat_rows(enc: EncoderOutput, k: int) -> EncoderOutput:
 
 
 # %%
+# tfmlib-source: tfmlib.decoding._select_rows
+def _select_rows(enc: EncoderOutput, rows: Tensor) -> EncoderOutput:
+    """Every tensor of ``enc`` at the given batch rows: ``(B, ...) -> (len(rows), ...)``."""
+    return EncoderOutput(*(None if x is None else x.index_select(0, rows) for x in enc))
+
+
+# %%
 # tfmlib-source: tfmlib.decoding._select_state
 def _select_state(state: object, rows: Tensor) -> object:
-    """``state`` (a tensor, or a tuple/list of them, batch first) at the given rows, for beam search."""
+    """A decoder ``state`` (a tensor, or a tuple/list of them, batch first) at the given rows."""
     if isinstance(state, Tensor):
         return state.index_select(0, rows)
     if isinstance(state, (tuple, list)):
         return type(state)(_select_state(s, rows) for s in state)
-    raise TypeError(f"beam_search: a decoder state must be a tensor or a tuple of tensors, got "
+    raise TypeError(f"decoding: a decoder state must be a tensor or a tuple of tensors, got "
                     f"{type(state).__name__}")
 
 
@@ -734,7 +741,8 @@ def _select_state(state: object, rows: Tensor) -> object:
 # $2K$ candidates, so that even if $K$ of them end with `<eos>` there remain $K$ live prefixes.
 # And a sentence stops when its best finished hypothesis beats anything a live prefix could
 # still reach: log-probabilities only fall, and the penalty is at most $\mathrm{lp}$ of the
-# longest allowed output.
+# longest allowed output. A sentence that has stopped leaves the batch (`searching` lists the
+# sentences still searching), so a batch costs what its remaining sentences need.
 
 # %%
 # tfmlib-source: tfmlib.decoding.beam_search
@@ -772,6 +780,9 @@ def beam_search(model: EncoderDecoder, src: Tensor, src_mask: Tensor, beam_size:
     try:
         enc = _repeat_rows(model.encode(src, src_mask), K)
         state, prev = enc.state, first_token_batch(B * K, device)
+        # The sentences still searching (their ids in the batch); a sentence that is done leaves
+        # the rows the model runs on. Below, n = len(searching) and every tensor has n * K rows.
+        searching = torch.arange(B, device=device)
         prefixes = torch.empty(B * K, 0, dtype=torch.long, device=device)
         # Only the first of a sentence's K identical start prefixes is live, so that the first step
         # gives K different extensions instead of K copies of the best one.
@@ -779,53 +790,59 @@ def beam_search(model: EncoderDecoder, src: Tensor, src_mask: Tensor, beam_size:
         beam_scores[:, 0] = 0.0
         # per sentence, its finished hypotheses as (normalized score, raw score, token ids)
         finished: list[list[tuple[float, float, list[int]]]] = [[] for _ in range(B)]
-        done = torch.zeros(B, dtype=torch.bool, device=device)
+        best_finished = [-math.inf] * B
         best_bound_penalty = length_penalty(max_len, alpha)
         for step in range(1, max_len + 1):
+            n = len(searching)
             out = model.decode_step(prev, state, enc)
-            log_probs = F.log_softmax(out.logits.float(), dim=-1)             # (B*K, V)
+            log_probs = F.log_softmax(out.logits.float(), dim=-1)             # (n*K, V)
             V = log_probs.shape[-1]
-            candidates = (beam_scores.view(-1, 1) + log_probs).view(B, K * V)
+            candidates = (beam_scores.view(-1, 1) + log_probs).view(n, K * V)
             n_best = min(2 * K, K * V)
-            top_scores, top_index = candidates.topk(n_best, dim=1)            # (B, n_best), best first
+            top_scores, top_index = candidates.topk(n_best, dim=1)            # (n, n_best), best first
             top_beam, top_token = top_index // V, top_index % V
             is_eos = top_token == EOS_ID
-            # finished hypotheses: EOS among the first K candidates of a sentence still searching
+            # finished hypotheses: EOS among the first K candidates
             rank = torch.arange(n_best, device=device)[None, :]
-            new_finished = is_eos & (rank < K) & torch.isfinite(top_scores) & ~done[:, None]
-            for b, j in new_finished.nonzero().tolist():
-                raw = float(top_scores[b, j])
-                row = b * K + int(top_beam[b, j])
-                ids = prefixes[row].tolist() + [EOS_ID]
+            new_finished = is_eos & (rank < K) & torch.isfinite(top_scores)
+            sentence_of = searching.tolist()
+            for i, j in new_finished.nonzero().tolist():
+                b, raw = sentence_of[i], float(top_scores[i, j])
+                ids = prefixes[i * K + int(top_beam[i, j])].tolist() + [EOS_ID]
                 finished[b].append((raw / length_penalty(step, alpha), raw, ids))
+                best_finished[b] = max(best_finished[b], finished[b][-1][0])
             # live prefixes: the first K candidates that do not end with EOS (there are at least K:
             # each of the K prefixes contributes at most one EOS candidate)
             order = (is_eos.long() * n_best + rank).argsort(dim=1)[:, :K]    # non-EOS first, by rank
-            keep_scores = top_scores.gather(1, order)
-            keep_rows = (torch.arange(B, device=device)[:, None] * K + top_beam.gather(1, order)).view(-1)
-            keep_tokens = top_token.gather(1, order).view(-1)
-            beam_scores = keep_scores.masked_fill(done[:, None], -math.inf)
-            prefixes = torch.cat([prefixes.index_select(0, keep_rows), keep_tokens[:, None]], dim=1)
+            beam_scores = top_scores.gather(1, order)
+            keep_rows = (torch.arange(n, device=device)[:, None] * K + top_beam.gather(1, order)).view(-1)
+            prev = top_token.gather(1, order).view(-1)
+            prefixes = torch.cat([prefixes.index_select(0, keep_rows), prev[:, None]], dim=1)
             state = _select_state(out.state, keep_rows)
-            prev = keep_tokens
             # a sentence is done when no live prefix can beat its best finished hypothesis
-            bound = beam_scores.max(dim=1).values / best_bound_penalty
-            for b in (~done).nonzero().flatten().tolist():
-                if finished[b] and max(f[0] for f in finished[b]) >= float(bound[b]):
-                    done[b] = True
-            if bool(done.all()):
+            bound = (beam_scores.max(dim=1).values / best_bound_penalty).tolist()
+            still = [i for i, b in enumerate(sentence_of) if not finished[b] or best_finished[b] < bound[i]]
+            if not still:
                 break
+            if len(still) < n:  # the sentences that are done leave the batch
+                keep = torch.tensor(still, device=device)
+                rows = (keep[:, None] * K + torch.arange(K, device=device)).view(-1)
+                searching, beam_scores = searching[keep], beam_scores[keep]
+                prefixes, prev = prefixes[rows], prev[rows]
+                state, enc = _select_state(state, rows), _select_rows(enc, rows)
     finally:
         model.train(was_training)
     results = []
+    row_of = {b: i for i, b in enumerate(searching.tolist())}
     for b in range(B):
         if finished[b]:
             results.append(max(finished[b], key=lambda f: f[0]))
         else:  # max_len reached without an EOS: the best live prefix
-            j = int(beam_scores[b].argmax())
-            raw = float(beam_scores[b, j])
+            i = row_of[b]
+            j = int(beam_scores[i].argmax())
+            raw = float(beam_scores[i, j])
             normalized = raw / length_penalty(prefixes.shape[1], alpha)
-            results.append((normalized, raw, prefixes[b * K + j].tolist()))
+            results.append((normalized, raw, prefixes[i * K + j].tolist()))
     width = max(len(ids) for _, _, ids in results)
     tokens = torch.full((B, width), PAD_ID, dtype=torch.long, device=device)
     lengths = torch.empty(B, dtype=torch.long, device=device)
