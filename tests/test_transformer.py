@@ -3,6 +3,10 @@ encoder-decoder equal PyTorch's with copied weights (forward and backward, post-
 padding and causal masks); the model never reads padding or the future; it decodes, trains and
 round-trips through a checkpoint."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -249,6 +253,22 @@ def test_constructor_errors():
         Transformer(10, 10, d_model=8, heads=2, dropout=1.5)
 
 
+def test_the_same_seed_gives_the_same_weights_in_every_process():
+    # Regression: the embeddings were initialized by iterating a set of modules, whose order follows
+    # object ids, so one seed gave different weights (and different trained models) from run to run.
+    code = ("import hashlib, torch; from tfmlib.transformer import Transformer; torch.manual_seed(0); "
+            "m = Transformer(20, 30, d_model=8, heads=2, encoder_layers=1, decoder_layers=1, d_ff=8); "
+            "weights = b''.join(p.detach().numpy().tobytes() for p in m.parameters()); "
+            "print(hashlib.sha256(weights).hexdigest())")
+    digests = set()
+    for hash_seed in ("0", "1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                              check=True)
+        digests.add(done.stdout.strip())
+    assert len(digests) == 1, f"torch.manual_seed(0) gave {len(digests)} different initial models"
+
+
 def test_it_learns_to_copy_and_round_trips_through_a_checkpoint(tmp_path):
     from tfmlib.data import TranslationDataset, Vocab
 
@@ -264,13 +284,15 @@ def test_it_learns_to_copy_and_round_trips_through_a_checkpoint(tmp_path):
     torch.manual_seed(0)
     model = Transformer(len(vocab), len(vocab), d_model=32, heads=4, encoder_layers=2, decoder_layers=2,
                         d_ff=64, dropout=0.0)
-    history, optimizer = train_translator(model, data, epochs=20, batch_size=32, lr=2e-3, warmup_steps=30,
+    # This budget copied 94 to 100 of these 100 pairs over initial seeds 0-11 (loss 2.5 -> 0.02-0.07),
+    # so the bound holds whatever rounding a CPU's kernels pick; an untrained model copies none.
+    history, optimizer = train_translator(model, data, epochs=30, batch_size=32, lr=3e-3, warmup_steps=30,
                                           betas=(0.9, 0.98), adam_eps=1e-9, verbose=False)
     assert history.epochs[-1]["train_loss"] < 0.1 * history.epochs[0]["train_loss"]
-    batch = make_batch(data.examples[:20])
+    batch = make_batch(data.examples[:100])
     out = greedy_decode(model, batch.src, batch.src_mask)
-    correct = sum(out.tokens[i, : int(out.lengths[i])].tolist() == data.examples[i][1] for i in range(20))
-    assert correct >= 18, f"a trained Transformer should copy short sequences, copied {correct}/20"
+    correct = sum(out.tokens[i, : int(out.lengths[i])].tolist() == data.examples[i][1] for i in range(100))
+    assert correct >= 90, f"a trained Transformer should copy short sequences, copied {correct}/100"
     path = save_checkpoint(tmp_path / "t.pt", model, optimizer, {"src": vocab, "tgt": vocab}, model.config)
     ckpt = load_checkpoint(path)
     again = Transformer(len(vocab), len(vocab), **ckpt.config)

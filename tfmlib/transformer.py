@@ -334,7 +334,12 @@ class Transformer(EncoderDecoder):
             for p in stack.parameters():
                 if p.dim() > 1:
                     nn.init.xavier_uniform_(p)
-        for emb in {self.src_embed, self.tgt_embed}:
+        # A list, not a set: a set of modules iterates in id order, which changes from run to run,
+        # and would draw the two tables from the generator in a different order each time.
+        embeddings = [self.src_embed]
+        if self.tgt_embed is not self.src_embed:
+            embeddings.append(self.tgt_embed)
+        for emb in embeddings:
             nn.init.normal_(emb.weight, 0.0, self.d_model ** -0.5)
             with torch.no_grad():
                 emb.weight[PAD_ID].zero_()
