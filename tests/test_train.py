@@ -111,6 +111,64 @@ def test_fit_stops_at_the_time_budget():
     assert len(hist.step_loss) == 1 and len(hist.epochs) == 1
 
 
+def test_fit_evaluates_every_n_steps_and_after_the_last():
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    seen = []
+
+    def eval_fn(m):
+        seen.append((m.training, torch.is_grad_enabled()))
+        return {"weight_norm": m.weight.norm().item()}
+
+    batches = regression_problem()  # 8 batches per epoch, 24 steps in 3 epochs
+    hist = fit(model, batches, mse, opt, epochs=3, eval_fn=eval_fn, eval_every=5, verbose=False)
+    assert [e["step"] for e in hist.evals] == [5, 10, 15, 20, 24]
+    assert seen == [(False, False)] * 5 and model.training, "eval mode only while evaluating"
+    assert all("weight_norm" not in e for e in hist.epochs), "per-step evaluations stay out of the epochs"
+    assert hist.evals[-1]["weight_norm"] == pytest.approx(model.weight.norm().item())
+    seconds = [e["seconds"] for e in hist.evals]
+    assert seconds == sorted(seconds) and seconds[-1] == pytest.approx(hist.seconds, abs=0.05)
+    # stopping early evaluates the last step taken, once
+    hist = fit(model, batches, mse, opt, epochs=3, eval_fn=eval_fn, eval_every=5, max_steps=10, verbose=False)
+    assert [e["step"] for e in hist.evals] == [5, 10]
+    hist = fit(model, batches, mse, opt, epochs=3, eval_fn=eval_fn, eval_every=100, max_steps=7,
+               verbose=False)
+    assert [e["step"] for e in hist.evals] == [7]
+    # once per epoch (no eval_every): recorded in both places
+    hist = fit(model, batches, mse, opt, epochs=2, eval_fn=eval_fn, verbose=False)
+    assert [e["step"] for e in hist.evals] == [8, 16] and hist.metric("weight_norm") == \
+        [e["weight_norm"] for e in hist.evals]
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="eval_every"):
+            fit(model, batches, mse, opt, epochs=1, eval_fn=eval_fn, eval_every=bad)
+    with pytest.raises(ValueError, match="eval_every needs an eval_fn"):
+        fit(model, batches, mse, opt, epochs=1, eval_every=2)
+
+
+def test_evaluation_time_is_not_training_time():
+    """A slow eval_fn neither shows up in the recorded seconds nor eats the time budget."""
+    import time
+
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def slow_eval(m):
+        time.sleep(0.2)
+        return {}
+
+    batches = regression_problem()
+    hist = fit(model, batches, mse, opt, epochs=2, eval_fn=slow_eval, eval_every=4, verbose=False)
+    assert len(hist.evals) == 4
+    assert hist.seconds < 0.2, f"4 evaluations of 0.2 s leaked into the training time ({hist.seconds:.2f} s)"
+    assert all(e["seconds"] < 0.2 for e in hist.evals)
+    # a 0.3 s budget with 0.2 s evaluations every 2 steps: counting them would stop after 4 steps
+    hist = fit(model, batches, mse, opt, epochs=1, eval_fn=slow_eval, eval_every=2, time_budget_s=0.3,
+               verbose=False)
+    assert len(hist.step_loss) == len(batches), "the evaluations used up the training budget"
+    hist = fit(model, batches, mse, opt, epochs=2, eval_fn=slow_eval, verbose=False)
+    assert hist.seconds < 0.2, "per-epoch evaluations leaked into the training time"
+
+
 def test_fit_checks_what_the_loss_function_returns():
     model = nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

@@ -316,6 +316,7 @@ def train_translator(
     max_steps: int | None = None,
     time_budget_s: float | None = None,
     eval_fn: Callable[[nn.Module], dict[str, float]] | None = None,
+    eval_every: int | None = None,
     clip_norm: float = 1.0,
     label_smoothing: float = 0.0,
     betas: tuple[float, float] = (0.9, 0.999),
@@ -327,7 +328,8 @@ def train_translator(
     """The book's recipe for a translation model: Adam, length-bucketed shuffled batches, the
     gradient norm clipped to ``clip_norm``, :func:`translation_loss`. Returns the history and the
     optimizer (to save in a checkpoint). The same ``seed`` gives the same batches in the same order.
-    ``max_steps`` and ``time_budget_s`` stop training early (see :func:`~tfmlib.train.fit`).
+    ``max_steps`` and ``time_budget_s`` stop training early; ``eval_fn`` runs after every epoch,
+    or every ``eval_every`` steps (see :func:`~tfmlib.train.fit`).
 
     Chapter 08 trains the Transformer with the paper's settings: ``label_smoothing`` (0.1),
     Adam's ``betas`` (0.9, 0.98) and ``adam_eps`` (1e-9), and ``warmup_steps``, which makes ``lr``
@@ -344,8 +346,8 @@ def train_translator(
         return translation_loss(m, batch, teacher_forcing=teacher_forcing, label_smoothing=label_smoothing)
 
     history = fit(model, loader, loss_fn, optimizer, epochs=epochs, device=device, clip_norm=clip_norm,
-                  eval_fn=eval_fn, scheduler=scheduler, max_steps=max_steps, time_budget_s=time_budget_s,
-                  desc=desc, verbose=verbose)
+                  eval_fn=eval_fn, eval_every=eval_every, scheduler=scheduler, max_steps=max_steps,
+                  time_budget_s=time_budget_s, desc=desc, verbose=verbose)
     return history, optimizer
 
 

@@ -38,11 +38,16 @@ class History:
 
     * ``step_loss``: the mean loss of every optimisation step, in order.
     * ``epochs``: one dict per epoch: ``epoch``, ``train_loss`` (token-weighted mean),
-      ``seconds``, ``tokens_per_second``, plus the keys returned by ``eval_fn``.
+      ``seconds`` (training time, evaluations excluded), ``tokens_per_second``, plus the keys
+      returned by ``eval_fn`` when it runs once per epoch.
+    * ``evals``: one dict per call of ``eval_fn``: ``step`` (optimiser steps taken so far),
+      ``seconds`` (training seconds so far, evaluations excluded), plus its keys. With
+      ``eval_every`` this is a learning curve against steps and against training time.
     """
 
     step_loss: list[float] = field(default_factory=list)
     epochs: list[dict[str, float]] = field(default_factory=list)
+    evals: list[dict[str, float]] = field(default_factory=list)
 
     def metric(self, key: str) -> list[float]:
         """The per-epoch values of ``key`` (e.g. ``"valid_loss"``)."""
@@ -95,6 +100,7 @@ def fit(
     scheduler: Any = None,
     max_steps: int | None = None,
     time_budget_s: float | None = None,
+    eval_every: int | None = None,
     desc: str = "train",
     verbose: bool = True,
 ) -> History:
@@ -102,23 +108,46 @@ def fit(
 
     ``loss_fn(model, batch)`` returns ``(loss, n_tokens)``: the mean loss of the batch (a scalar
     tensor to back-propagate) and how many tokens it averaged over (to weight the epoch mean).
-    ``eval_fn(model)`` (called in ``eval`` mode under ``no_grad`` after each epoch) returns a dict
-    of metrics to record. ``scheduler.step()`` is called after every optimiser step.
-    ``clip_norm`` clips the global gradient norm (``None`` disables it). Training stops early
-    after ``max_steps`` steps or ``time_budget_s`` seconds, finishing the epoch's bookkeeping.
-    Raises ``ValueError`` for a non-positive ``epochs``, an empty loader or a non-finite loss, and
-    ``TypeError`` when ``loss_fn`` does not return a scalar tensor and a non-negative int.
+    ``eval_fn(model)`` (called in ``eval`` mode under ``no_grad``) returns a dict of metrics to
+    record: after each epoch, or, with ``eval_every=N``, after every ``N`` optimiser steps and
+    after the last one (a learning curve in ``History.evals``). Evaluation time is not training
+    time: it is left out of every recorded ``seconds`` and does not count against
+    ``time_budget_s``. ``scheduler.step()`` is called after every optimiser step. ``clip_norm``
+    clips the global gradient norm (``None`` disables it). Training stops early after
+    ``max_steps`` steps or ``time_budget_s`` seconds of training, finishing the epoch's bookkeeping.
+    Raises ``ValueError`` for a non-positive ``epochs`` or ``eval_every``, an empty loader or a
+    non-finite loss, and ``TypeError`` when ``loss_fn`` does not return a scalar tensor and a
+    non-negative int.
     """
     if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
         raise ValueError(f"fit: epochs must be an int >= 1, got {epochs!r}")
     if clip_norm is not None and not clip_norm > 0:
         raise ValueError(f"fit: clip_norm must be positive or None, got {clip_norm!r}")
+    if eval_every is not None and (not isinstance(eval_every, int) or isinstance(eval_every, bool)
+                                   or eval_every < 1):
+        raise ValueError(f"fit: eval_every must be an int >= 1 or None, got {eval_every!r}")
+    if eval_every is not None and eval_fn is None:
+        raise ValueError("fit: eval_every needs an eval_fn to call")
     model.to(device)
     history = History()
     start, steps, stop = time.perf_counter(), 0, False
+    eval_seconds = 0.0  # time spent in eval_fn, kept out of the training time
+
+    def evaluate() -> dict[str, float]:
+        nonlocal eval_seconds
+        t_eval = time.perf_counter()
+        model.eval()
+        with torch.no_grad():
+            metrics = dict(eval_fn(model))
+        model.train()
+        history.evals.append({"step": steps, "seconds": t_eval - start - eval_seconds, **metrics})
+        eval_seconds += time.perf_counter() - t_eval
+        return metrics
+
     for epoch in range(1, epochs + 1):
         model.train()
         t0, total_loss, total_tokens = time.perf_counter(), 0.0, 0
+        eval_seconds_at_t0 = eval_seconds
         bar = tqdm(loader, desc=f"{desc} {epoch}/{epochs}", leave=False, disable=not verbose)
         for batch in bar:
             batch = move_to(batch, device)
@@ -144,19 +173,24 @@ def fit(
             total_tokens += n_tokens
             bar.set_postfix(loss=f"{loss_value:.3f}")
             if (max_steps is not None and steps >= max_steps) or (
-                time_budget_s is not None and time.perf_counter() - start >= time_budget_s
+                time_budget_s is not None
+                and time.perf_counter() - start - eval_seconds >= time_budget_s
             ):
                 stop = True
+            if eval_fn is not None and eval_every is not None and (stop or steps % eval_every == 0):
+                evaluate()
+            if stop:
                 break
         if total_tokens == 0:
             raise ValueError("fit: the loader yielded no batches (or no tokens)")
-        seconds = max(time.perf_counter() - t0, 1e-9)
+        seconds = max(time.perf_counter() - t0 - (eval_seconds - eval_seconds_at_t0), 1e-9)
         record = {"epoch": epoch, "train_loss": total_loss / total_tokens, "seconds": seconds,
                   "tokens_per_second": total_tokens / seconds}
-        if eval_fn is not None:
-            model.eval()
-            with torch.no_grad():
-                record.update(eval_fn(model))
+        if eval_fn is not None and eval_every is None:
+            record.update(evaluate())
+        elif eval_fn is not None and epoch == epochs and not stop \
+                and (not history.evals or history.evals[-1]["step"] != steps):
+            evaluate()  # the last step of the last epoch, unless a multiple of eval_every did it
         history.epochs.append(record)
         if verbose:
             shown = ", ".join(f"{k}={v:.4g}" for k, v in record.items() if k != "epoch")
