@@ -17,6 +17,15 @@ def test_check_api_never_raises_without_must_pass(capsys):
         assert "ZeroDivisionError" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("name", ["07.decoder_masks", "07.layer_norm", "07.sublayer"])
+def test_07_hints_point_the_way_without_the_code(name):
+    """A hint says where to look; it does not hand over the solution's code."""
+    hint = exercises.hint(name)
+    for code in ("keepdim", "torch.", "sqrt(", "x.mean", "x + sublayer", "norm(x", "[:, None", "tril",
+                 "return "):
+        assert code not in hint, f"{name}'s hint gives away code: {code!r} in {hint!r}"
+
+
 # ----------------------------------------------------------------------------- 07.layer_norm
 
 

@@ -837,8 +837,9 @@ def _layer_norm_mistakes(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tenso
     }
 
 
-@checker("07.layer_norm", hint="mu = x.mean(-1, keepdim=True); var = ((x - mu) ** 2).mean(-1, keepdim=True); "
-         "return gamma * (x - mu) / torch.sqrt(var + eps) + beta")
+@checker("07.layer_norm", hint="both statistics are means over the last axis only, kept as an axis of size "
+         "1 so they broadcast back; mind which variance torch computes by default (section 3's table shows "
+         "the slip) and where eps goes; gamma and beta act after normalising")
 def _check_layer_norm(layer_norm: Callable[..., torch.Tensor]) -> None:
     for seed in range(4):
         x, gamma, beta, eps = _layer_norm_case(seed)
@@ -852,8 +853,8 @@ def _check_layer_norm(layer_norm: Callable[..., torch.Tensor]) -> None:
         expect_close(got, want, f"layer_norm(x of shape {tuple(x.shape)}, eps={eps})", atol=1e-6, rtol=1e-5)
 
 
-@checker("07.sublayer", hint="post-LN (norm_first=False): norm(x + sublayer(x)); pre-LN (norm_first=True): "
-         "x + sublayer(norm(x))")
+@checker("07.sublayer", hint="read section 4's two formulas: ask for each what the LayerNorm is applied to, "
+         "the residual sum or only the sublayer's input, and whether x itself is ever normalised")
 def _check_sublayer(sublayer_connection: Callable[..., torch.Tensor]) -> None:
     for seed in range(3):
         g = torch.Generator().manual_seed(seed)
@@ -871,7 +872,7 @@ def _check_sublayer(sublayer_connection: Callable[..., torch.Tensor]) -> None:
                                  norm(sublayer(x))},
                      True: {"that is post-LN, norm(x + sublayer(x)); pre-LN normalises the sublayer's input":
                                 want[False],
-                            "the residual connection is missing: return x + sublayer(norm(x))":
+                            "the residual connection is missing: the sublayer's output must be added to x":
                                 sublayer(norm(x)),
                             "pre-LN leaves the residual sum alone: do not normalise x + sublayer(norm(x))":
                                 norm(x + sublayer(norm(x)))}}
@@ -902,8 +903,9 @@ def _as_attention_mask(mask: Any, B: int, T: int, S: int, what: str) -> torch.Te
                     f"keys) = {(B, 'h', T, S)}") from None
 
 
-@checker("07.decoder_masks", hint="self: causal (T, T) lower triangle & tgt_mask[:, None, None, :] (keys); "
-         "cross: src_mask[:, None, None, :], shape (B, 1, 1, S); True = may attend")
+@checker("07.decoder_masks", hint="True = may attend; the last axis of a mask is the keys. Self-attention "
+         "combines two conditions, one on (query, key) positions and one on which keys are real; place "
+         "each on the axes it depends on so that they broadcast. Ask which of the two cross-attention needs")
 def _check_decoder_masks(decoder_masks: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> None:
     for seed in range(4):
         g = torch.Generator().manual_seed(seed)

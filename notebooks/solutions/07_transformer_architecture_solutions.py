@@ -53,9 +53,10 @@ with torch.no_grad():
     scratch.beta.normal_()
 x = torch.randn(3, 5, 12) * 4 + 1
 with torch.no_grad():
-    gap = (layer_norm(x, scratch.gamma, scratch.beta, scratch.eps) - scratch(x)).abs().max().item()
-print(f"max |solution - tfmlib.transformer.LayerNormScratch| = {gap:.1e}")
-assert gap < 1e-6, "the solution must match the package's LayerNormScratch"
+    mine, package = layer_norm(x, scratch.gamma, scratch.beta, scratch.eps), scratch(x)
+print(f"max |solution - tfmlib.transformer.LayerNormScratch| = {(mine - package).abs().max().item():.1e}; "
+      f"bit for bit equal (the same operations in the same order): {torch.equal(mine, package)}")
+assert torch.equal(mine, package), "the solution must match the package's LayerNormScratch"
 
 # %% [markdown]
 # **2. A sublayer, post-LN or pre-LN.** Post-LN normalises the residual sum; pre-LN normalises
@@ -82,9 +83,10 @@ for norm_first in (False, True):
     with torch.no_grad():
         h = sublayer_connection(x, lambda z, lyr=layer: lyr.self_attn(z)[0], layer.norm1, norm_first)
         h = sublayer_connection(h, layer.ff, layer.norm2, norm_first)
-        gap = (h - layer(x)[0]).abs().max().item()
-    print(f"norm_first={norm_first}: two sublayer connections vs EncoderLayer, max difference {gap:.1e}")
-    assert gap < 1e-5, "two sublayer connections must make an encoder layer"
+        whole = layer(x)[0]                                      # the same attention code path as above
+    print(f"norm_first={norm_first}: two sublayer connections vs EncoderLayer, max difference "
+          f"{(h - whole).abs().max().item():.1e}, bit for bit equal: {torch.equal(h, whole)}")
+    assert torch.equal(h, whole), "two sublayer connections must make an encoder layer"
 
 # %% [markdown]
 # **3. The decoder's masks.** Self-attention: position $t$ may attend to $u$ when $u \le t$
@@ -118,6 +120,7 @@ self_mask, cross_mask = decoder_masks(src_mask, tgt_mask)
 with torch.no_grad():
     out_a, self_w, cross_w = layer(y, memory, padding_mask(src_mask), padding_mask(tgt_mask), need_weights=True)
     out_b, _, _ = layer(y, memory, cross_mask, self_mask, need_weights=True)
-print(f"package masks vs the solution's: max output difference {(out_a - out_b).abs().max().item():.1e}")
-assert torch.allclose(out_a, out_b, atol=1e-5), "the solution's masks must act as the package's"
+print(f"package masks vs the solution's: max output difference {(out_a - out_b).abs().max().item():.1e}, "
+      f"bit for bit equal: {torch.equal(out_a, out_b)}")
+assert torch.equal(out_a, out_b), "the solution's masks must act as the package's"
 assert torch.equal(self_w > 0, self_mask.expand_as(self_w)) and torch.equal(cross_w > 0, cross_mask.expand_as(cross_w))
