@@ -996,8 +996,9 @@ class Transformer(EncoderDecoder):
             self.generator.weight = self.tgt_embed.weight
 
     def _reset_parameters(self) -> None:
-        # Glorot-uniform matrices in the stacks (as nn.Transformer), N(0, d^-1/2) embeddings so that
-        # after the sqrt(d) scale a token vector has entries of variance 1, like the positions'.
+        # Glorot-uniform matrices in the stacks (as nn.Transformer), embeddings drawn from N(0, 1/d)
+        # (std d^-1/2), so that after the sqrt(d) scale a token vector has entries of variance 1,
+        # like the positions'.
         for stack in (self.encoder, self.decoder):
             for p in stack.parameters():
                 if p.dim() > 1:
