@@ -24,6 +24,15 @@ def test_chapter_08_exercises_are_registered():
     assert exercises.names(8) == ["08.beam_step", "08.smoothed_loss", "08.transformer_lr"]
 
 
+@pytest.mark.parametrize("name", ["08.beam_step", "08.smoothed_loss", "08.transformer_lr"])
+def test_08_hints_point_the_way_without_the_code(name):
+    """A hint says where to look; it does not hand over the solution's code."""
+    hint = exercises.hint(name)
+    for code in ("log_softmax", ".mean(", "** -0.5", "min(", "topk", "[:, :, None", "// V", "% V",
+                 "return "):
+        assert code not in hint, f"{name}'s hint gives away code: {code!r} in {hint!r}"
+
+
 # ----------------------------------------------------------------------------- 08.smoothed_loss
 
 

@@ -962,9 +962,10 @@ def _smoothing_case(seed: int) -> tuple[torch.Tensor, torch.Tensor, float]:
     return logits, targets, eps
 
 
-@checker("08.smoothed_loss", hint="log_p = log_softmax(logits, -1); per token: (1 - eps) * "
-         "(-log_p[target]) + eps * (-log_p.mean(-1)) (the uniform part spreads eps/V over ALL V tokens); "
-         "then average over the positions where targets != 0")
+@checker("08.smoothed_loss", hint="section 1 splits the loss into two cross-entropies: one with the "
+         "reference token, weighted 1 - eps, and one with the uniform distribution over all V tokens (the "
+         "reference included), weighted eps; work in log-probabilities for stability, and average over the "
+         "real positions only (padding is id 0)")
 def _check_smoothed_loss(smoothed_loss: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]) -> None:
     F = torch.nn.functional
     for seed in range(6):
@@ -998,8 +999,9 @@ def _check_smoothed_loss(smoothed_loss: Callable[[torch.Tensor, torch.Tensor, fl
                      f"{tuple(targets.shape)}, eps={eps})")
 
 
-@checker("08.transformer_lr", hint="d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5), with step "
-         "counted from 1")
+@checker("08.transformer_lr", hint="eq. (3) is the smaller of two terms, one that grows linearly with the "
+         "step and one that decays as its inverse square root; they meet at the end of warm-up; the scale in "
+         "front depends only on d_model; steps count from 1")
 def _check_transformer_lr(transformer_lr: Callable[[int, int, int], float]) -> None:
     import math
 
@@ -1031,8 +1033,9 @@ def _beam_step_reference(beam_scores: torch.Tensor, log_probs: torch.Tensor
     return top_scores, top_index // V, top_index % V
 
 
-@checker("08.beam_step", hint="candidates = beam_scores[:, :, None] + log_probs is (B, K, V); flatten it to "
-         "(B, K * V), take .topk(K, dim=1) (best first); flat index j is beam j // V, token j % V")
+@checker("08.beam_step", hint="a candidate's score is its prefix's score plus the log-probability of the "
+         "token that extends it; put all K * V candidates of a sentence in one row so that one top-k call "
+         "ranks them together, then recover each winner's prefix and token from its position in that row")
 def _check_beam_step(beam_step: Callable[[torch.Tensor, torch.Tensor], tuple]) -> None:
     for seed in range(6):
         g = torch.Generator().manual_seed(200 + seed)
