@@ -45,6 +45,13 @@ def _rejects(name, fn):
         exercises.check(name, fn, must_pass=True)
 
 
+def _hint_gives_no_code(name, code_fragments):
+    """A hint says where to look; it does not hand over the solution's code."""
+    hint = exercises.hint(name)
+    for code in code_fragments:
+        assert code not in hint, f"{name}'s hint gives away code: {code!r} in {hint!r}"
+
+
 # ----------------------------------------------------------------------------- 01.rnn_step
 
 

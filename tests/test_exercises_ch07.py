@@ -2,7 +2,12 @@
 
 import pytest
 import torch
-from test_exercises import _accepts, _rejects, _stub  # the helpers of chapter 01's checker tests
+from test_exercises import (  # the helpers of chapter 01's checker tests
+    _accepts,
+    _hint_gives_no_code,
+    _rejects,
+    _stub,
+)
 
 from tfmlib import exercises
 
@@ -19,11 +24,8 @@ def test_check_api_never_raises_without_must_pass(capsys):
 
 @pytest.mark.parametrize("name", ["07.decoder_masks", "07.layer_norm", "07.sublayer"])
 def test_07_hints_point_the_way_without_the_code(name):
-    """A hint says where to look; it does not hand over the solution's code."""
-    hint = exercises.hint(name)
-    for code in ("keepdim", "torch.", "sqrt(", "x.mean", "x + sublayer", "norm(x", "[:, None", "tril",
-                 "return "):
-        assert code not in hint, f"{name}'s hint gives away code: {code!r} in {hint!r}"
+    _hint_gives_no_code(name, ("keepdim", "torch.", "sqrt(", "x.mean", "x + sublayer", "norm(x", "[:, None",
+                               "tril", "return "))
 
 
 # ----------------------------------------------------------------------------- 07.layer_norm

@@ -177,7 +177,7 @@ def fit(
                 and time.perf_counter() - start - eval_seconds >= time_budget_s
             ):
                 stop = True
-            if eval_fn is not None and eval_every is not None and (stop or steps % eval_every == 0):
+            if eval_every is not None and steps % eval_every == 0:
                 evaluate()
             if stop:
                 break
@@ -188,15 +188,14 @@ def fit(
                   "tokens_per_second": total_tokens / seconds}
         if eval_fn is not None and eval_every is None:
             record.update(evaluate())
-        elif eval_fn is not None and epoch == epochs and not stop \
-                and (not history.evals or history.evals[-1]["step"] != steps):
-            evaluate()  # the last step of the last epoch, unless a multiple of eval_every did it
         history.epochs.append(record)
         if verbose:
             shown = ", ".join(f"{k}={v:.4g}" for k, v in record.items() if k != "epoch")
             print(f"epoch {epoch}: {shown}")
         if stop:
             break
+    if eval_every is not None and (not history.evals or history.evals[-1]["step"] != steps):
+        evaluate()  # the last step, unless it was a multiple of eval_every
     return history
 
 
