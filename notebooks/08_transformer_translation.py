@@ -518,19 +518,17 @@ for ax in axes:
     ax.legend()
     ax.grid(alpha=0.3)
 plt.show()
-print(f"{'step':>6s}" + "".join(f"{name:>20s}" for name in histories))
-for step in sorted({e["step"] for h in histories.values() for e in h.evals}):
-    at_step = {name: next((e for e in h.evals if e["step"] == step), None) for name, h in histories.items()}
-    print(f"{step:>6d}" + "".join(f"{'':>20s}" if e is None else f"{e['bleu']:>10.1f} ({e['seconds']:>4.1f} s)"
-                                  for e in at_step.values()))
-common_steps = set.intersection(*({e["step"] for e in h.evals} for h in histories.values()))
-bleu_at_step = {}
+evals_at = {name: {e["step"]: e for e in h.evals} for name, h in histories.items()}   # model -> step -> eval
+print(f"{'step':>6s}" + "".join(f"{name:>20s}" for name in evals_at))
+for step in sorted(set().union(*evals_at.values())):
+    print(f"{step:>6d}" + "".join(f"{e['bleu']:>10.1f} ({e['seconds']:>4.1f} s)" if (e := at.get(step)) else f"{'':>20s}"
+                                  for at in evals_at.values()))
+common_steps = set.intersection(*(set(at) for at in evals_at.values()))
 if common_steps:
     same_step = max(common_steps)
-    bleu_at_step = {name: next(e["bleu"] for e in h.evals if e["step"] == same_step)
-                    for name, h in histories.items()}
     print(f"after the same {same_step} steps ({same_step * run.batch_size:,} sentence pairs): "
-          + ", ".join(f"{name} {b:.1f}" for name, b in bleu_at_step.items()) + " BLEU on the curve sentences")
+          + ", ".join(f"{name} {at[same_step]['bleu']:.1f}" for name, at in evals_at.items())
+          + " BLEU on the curve sentences")
 
 # %% [markdown]
 # Now the three translators on the test split: greedy decoding (beam search comes in section 5),
@@ -675,20 +673,19 @@ plot_curves({f"eps = {run.label_smoothing}": histories["Transformer"].step_loss,
 axes[0].axhline(smoothing_floor, color="k", ls="--", lw=1, label="H(q): the smoothed loss's floor")
 axes[0].legend()
 bins = np.linspace(0, 1, 41)
-for label, r in ((f"eps = {run.label_smoothing}", smoothed), ("eps = 0", plain)):
+compared = {f"eps = {run.label_smoothing}": smoothed, "eps = 0": plain}
+cap = 1 - run.label_smoothing + run.label_smoothing / len(tgt_vocab)   # where the smoothed loss is smallest
+for label, r in compared.items():
     axes[1].hist(r["p_ref"], bins=bins, alpha=0.6, label=label, weights=np.ones(len(r["p_ref"])) / len(r["p_ref"]))
-axes[1].axvline(1 - run.label_smoothing + run.label_smoothing / len(tgt_vocab), color="k", ls="--", lw=1,
-                label="1 - eps + eps/V")
+axes[1].axvline(cap, color="k", ls="--", lw=1, label="1 - eps + eps/V")
 axes[1].set(title="Probability given to each reference token (test split)", xlabel="p(reference token)",
             ylabel="fraction of tokens (log scale)", yscale="log")
 axes[1].legend()
 plt.show()
-cap = 1 - run.label_smoothing + run.label_smoothing / len(tgt_vocab)   # where the smoothed loss is smallest
-above_cap = {label: float((r["p_ref"] > cap + 0.02).mean())
-             for label, r in ((f"eps = {run.label_smoothing}", smoothed), ("eps = 0", plain))}
+above_cap = {label: float((r["p_ref"] > cap + 0.02).mean()) for label, r in compared.items()}
 print(f"{'':12s} {'test ppl':>9s} {'accuracy':>9s} {'mean p(ref)':>12s} {'p(ref) > cap+0.02':>18s} "
       f"{'BLEU (' + str(len(control_pairs)) + ')':>11s}")
-for label, r in ((f"eps = {run.label_smoothing}", smoothed), ("eps = 0", plain)):
+for label, r in compared.items():
     print(f"{label:12s} {r['perplexity']:>9.3f} {r['accuracy']:>9.2%} {r['p_ref'].mean():>12.3f} "
           f"{above_cap[label]:>18.1%} {r['control_bleu']:>11.1f}")
 print(f"smoothed minus plain: accuracy {100 * (smoothed['accuracy'] - plain['accuracy']):+.1f} points, BLEU "
@@ -699,12 +696,10 @@ print(f"over all test tokens the smoothed model's perplexity is {higher}: {smoot
 # The tokens both models are sure of (each gives the reference more than 1/2, so both rank it first):
 # there the smoothed model's cap at 1 - eps + eps/V must cost it perplexity.
 sure = (smoothed["p_ref"] > 0.5) & (plain["p_ref"] > 0.5)
-sure_ppl = {label: float(np.exp(-np.log(r["p_ref"][sure]).mean()))
-            for label, r in ((f"eps = {run.label_smoothing}", smoothed), ("eps = 0", plain))}
+sure_ppl = {label: float(np.exp(-np.log(r["p_ref"][sure]).mean())) for label, r in compared.items()}
 print(f"on the {sure.mean():.0%} of reference tokens both models give more than 1/2, perplexity "
       + " and ".join(f"{v:.3f} ({k})" for k, v in sure_ppl.items()))
-sure_median = {label: float(np.median(r["p_ref"][sure]))
-               for label, r in ((f"eps = {run.label_smoothing}", smoothed), ("eps = 0", plain))}
+sure_median = {label: float(np.median(r["p_ref"][sure])) for label, r in compared.items()}
 print("their median p(reference): " + " and ".join(f"{v:.3f} ({k})" for k, v in sure_median.items())
       + f"; the smoothed loss is smallest at {cap:.3f}")
 if run.profile != "smoke":
