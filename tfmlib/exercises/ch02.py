@@ -1,0 +1,103 @@
+"""Checkers for chapter 02 (seq2seq).
+
+Registered on import by ``tfmlib.exercises``; a reader calls ``exercises.check("02.name", answer)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .core import Wrong, checker, expect_close
+
+
+def _random_logits_and_targets(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    B, T, V = (int(v) for v in torch.randint(2, 7, (3,), generator=g))
+    logits = torch.randn(B, T, V, generator=g) * 2
+    targets = torch.randint(1, V, (B, T), generator=g)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    lengths[0] = T  # one full row, the others padded
+    targets[torch.arange(T)[None, :] >= lengths[:, None]] = 0  # PAD_ID
+    return logits, targets
+
+
+@checker("02.masked_token_loss", hint="mask = targets != 0; take -log_softmax(logits) at the target ids "
+         "(gather on the last axis), keep the masked positions and divide their sum by mask.sum()")
+def _check_masked_token_loss(masked_token_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+    for seed in range(5):
+        logits, targets = _random_logits_and_targets(seed)
+        want = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=0)
+        got = masked_token_loss(logits.clone(), targets.clone())
+        if isinstance(got, torch.Tensor) and got.dim() == 0 and (targets == 0).any():
+            everything = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+            if torch.allclose(got.double(), everything.double(), atol=1e-5):
+                raise Wrong("your loss counts the padded positions too: average over the real "
+                            "tokens only (targets != 0)")
+        if isinstance(got, torch.Tensor) and got.dim() != 0:
+            raise Wrong(f"return a scalar (0-d) tensor, got shape {tuple(got.shape)}")
+        expect_close(got, want,
+                     f"masked_token_loss(logits {tuple(logits.shape)}, targets {tuple(targets.shape)})")
+
+
+@checker("02.cut_at_eos", hint="for each row: row.tolist(), then keep the ids before the first 2 (EOS_ID); "
+         "list.index raises ValueError when there is none")
+def _check_cut_at_eos(cut_at_eos: Callable[[torch.Tensor], list[list[int]]]) -> None:
+    cases = [
+        torch.tensor([[5, 6, 2, 0], [7, 2, 0, 0], [4, 4, 4, 4]]),
+        torch.tensor([[2, 5, 2]]),
+        torch.tensor([[9, 2, 9, 9], [8, 8, 2, 0]]),
+    ]
+    for tokens in cases:
+        want = [row[: row.index(2)] if 2 in row else row for row in tokens.tolist()]
+        got = cut_at_eos(tokens.clone())
+        if isinstance(got, torch.Tensor):
+            raise Wrong("return a list of lists of ints (rows have different lengths), not a tensor")
+        if not isinstance(got, list) or any(not isinstance(r, list) for r in got):
+            raise Wrong(f"return a list of lists, got {type(got).__name__}")
+        if got != want:
+            raise Wrong(f"for tokens {tokens.tolist()} expected {want}, got {got}")
+
+
+def _reverse_source_reference(src: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
+    out = src.clone()
+    for i, n in enumerate(src_mask.sum(dim=1).tolist()):
+        out[i, : n - 1] = src[i, : n - 1].flip(0)  # the words; EOS stays at n - 1
+    return out
+
+
+@checker("02.reverse_source", hint="per row, the words are the first n - 1 positions, n = src_mask[i].sum() "
+         "(position n - 1 holds EOS): out[i, :n-1] = src[i, :n-1].flip(0)")
+def _check_reverse_source(reverse_source: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+    from tfmlib.data import EOS_ID, pad_sequences
+
+    cases = [[[5, 6, 7], [8], [9, 10]], [[4, 5, 6, 7, 8]], [[11, 12], [13, 14, 15, 16]]]
+    for rows in cases:
+        src, mask = pad_sequences([r + [EOS_ID] for r in rows])
+        want = _reverse_source_reference(src, mask)
+        got = reverse_source(src.clone(), mask.clone())
+        if not isinstance(got, torch.Tensor):
+            raise Wrong(f"return a tensor like src, got {type(got).__name__}")
+        if got.shape != src.shape:
+            raise Wrong(f"the result should keep src's shape {tuple(src.shape)}, got {tuple(got.shape)}")
+        if torch.equal(got, src.flip(1)):
+            raise Wrong("you flipped whole rows: the padding and EOS moved to the front; reverse "
+                        "only each row's words")
+        if not torch.equal(got, want):
+            raise Wrong(f"for sources {src.tolist()} expected {want.tolist()}, got {got.tolist()}")
+
+
+@checker("02.brevity_penalty", hint="BP = 1 when h > r, else exp(1 - r / h) (h: hypothesis length, "
+         "r: reference length)")
+def _check_brevity_penalty(brevity_penalty: Callable[[int, int], float]) -> None:
+    import math
+
+    for h, r in [(10, 10), (12, 10), (5, 10), (9, 10), (1, 7), (100, 3)]:
+        want = 1.0 if h > r else math.exp(1 - r / h)
+        got = brevity_penalty(h, r)
+        if not isinstance(got, (int, float)) or isinstance(got, bool):
+            raise Wrong(f"return a float, got {type(got).__name__}")
+        if abs(got - want) > 1e-9:
+            raise Wrong(f"for h={h}, r={r} expected {want:.6f}, got {got:.6f}"
+                        + (" (too-long output is not penalised)" if h > r else ""))

@@ -1,0 +1,133 @@
+"""The machinery behind the exercise checkers: registration, :func:`check`, :func:`hint`.
+
+Introduced in chapter 00 (preface). The checkers themselves live one module per chapter
+(``tfmlib.exercises.ch01`` ...); ``tfmlib.exercises`` imports them all.
+
+In a chapter, a reader fills in a stub and calls :func:`check`::
+
+    def rnn_step(x, h, W_xh, W_hh, b):
+        raise NotImplementedError  # your code here
+
+    exercises.check("01.rnn_step", rnn_step)
+
+``check`` prints "not solved yet" and a hint while the stub raises ``NotImplementedError``, says
+what is wrong for a wrong answer, and never stops the notebook. The solutions notebook passes
+``must_pass=True``, which raises :class:`ExerciseFailed` instead, so the tests catch a broken
+solution or a broken checker. A checker is a function ``answer -> None`` that raises
+:class:`Wrong` with a reason; it is registered with :func:`checker`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+INTRODUCED_IN = 0
+
+
+class Wrong(Exception):
+    """Raised by a checker: the answer is wrong, and the message says how."""
+
+
+class ExerciseFailed(AssertionError):
+    """Raised by ``check(..., must_pass=True)`` when an answer is not accepted."""
+
+
+@dataclass(frozen=True)
+class Exercise:
+    name: str
+    hint: str
+    run: Callable[[Any], None]
+
+
+_REGISTRY: dict[str, Exercise] = {}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What :func:`check` returns: true when the answer was accepted.
+
+    Use it as a bool (``if check(...)``, ``assert check(...)``). In a notebook it displays
+    nothing, because :func:`check` has already printed the verdict.
+    """
+
+    name: str
+    passed: bool
+    message: str
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def _ipython_display_(self) -> None:  # the printed message is the display
+        pass
+
+
+def checker(name: str, hint: str) -> Callable[[Callable[[Any], None]], Callable[[Any], None]]:
+    """Register ``fn(answer)`` as the checker of exercise ``name`` (``"NN.short_name"``)."""
+    if not re.fullmatch(r"\d\d\.\w+", name):
+        raise ValueError(f"exercise name {name!r} must look like 'NN.short_name' (NN: the chapter)")
+
+    def register(fn: Callable[[Any], None]) -> Callable[[Any], None]:
+        if name in _REGISTRY:
+            raise ValueError(f"exercise {name!r} is registered twice")
+        _REGISTRY[name] = Exercise(name, hint, fn)
+        return fn
+    return register
+
+
+def names(chapter: int | None = None) -> list[str]:
+    """The registered exercise names, optionally only chapter ``chapter``'s."""
+    return sorted(n for n in _REGISTRY if chapter is None or n.startswith(f"{chapter:02d}."))
+
+
+def hint(name: str) -> str:
+    return _get(name).hint
+
+
+def _get(name: str) -> Exercise:
+    if name not in _REGISTRY:
+        raise KeyError(f"no exercise named {name!r}; known: {names()}")
+    return _REGISTRY[name]
+
+
+def check(name: str, answer: Any, must_pass: bool = False) -> Verdict:
+    """Check ``answer`` for exercise ``name``; print the verdict and return it (true if accepted).
+
+    With ``must_pass=True`` (solutions), anything but an accepted answer raises
+    :class:`ExerciseFailed`.
+    """
+    exercise = _get(name)
+    try:
+        exercise.run(answer)
+    except NotImplementedError:
+        verdict = f"[{name}] not solved yet. Hint: {exercise.hint}"
+    except Wrong as e:
+        verdict = f"[{name}] not correct yet: {e}"
+    except Exception as e:  # the reader's code crashed: show it, don't stop the notebook
+        verdict = f"[{name}] your code raised {type(e).__name__}: {e}"
+    else:
+        print(f"[{name}] correct!")
+        return Verdict(name, True, f"[{name}] correct!")
+    if must_pass:
+        raise ExerciseFailed(verdict)
+    print(verdict)
+    return Verdict(name, False, verdict)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def expect_close(got: Any, want: torch.Tensor, what: str, atol: float = 1e-5,
+                 rtol: float = 1e-4) -> None:
+    """Raise :class:`Wrong` unless ``got`` is a tensor of ``want``'s shape and values."""
+    if not isinstance(got, torch.Tensor):
+        raise Wrong(f"{what} should be a torch.Tensor, got {type(got).__name__}")
+    if got.shape != want.shape:
+        raise Wrong(f"{what} has shape {tuple(got.shape)}, expected {tuple(want.shape)}")
+    if not torch.allclose(got.double(), want.double(), atol=atol, rtol=rtol):
+        err = (got.double() - want.double()).abs().max().item()
+        raise Wrong(f"{what} has the right shape but wrong values (max abs error {err:.3g})")
