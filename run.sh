@@ -82,7 +82,10 @@ case "$cmd" in
         ;;
     lab)
         setup
-        exec "$VENV/bin/jupyter" lab notebooks/
+        # Jupyter refuses to start as root (Docker, many cloud notebooks) unless told it may.
+        as_root=()
+        [ "$(id -u)" = 0 ] && as_root=(--allow-root)
+        exec "$VENV/bin/jupyter" lab ${as_root[@]+"${as_root[@]}"} notebooks/
         ;;
     help|-h|--help)
         usage

@@ -486,3 +486,24 @@ def test_readme_times_match_the_recorded_json():
     times = json.loads(book.TIMES_FILE.read_text())
     readme = (book.REPO_ROOT / "README.md").read_text()
     assert book.times_table(times) in readme, "run `python tools/book.py refresh` to update README"
+
+
+def test_execute_shuts_down_the_kernel_it_started(tmp_path, monkeypatch):
+    """A build runs 18 notebooks: each kernel must end with its notebook, not with the build."""
+    import book
+    from jupyter_core.utils import run_sync
+
+    managers = []
+    make_manager = book.current_env_kernel_manager
+
+    def recording_manager():
+        managers.append(make_manager())
+        return managers[-1]
+
+    monkeypatch.setattr(book, "current_env_kernel_manager", recording_manager)
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(1 + 1)")])
+    result = book.execute(nb, tmp_path, "smoke", timeout=120)
+    assert result.ok, result.error
+    assert nb.cells[0].outputs[0]["text"].strip() == "2"
+    assert len(managers) == 1, "execute should start exactly one kernel"
+    assert not run_sync(managers[0].is_alive)(), "the notebook's kernel is still running after execute()"

@@ -69,6 +69,19 @@ def current_env_kernel_manager():
     return AsyncKernelManager(kernel_name="python3", kernel_spec_manager=CurrentEnvSpecs())
 
 
+def shutdown_kernel(km) -> None:
+    """Stop ``km``'s kernel now if it is still running.
+
+    nbclient shuts down only the kernels of managers it created itself; ``execute`` passes its own
+    manager (to pin the interpreter), so without this every notebook's kernel, with its tensors,
+    would stay alive until the whole build ends (18 kernels, several GB).
+    """
+    from jupyter_core.utils import run_sync
+
+    if run_sync(km.is_alive)():
+        run_sync(km.shutdown_kernel)(now=True)
+
+
 @dataclass
 class Result:
     """What executing one notebook gave."""
@@ -130,9 +143,10 @@ def execute(
     nb.metadata.setdefault("kernelspec", dict(DEFAULT_KERNELSPEC))
     os.environ["TFM_PROFILE"] = profile  # the kernel inherits this environment
     os.environ.pop("MPLBACKEND", None)  # let ipykernel pick the inline backend: figures show
+    km = current_env_kernel_manager()
     client = NotebookClient(
         nb,
-        km=current_env_kernel_manager(),
+        km=km,
         timeout=timeout,
         startup_timeout=180,
         kernel_name="python3",
@@ -151,7 +165,9 @@ def execute(
         error, details = "CellExecutionError", str(exc)
     except (CellTimeoutError, DeadKernelError, TimeoutError, RuntimeError) as exc:
         error, details = f"{type(exc).__name__}: {exc}", str(exc)
-    seconds = time.perf_counter() - start
+    finally:
+        seconds = time.perf_counter() - start
+        shutdown_kernel(km)
     result = Result(nb, seconds)
     found = first_error(nb)
     if found is not None:
