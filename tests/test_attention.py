@@ -60,10 +60,17 @@ def test_check_mask_accepts_the_usual_shapes_and_names_bad_ones():
     assert check_mask(torch.ones(4, 5, dtype=torch.bool), shape, "t").shape == (4, 5)
     assert check_mask(torch.ones(2, 4, 5, dtype=torch.bool), shape, "t").shape == (2, 1, 4, 5)
     assert check_mask(torch.ones(2, 1, 1, 5, dtype=torch.bool), shape, "t").shape == (2, 1, 1, 5)
-    with pytest.raises(TypeError, match="bool"):
-        check_mask(torch.ones(4, 5), shape, "t")
+    # a floating mask is additive (added to the scores) and keeps its dtype
+    assert check_mask(torch.zeros(4, 5, dtype=torch.double), shape, "t").dtype == torch.double
+    assert check_mask(torch.zeros(1, 5), shape, "t").shape == (1, 5)      # broadcasts to (T, S)
+    with pytest.raises(TypeError, match="bool tensor .* or a floating tensor"):
+        check_mask(torch.ones(4, 5, dtype=torch.long), shape, "t")
+    with pytest.raises(TypeError, match="got list"):
+        check_mask([[True]], shape, "t")
     with pytest.raises(ValueError, match=r"padding_mask\(\)"):
         check_mask(torch.ones(2, 5, dtype=torch.bool), shape, "t")  # a token mask passed as is
+    with pytest.raises(ValueError, match=r"padding_mask\(\)"):
+        check_mask(torch.zeros(2, 5), shape, "t")
     with pytest.raises(ValueError, match=r"mask \(3, 1, 1, 5\) does not broadcast .* \(2, 3, 4, 5\)"):
         check_mask(torch.ones(3, 1, 1, 5, dtype=torch.bool), shape, "t")
     with pytest.raises(ValueError, match="2, 3 or 4 dimensions"):
@@ -244,3 +251,191 @@ def test_multihead_errors_name_the_problem():
         mha(torch.randn(2, 3, 8), mask=torch.ones(3, 1, 1, 3, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"d_model, heads\)=\(8, 4\)"):
         copy_from_torch_mha(nn.MultiheadAttention(8, 4), mha)
+
+
+# ----------------------------------------------------------------------------- float (additive) masks
+
+
+def additive(keep: torch.Tensor, dtype=torch.double) -> torch.Tensor:
+    """The 0 / -inf image of a bool keep-mask."""
+    return torch.zeros(keep.shape, dtype=dtype).masked_fill(~keep, -math.inf)
+
+
+# Mask shapes of F.scaled_dot_product_attention's docstring ("broadcastable to (N, ..., L, S)") and of
+# test_transformers.py's test_scaled_dot_product_attention_math_with_negative_inf_attn_mask /
+# mask-shape cases: (T, S), (1, S), (B, 1, 1, S), (B, 1, T, S), (1, h, T, S), (B, h, T, S).
+FLOAT_MASK_SHAPES = [(4, 5), (1, 5), (2, 1, 1, 5), (2, 1, 4, 5), (1, 3, 4, 5), (2, 3, 4, 5)]
+
+
+@pytest.mark.parametrize("shape", FLOAT_MASK_SHAPES)
+@pytest.mark.parametrize("with_neg_inf", [False, True])
+def test_float_mask_equals_torch_sdpa_forward_and_backward(shape, with_neg_inf):
+    """A real-valued bias (ALiBi-like, with or without -inf entries) in every broadcast shape: both
+    attentions equal F.scaled_dot_product_attention with the same attn_mask, output and gradients of
+    q, k, v and of the bias itself."""
+    q, k, v = qkv(11)
+    g = torch.Generator().manual_seed(12)
+    bias = torch.randn(shape, generator=g, dtype=torch.double)
+    if with_neg_inf:  # knock out some keys, but leave every row at least one (key 0)
+        drop = torch.rand(shape, generator=g) < 0.4
+        drop[..., 0] = False
+        bias = bias.masked_fill(drop, -math.inf)
+    bias.requires_grad_()
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    grad = torch.randn(want.shape, generator=g, dtype=want.dtype)
+    want_grads = torch.autograd.grad(want, (q, k, v, bias), grad)
+    for name, fn in (("explicit", lambda: scaled_dot_product_attention(q, k, v, bias)[0]),
+                     ("fast", lambda: fast_attention(q, k, v, bias))):
+        got = fn()
+        torch.testing.assert_close(got, want, msg=f"{name} attention with a float mask {shape}")
+        got_grads = torch.autograd.grad(got, (q, k, v, bias), grad)
+        for what, a, b in zip("qkv" + "m", got_grads, want_grads, strict=True):
+            torch.testing.assert_close(a, b, msg=f"{name}: gradient of {what} with a float mask {shape}")
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 3), st.integers(1, 5), st.integers(1, 5), st.booleans(),
+       st.integers(0, 10_000))
+def test_float_zero_neginf_mask_equals_the_bool_mask_including_fully_masked_rows(B, h, T, S, causal, seed):
+    """The 0/-inf image of a random bool mask (some rows fully masked) gives what the bool mask gives, in
+    both attentions, with and without causal=True: zeros, not NaN, for a row that sees nothing."""
+    if causal and S < T:
+        S = T
+    q, k, v = qkv(seed, B, h, T, S, 4, 3)
+    g = torch.Generator().manual_seed(seed + 1)
+    keep = torch.rand(B, 1, T, S, generator=g) < 0.6
+    bias = additive(keep)
+    ref_e, ref_w = scaled_dot_product_attention(q, k, v, keep, causal=causal)
+    got_e, got_w = scaled_dot_product_attention(q, k, v, bias, causal=causal)
+    ref_f, got_f = fast_attention(q, k, v, keep, causal=causal), fast_attention(q, k, v, bias, causal=causal)
+    for name, a, b in (("weights", got_w, ref_w), ("explicit", got_e, ref_e), ("fast", got_f, ref_f)):
+        assert torch.isfinite(a).all(), f"{name}: NaN or inf with a float mask"
+        torch.testing.assert_close(a, b, msg=f"{name}: float 0/-inf mask differs from the bool mask")
+    grad = torch.randn(ref_e.shape, generator=g, dtype=ref_e.dtype)
+    for got, ref in ((got_e, ref_e), (got_f, ref_f)):
+        for a, b in zip(torch.autograd.grad(got, (q, k, v), grad), torch.autograd.grad(ref, (q, k, v), grad),
+                        strict=True):
+            assert torch.isfinite(a).all(), "a NaN gradient through a fully masked row"
+            torch.testing.assert_close(a, b)
+
+
+def test_float_mask_in_multihead_attention_equals_nn_multiheadattention():
+    # mirrors test_multihead_attention.py's test_multihead_attn_3d_attn_mask / float attn_mask cases:
+    # nn.MultiheadAttention adds a float attn_mask to the scores, as ours does
+    torch.manual_seed(0)
+    B, T, S, d, h = 2, 4, 6, 16, 4
+    ref = nn.MultiheadAttention(d, h, batch_first=True).double()
+    mine = copy_from_torch_mha(ref, MultiHeadAttention(d, h).double())
+    x, mem = torch.randn(B, T, d, dtype=torch.double), torch.randn(B, S, d, dtype=torch.double)
+    bias = torch.randn(T, S, dtype=torch.double)
+    bias[1, 2:] = -math.inf
+    want, want_w = ref(x, mem, mem, attn_mask=bias, need_weights=True, average_attn_weights=False)
+    for need_weights in (False, True):
+        got, got_w = mine(x, mem, mask=bias, need_weights=need_weights)
+        torch.testing.assert_close(got, want)
+        if need_weights:
+            torch.testing.assert_close(got_w, want_w)
+    # a float mask combined with causal=True: the causal part becomes -inf
+    square = torch.randn(T, T, dtype=torch.double)
+    want, _ = ref(x, x, x, attn_mask=square.masked_fill(~causal_mask(T), -math.inf))
+    for need_weights in (False, True):
+        got, _ = mine(x, mask=square, causal=True, need_weights=need_weights)
+        torch.testing.assert_close(got, want)
+
+
+# ----------------------------------------------------------------------------- float16 (bug 3)
+
+
+def test_explicit_attention_does_not_overflow_in_float16():
+    """Issue 14, bug 3: q @ k^T = 40 * 40 * 64 = 102400 > 65504 overflowed to inf before the division by
+    sqrt(d) and gave NaN; scaling q first keeps every intermediate finite (fails on the old code)."""
+    x = torch.full((1, 1, 2, 64), 40.0, dtype=torch.float16)
+    out, weights = scaled_dot_product_attention(x, x, x)
+    assert torch.isfinite(out).all() and torch.isfinite(weights).all(), f"float16 overflow: {out}"
+    torch.testing.assert_close(out, x, msg="equal keys and values: the output is the value")
+    torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(x, x, x))
+
+
+def test_need_weights_in_float16_is_finite_and_close_to_float32():
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(64, 1)
+    with torch.no_grad():
+        for proj in (mha.q_proj, mha.k_proj, mha.v_proj, mha.out_proj):
+            proj.weight.copy_(torch.eye(64))
+            proj.bias.zero_()
+    x = 40 + torch.rand(1, 3, 64)                                   # dot products ~1e5: above 65504
+    want, want_w = mha(x, need_weights=True)
+    half = mha.half()
+    for need_weights in (True, False):
+        got, got_w = half(x.half(), need_weights=need_weights)
+        assert torch.isfinite(got).all(), f"need_weights={need_weights}: NaN/inf in float16"
+        torch.testing.assert_close(got.float(), want, atol=0.1, rtol=1e-2)
+        if need_weights:
+            torch.testing.assert_close(got_w.float(), want_w, atol=1e-2, rtol=1e-2)
+
+
+# ----------------------------------------------------------------------------- causal alignment
+
+
+def test_causal_alignment_bottom_right_versus_pytorch_is_causal_top_left():
+    """With T < S, causal=True aligns the queries with the last T keys (a decoder after a cache);
+    PyTorch's is_causal=True with the first T. align="top_left" reproduces PyTorch, and PyTorch's own
+    causal_lower_right bias reproduces ours."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    T, S = 2, 5
+    assert causal_mask(T, S).tolist() == [[True, True, True, True, False], [True] * 5]
+    assert causal_mask(T, S, align="top_left").tolist() == [[True, False, False, False, False],
+                                                           [True, True, False, False, False]]
+    q, k, v = qkv(5, T=T, S=S)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    ours = fast_attention(q, k, v, causal=True)
+    torch.testing.assert_close(ours, sdpa(q, k, v, attn_mask=causal_lower_right(T, S)))
+    torch.testing.assert_close(scaled_dot_product_attention(q, k, v, causal=True)[0], ours)
+    theirs = sdpa(q, k, v, is_causal=True)
+    assert (ours - theirs).abs().max() > 1e-3, "the two alignments must differ for T < S"
+    torch.testing.assert_close(fast_attention(q, k, v, causal_mask(T, S, align="top_left")), theirs)
+    # equal lengths: one lower triangle, the alignments agree
+    q, k, v = qkv(6, T=4, S=4)
+    torch.testing.assert_close(fast_attention(q, k, v, causal=True), sdpa(q, k, v, is_causal=True))
+    with pytest.raises(ValueError, match="align must be"):
+        causal_mask(2, 3, align="top-left")
+
+
+# ----------------------------------------------------------------------------- copies (bug 1)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(add_bias_kv=True), "add_bias_kv"),
+    (dict(add_zero_attn=True), "add_zero_attn"),
+    (dict(kdim=4, vdim=4), "kdim/vdim"),
+    (dict(dropout=0.1), "dropout"),
+])
+def test_copy_from_torch_mha_refuses_modules_it_cannot_represent(kwargs, match):
+    """Issue 14, bug 1: add_bias_kv / add_zero_attn modules were copied silently and the copy computed
+    something else (outputs 0.12 apart); now refused. The parameters come from
+    test_multihead_attention.py's test_multihead_attn_add_bias_kv / test_multihead_attn_add_zero_attn."""
+    torch.manual_seed(0)
+    ref = nn.MultiheadAttention(8, 2, batch_first=True, **kwargs).eval()
+    if "dropout" not in kwargs and "kdim" not in kwargs:   # show what a silent copy would compute
+        mine = MultiHeadAttention(8, 2)
+        with torch.no_grad():
+            for i, proj in enumerate((mine.q_proj, mine.k_proj, mine.v_proj)):
+                proj.weight.copy_(ref.in_proj_weight.chunk(3)[i])
+                proj.bias.copy_(ref.in_proj_bias.chunk(3)[i])
+            mine.out_proj.load_state_dict(ref.out_proj.state_dict())
+        x = torch.randn(2, 4, 8)
+        assert (mine(x)[0] - ref(x, x, x)[0]).abs().max() > 1e-3, "the weights alone do not give its output"
+    with pytest.raises(ValueError, match=match):
+        copy_from_torch_mha(ref, MultiHeadAttention(8, 2))
+
+
+def test_multihead_refuses_what_it_does_not_offer():
+    """The "differences from PyTorch" of the module docstring each fail with a clear error."""
+    mha = MultiHeadAttention(8, 2)
+    with pytest.raises(ValueError, match=r"batch first; no unbatched input"):
+        mha(torch.randn(3, 8))                                  # unbatched (L, d_model), as PyTorch allows
+    with pytest.raises(ValueError, match=r"key must be \(batch, length, d_model=8\)"):
+        mha(torch.randn(2, 3, 8), torch.randn(2, 5, 4))          # kdim != d_model
+    with pytest.raises(ValueError, match="no rotary="):
+        mha(torch.randn(2, 3, 8), q_positions=torch.arange(3))

@@ -12,8 +12,8 @@ from tfmlib.positional import (
     LearnedPositionalEmbedding,
     RotaryEmbedding,
     SinusoidalPositionalEncoding,
-    relative_offset_matrix,
     sinusoidal_encoding,
+    sinusoidal_offset_matrix,
 )
 
 
@@ -33,10 +33,10 @@ def test_sinusoidal_table_is_the_formula():
 def test_a_fixed_offset_is_one_linear_map_for_every_position(offset):
     d = 16
     table = sinusoidal_encoding(100 + offset, d).double()
-    M = relative_offset_matrix(offset, d)
+    M = sinusoidal_offset_matrix(offset, d)
     torch.testing.assert_close(table[:100] @ M.T, table[offset:offset + 100], atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="even"):
-        relative_offset_matrix(2, 7)
+        sinusoidal_offset_matrix(2, 7)
 
 
 def test_sinusoidal_module_adds_the_table_and_extends_it():

@@ -14,13 +14,43 @@ here; chapters 06-08 build on :class:`MultiHeadAttention`.
   a batch axis (a reshape and a transpose, no loop over heads), attends, and projects back.
   :func:`copy_from_torch_mha` copies ``nn.MultiheadAttention``'s weights into it.
 
-**Masks** are ``bool`` tensors, ``True`` where a query *may* attend to a key, the book's
-convention since chapter 00 (``True`` = a real token). PyTorch's ``nn.MultiheadAttention`` reads a
-bool mask the other way round (``True`` = *not* allowed); ``F.scaled_dot_product_attention`` reads
-it as we do. A mask broadcasts against the scores ``(B, h, T, S)``: build one with
-:func:`padding_mask` (``(B, 1, 1, S)``, from a ``(B, S)`` token mask), :func:`causal_mask`
-(``(T, S)``) or both with ``&``. A query that may attend to nothing (a fully masked row) gets a
-zero output and zero gradients, never NaN.
+**Masks** come in two kinds, as in ``F.scaled_dot_product_attention``'s ``attn_mask``:
+
+* a ``bool`` *keep-mask*, ``True`` where a query *may* attend to a key, the book's convention
+  since chapter 00 (``True`` = a real token). PyTorch's ``nn.MultiheadAttention`` reads a bool
+  mask the other way round (``True`` = *not* allowed); ``F.scaled_dot_product_attention`` reads it
+  as we do;
+* a floating *additive* mask (a bias), added to the scores ``Q K^T / sqrt(d_k)`` before the
+  softmax: ``0`` where a query may attend, ``-inf`` where it may not, or any real value (ALiBi's
+  distance penalties, T5's learned relative biases). A bool mask ``m`` and the float mask
+  ``0`` where ``m``, ``-inf`` elsewhere give the same result.
+
+A mask broadcasts against the scores ``(B, h, T, S)``: build one with :func:`padding_mask`
+(``(B, 1, 1, S)``, from a ``(B, S)`` token mask), :func:`causal_mask` (``(T, S)``) or both with
+``&``. A query that may attend to nothing (a fully masked row: all ``False``, or all ``-inf``)
+gets a zero output and zero gradients, never NaN.
+
+**Causal alignment.** With fewer queries than keys (``T < S``) the package's ``causal=True`` and
+:func:`causal_mask` align the queries with the *last* ``T`` keys (bottom-right: query ``t`` sees
+keys ``0 .. t + S - T``), which is what a decoder reading a cache of earlier keys needs. PyTorch's
+``is_causal=True`` aligns them with the *first* ``T`` keys (top-left: ``torch.ones(T, S).tril()``).
+The two agree when ``T == S``. To port code that relies on PyTorch's alignment, pass
+``mask=causal_mask(T, S, align="top_left")``; ``torch.nn.attention.bias.causal_lower_right`` is
+PyTorch's name for ours.
+
+**Differences from PyTorch** (``nn.MultiheadAttention``, ``F.scaled_dot_product_attention``); each
+is refused with an error that names it rather than computed differently:
+
+* ``batch_first`` only: inputs are ``(B, L, d_model)``; there is no ``batch_first=False`` and no
+  unbatched ``(L, d_model)`` input (a 2-D input is a ``ValueError``);
+* one width for queries, keys and values: no ``kdim``/``vdim`` (:func:`copy_from_torch_mha`
+  refuses such a module);
+* no ``add_bias_kv`` and no ``add_zero_attn`` (:func:`copy_from_torch_mha` refuses them);
+* masks are keep-masks (see above) and a 3-D mask is ``(B, T, S)``, one per sentence, shared by
+  the heads (``nn.MultiheadAttention``'s 3-D mask is ``(B * h, T, S)``; there is no
+  ``key_padding_mask`` argument: combine :func:`padding_mask` with ``&``);
+* ``causal=True`` aligns bottom-right when ``T < S`` (see above);
+* the weights returned with ``need_weights=True`` are per head, ``(B, h, T, S)``, never averaged.
 
 Shapes: ``B`` batch, ``h`` heads, ``T`` queries, ``S`` keys and values, ``d_model`` model width,
 ``d_k = d_model / h`` the width of one head (keys and queries), ``d_v`` the width of a value.
@@ -55,20 +85,28 @@ __all__ = [
 # --------------------------------------------------------------------------- masks
 
 
-def causal_mask(T: int, S: int | None = None, device: torch.device | str | None = None) -> Tensor:
-    """``(T, S)`` bool mask, ``True`` where query ``t`` may attend to key ``s``: ``s <= t + S - T``.
+def causal_mask(T: int, S: int | None = None, device: torch.device | str | None = None, *,
+                align: str = "bottom_right") -> Tensor:
+    """``(T, S)`` bool mask, ``True`` where query ``t`` may attend to key ``s``.
 
     With ``S == T`` (the default) this is the lower triangle: position ``t`` sees positions
-    ``0..t``. With ``S > T`` the ``T`` queries are the *last* ``T`` of ``S`` positions (a decoder
-    that has cached the keys of earlier steps), so the last query sees every key.
+    ``0..t``. With ``S > T`` the default ``align="bottom_right"`` makes the ``T`` queries the
+    *last* ``T`` of ``S`` positions (``s <= t + S - T``: a decoder that has cached the keys of
+    earlier steps), so the last query sees every key; this is what ``causal=True`` means
+    everywhere in the package. ``align="top_left"`` makes them the *first* ``T`` positions
+    (``s <= t``), which is what PyTorch's ``is_causal=True`` computes: use it to port code that
+    relies on that.
     """
     S = T if S is None else S
     for name, v in (("T", T), ("S", S)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"causal_mask: {name} must be a positive int, got {v!r}")
+    if align not in ("bottom_right", "top_left"):
+        raise ValueError(f"causal_mask: align must be 'bottom_right' or 'top_left', got {align!r}")
     if S < T:
         raise ValueError(f"causal_mask: S={S} keys for T={T} queries; a causal mask needs S >= T")
-    return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=S - T)
+    diagonal = S - T if align == "bottom_right" else 0
+    return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=diagonal)
 
 
 def padding_mask(token_mask: Tensor) -> Tensor:
@@ -82,20 +120,27 @@ def padding_mask(token_mask: Tensor) -> Tensor:
 
 
 def check_mask(mask: Tensor | None, scores_shape: tuple[int, ...], who: str) -> Tensor | None:
-    """Return ``mask`` as a bool tensor that broadcasts to ``scores_shape`` ``(B, h, T, S)``.
+    """Return ``mask`` as a tensor that broadcasts to ``scores_shape`` ``(B, h, T, S)``.
 
-    Accepts ``(T, S)``, ``(B, T, S)`` (made ``(B, 1, T, S)``) and 4-D masks such as
-    :func:`padding_mask`'s ``(B, 1, 1, S)``; raises ``TypeError`` for a non-bool mask and
-    ``ValueError``, naming both shapes, for one that does not broadcast.
+    ``mask`` is ``bool`` (``True`` = may attend) or floating (added to the scores: ``0`` /
+    ``-inf``, or real-valued biases). Accepts ``(T, S)`` (or any 2-D shape that broadcasts to it,
+    such as ``(1, S)``), ``(B, T, S)`` (made ``(B, 1, T, S)``) and 4-D masks such as
+    :func:`padding_mask`'s ``(B, 1, 1, S)``; raises ``TypeError`` for a mask that is neither bool
+    nor floating and ``ValueError``, naming both shapes, for one that does not broadcast.
     """
     if mask is None:
         return None
-    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+    if not isinstance(mask, Tensor) or not (mask.dtype == torch.bool or mask.is_floating_point()):
         got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
-        raise TypeError(f"{who}: mask must be a bool tensor (True = may attend), got {got}")
+        raise TypeError(f"{who}: mask must be a bool tensor (True = may attend) or a floating tensor "
+                        f"added to the scores (0 = may attend, -inf = may not), got {got}")
     B, h, T, S = scores_shape
     if mask.dim() == 2:
-        if tuple(mask.shape) != (T, S):
+        try:
+            fits = torch.broadcast_shapes(mask.shape, (T, S)) == torch.Size((T, S))
+        except RuntimeError:
+            fits = False
+        if not fits:
             raise ValueError(f"{who}: a 2-D mask must be (queries, keys) = {(T, S)}, got "
                              f"{tuple(mask.shape)}; "
                              "for a (batch, keys) token mask use padding_mask()")
@@ -136,18 +181,31 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor, who: str) -> None:
 
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
-                                 dropout_p: float = 0.0) -> tuple[Tensor, Tensor]:
-    """Attention written out: ``softmax(Q K^T / sqrt(d_k)) V``, with the weights returned.
+                                 dropout_p: float = 0.0, *, causal: bool = False) -> tuple[Tensor, Tensor]:
+    """Attention written out: ``softmax(Q K^T / sqrt(d_k) + bias) V``, with the weights returned.
 
-    ``q`` ``(B, h, T, d_k)``, ``k`` ``(B, h, S, d_k)``, ``v`` ``(B, h, S, d_v)``; ``mask`` bool,
-    broadcasting to ``(B, h, T, S)`` (``True`` = may attend). Returns ``(out (B, h, T, d_v),
-    weights (B, h, T, S))``; each row of ``weights`` sums to 1 over the keys a query may see, and
-    is all zeros for a query that may see none. ``dropout_p`` drops weights (training only; the
-    returned weights are those before dropout).
+    ``q`` ``(B, h, T, d_k)``, ``k`` ``(B, h, S, d_k)``, ``v`` ``(B, h, S, d_v)``; ``mask``
+    broadcasting to ``(B, h, T, S)``: bool (``True`` = may attend) or floating (added to the
+    scores; ``-inf`` = may not attend). ``causal=True`` adds :func:`causal_mask` (bottom-right
+    aligned when ``T < S``). Returns ``(out (B, h, T, d_v), weights (B, h, T, S))``; each row of
+    ``weights`` sums to 1 over the keys a query may see, and is all zeros for a query that may
+    see none. ``dropout_p`` drops weights (training only; the returned weights are those before
+    dropout).
+
+    ``q`` is scaled *before* the product: ``(Q / sqrt(d_k)) K^T`` is the same number as
+    ``Q K^T / sqrt(d_k)``, but its intermediate is ``sqrt(d_k)`` times smaller, so float16 (whose
+    largest number is 65504) does not overflow to ``inf`` where the scaled score is finite.
     """
     _check_qkv(q, k, v, "scaled_dot_product_attention")
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])            # (B, h, T, S)
+    scores = (q / math.sqrt(q.shape[-1])) @ k.transpose(-2, -1)          # (B, h, T, S)
     mask = check_mask(mask, tuple(scores.shape), "scaled_dot_product_attention")
+    if causal:
+        keep = causal_mask(q.shape[-2], k.shape[-2], device=q.device)
+        mask = keep if mask is None else (mask & keep if mask.dtype == torch.bool
+                                          else torch.where(keep, mask, -math.inf))
+    if mask is not None and mask.is_floating_point():  # additive: add it, then mask the -inf keys
+        scores = scores + mask.to(scores.dtype)
+        mask = mask != -math.inf
     weights = torch.softmax(scores, dim=-1) if mask is None else masked_softmax(scores, mask)
     dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
     return dropped @ v, weights
@@ -157,9 +215,13 @@ def fast_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, 
                    dropout_p: float = 0.0) -> Tensor:
     """The output of :func:`scaled_dot_product_attention`, computed by ``F.scaled_dot_product_attention``.
 
-    Same shapes and mask convention; ``causal=True`` adds :func:`causal_mask` (and lets PyTorch use
-    its causal kernels when there is no other mask). A fully masked query row gives zeros (PyTorch's
-    own result for such a row depends on its version and backend, so it is set here).
+    Same shapes and masks (bool keep-mask, or floating mask added to the scores). ``causal=True``
+    adds :func:`causal_mask`, and lets PyTorch use its causal kernels when there is no other mask
+    and ``T == S``. With ``T < S`` it aligns the queries with the *last* ``T`` keys
+    (bottom-right), unlike PyTorch's ``is_causal=True`` (top-left: the first ``T``); pass
+    ``mask=causal_mask(T, S, align="top_left")`` for PyTorch's behaviour. A fully masked query row
+    gives zeros (PyTorch's own result for such a row depends on its version and backend, so it is
+    set here).
     """
     _check_qkv(q, k, v, "fast_attention")
     T, S = q.shape[-2], k.shape[-2]
@@ -171,11 +233,17 @@ def fast_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, 
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
         mask = causal_mask(T, S, device=q.device)
     elif causal:
-        mask = mask & causal_mask(T, S, device=q.device)
+        keep = causal_mask(T, S, device=q.device)
+        mask = mask & keep if mask.dtype == torch.bool else torch.where(keep, mask, -math.inf)
     # A row that may attend to nothing is let attend to everything (finite, no NaN in either pass),
     # and its output is then zeroed, which also zeroes every gradient through it.
-    sees_something = mask.any(dim=-1, keepdim=True)                       # (..., T, 1)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~sees_something, dropout_p=dropout_p)
+    if mask.dtype == torch.bool:
+        sees_something = mask.any(dim=-1, keepdim=True)                   # (..., T, 1)
+        attn_mask = mask | ~sees_something
+    else:
+        sees_something = (mask != -math.inf).any(dim=-1, keepdim=True)
+        attn_mask = mask.to(q.dtype).masked_fill(~sees_something, 0.0)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
     return out.masked_fill(~sees_something, 0.0)
 
 
@@ -200,15 +268,23 @@ class MultiHeadAttention(nn.Module):
     into ``h`` slices of ``d_k = d_model / h``, so every head is computed at once.
 
     ``forward(query (B, T, d_model), key (B, S, d_model) = query, value (B, S, d_model) = key, *,
-    mask=None, causal=False, need_weights=False) -> (out (B, T, d_model), weights (B, h, T, S) or
-    None)``. With ``need_weights`` the explicit :func:`scaled_dot_product_attention` runs and its
-    weights are returned; otherwise :func:`fast_attention`. ``rotary`` (chapter 06) is a module
-    ``(q, k) -> (q, k)`` applied to the split heads before the scores, for rotary position
-    embeddings.
+    mask=None, causal=False, need_weights=False, q_positions=None, k_positions=None) -> (out (B, T,
+    d_model), weights (B, h, T, S) or None)``. ``mask`` is a bool keep-mask or a floating mask added
+    to the scores (see the module docstring), broadcasting to ``(B, h, T, S)``. With
+    ``need_weights`` the explicit :func:`scaled_dot_product_attention` runs and its weights are
+    returned; otherwise :func:`fast_attention`.
+
+    ``rotary`` (chapter 06) is a module ``(q, k) -> (q, k)`` applied to the split heads before the
+    scores, for rotary position embeddings (:class:`~tfmlib.positional.RotaryEmbedding`).
+    ``q_positions`` and ``k_positions`` (``(T,)`` and ``(S,)``, or ``(B, T)`` and ``(B, S)``,
+    integer) are the positions it rotates by, passed on as
+    ``rotary(q, k, q_positions=..., k_positions=...)``: needed when the queries are not the keys'
+    positions ``0 .. S - 1`` (a decoder step after ``S - T`` cached keys, left padding, packed
+    sequences). Without them ``RotaryEmbedding`` refuses ``T != S`` rather than guess.
     """
 
     def __init__(self, d_model: int, heads: int, *, dropout: float = 0.0, bias: bool = True,
-                 rotary: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None):
+                 rotary: Callable[..., tuple[Tensor, Tensor]] | None = None):
         super().__init__()
         for name, v in (("d_model", d_model), ("heads", heads)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -231,7 +307,7 @@ class MultiHeadAttention(nn.Module):
                 got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
                 raise ValueError(f"MultiHeadAttention: {name} must be (batch, length, "
                                  f"d_model={self.d_model}), "
-                                 f"got {got}")
+                                 f"got {got} (batch first; no unbatched input)")
         if query.shape[0] == 0 or query.shape[1] == 0 or key.shape[1] == 0:
             raise ValueError(f"MultiHeadAttention: empty input (query {tuple(query.shape)}, "
                              f"key {tuple(key.shape)})")
@@ -243,8 +319,9 @@ class MultiHeadAttention(nn.Module):
                              f"{key.shape[1]} and {value.shape[1]}")
 
     def forward(self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None, *,
-                mask: Tensor | None = None, causal: bool = False,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+                mask: Tensor | None = None, causal: bool = False, need_weights: bool = False,
+                q_positions: Tensor | None = None,
+                k_positions: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         key = query if key is None else key
         value = key if value is None else value
         self._check_inputs(query, key, value)
@@ -252,25 +329,30 @@ class MultiHeadAttention(nn.Module):
         k = split_heads(self.k_proj(key), self.heads)                     # (B, h, S, d_k)
         v = split_heads(self.v_proj(value), self.heads)                   # (B, h, S, d_k)
         if self.rotary is not None:
-            q, k = self.rotary(q, k)
+            if q_positions is None and k_positions is None:
+                q, k = self.rotary(q, k)
+            else:
+                q, k = self.rotary(q, k, q_positions=q_positions, k_positions=k_positions)
+        elif q_positions is not None or k_positions is not None:
+            raise ValueError("MultiHeadAttention: q_positions/k_positions are the positions a rotary "
+                             "embedding rotates by, but this module has no rotary=")
         dropout_p = self.dropout if self.training else 0.0
         if need_weights:
-            T, S = q.shape[-2], k.shape[-2]
-            mask = check_mask(mask, (q.shape[0], self.heads, T, S), "MultiHeadAttention")
-            if causal:
-                c = causal_mask(T, S, device=q.device)
-                mask = c if mask is None else mask & c
-            out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p)
+            out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p, causal=causal)
         else:
             out, weights = fast_attention(q, k, v, mask, causal, dropout_p), None
         return self.out_proj(merge_heads(out)), weights
 
 
 def copy_from_torch_mha(src: nn.MultiheadAttention, dst: MultiHeadAttention) -> MultiHeadAttention:
-    """Copy an ``nn.MultiheadAttention``'s weights into ``dst`` (same ``d_model``, heads and bias).
+    """Copy an ``nn.MultiheadAttention``'s weights into ``dst`` (same ``d_model``, heads, bias and
+    dropout).
 
     PyTorch packs the three input projections into ``in_proj_weight`` ``(3 d_model, d_model)`` in
     the order query, key, value; each block is one of ``dst``'s ``q_proj``/``k_proj``/``v_proj``.
+    A module that computes something ``dst`` cannot (separate ``kdim``/``vdim``, ``add_bias_kv``,
+    ``add_zero_attn``) is refused, so that a copy always computes what ``src`` does.
+    ``batch_first`` does not matter here (it only changes how ``src`` is called).
     """
     if not isinstance(src, nn.MultiheadAttention):
         raise TypeError(f"copy_from_torch_mha: src must be nn.MultiheadAttention, got {type(src).__name__}")
@@ -279,8 +361,16 @@ def copy_from_torch_mha(src: nn.MultiheadAttention, dst: MultiHeadAttention) -> 
                          f"dst has {(dst.d_model, dst.heads)}")
     if src.in_proj_weight is None:
         raise ValueError("copy_from_torch_mha: src has separate key/value sizes (kdim/vdim); not supported")
+    if src.bias_k is not None or src.bias_v is not None:
+        raise ValueError("copy_from_torch_mha: src has add_bias_kv=True (a learned extra key and value); "
+                         "MultiHeadAttention has no such parameters")
+    if src.add_zero_attn:
+        raise ValueError("copy_from_torch_mha: src has add_zero_attn=True (an extra all-zero key and value); "
+                         "MultiHeadAttention does not add one")
     if (src.in_proj_bias is None) != (dst.q_proj.bias is None):
         raise ValueError("copy_from_torch_mha: src and dst must both have biases or both not")
+    if src.dropout != dst.dropout:
+        raise ValueError(f"copy_from_torch_mha: src has dropout={src.dropout}, dst has dropout={dst.dropout}")
     with torch.no_grad():
         for i, proj in enumerate((dst.q_proj, dst.k_proj, dst.v_proj)):
             proj.weight.copy_(src.in_proj_weight.chunk(3)[i])

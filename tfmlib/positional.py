@@ -11,7 +11,7 @@ treats its input as a set. These modules give it the order of the sequence back.
 * :class:`RotaryEmbedding` (Su et al. 2021, "RoFormer") rotates queries and keys by an angle
   proportional to their position, so that their dot product depends on the *relative* offset
   only. It plugs into :class:`tfmlib.attention.MultiHeadAttention` as ``rotary=``.
-* :func:`relative_offset_matrix` is the linear map that moves a sinusoidal encoding ``k``
+* :func:`sinusoidal_offset_matrix` is the linear map that moves a sinusoidal encoding ``k``
   positions on: ``PE[p + k] = PE[p] @ M_k^T`` for every ``p``, the property the paper gives as its
   reason for choosing sinusoids.
 
@@ -29,12 +29,15 @@ __all__ = [
     "LearnedPositionalEmbedding",
     "RotaryEmbedding",
     "SinusoidalPositionalEncoding",
-    "relative_offset_matrix",
+    "check_embeddings",
+    "check_positive_int",
     "sinusoidal_encoding",
+    "sinusoidal_offset_matrix",
 ]
 
 
-def _positive_int(who: str, name: str, value: object) -> None:
+def check_positive_int(who: str, name: str, value: object) -> None:
+    """Raise ``ValueError`` naming ``who`` and ``name`` unless ``value`` is an int >= 1 (not a bool)."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{who}: {name} must be a positive int, got {value!r}")
 
@@ -51,8 +54,8 @@ def sinusoidal_encoding(length: int, d_model: int, base: float = 10_000.0, offse
     ``cos(p * omega_i)``, with ``omega_i = base^(-2i / d_model)``: wavelengths from ``2 pi`` to
     ``2 pi * base``. Computed in float64, then rounded.
     """
-    _positive_int("sinusoidal_encoding", "length", length)
-    _positive_int("sinusoidal_encoding", "d_model", d_model)
+    check_positive_int("sinusoidal_encoding", "length", length)
+    check_positive_int("sinusoidal_encoding", "d_model", d_model)
     if not isinstance(offset, int) or offset < 0:
         raise ValueError(f"sinusoidal_encoding: offset must be an int >= 0, got {offset!r}")
     if not base > 1:
@@ -65,7 +68,7 @@ def sinusoidal_encoding(length: int, d_model: int, base: float = 10_000.0, offse
     return table.float()
 
 
-def relative_offset_matrix(offset: int, d_model: int, base: float = 10_000.0) -> Tensor:
+def sinusoidal_offset_matrix(offset: int, d_model: int, base: float = 10_000.0) -> Tensor:
     """``(d_model, d_model)`` matrix ``M`` with ``PE[p + offset] = M @ PE[p]`` for every ``p``.
 
     Block diagonal: each (sin, cos) pair of frequency ``omega_i`` is rotated by the angle
@@ -73,9 +76,9 @@ def relative_offset_matrix(offset: int, d_model: int, base: float = 10_000.0) ->
     the linear relation between positions that Vaswani et al. (2017, section 3.5) point to.
     ``d_model`` must be even.
     """
-    _positive_int("relative_offset_matrix", "d_model", d_model)
+    check_positive_int("sinusoidal_offset_matrix", "d_model", d_model)
     if d_model % 2:
-        raise ValueError(f"relative_offset_matrix: d_model must be even, got {d_model}")
+        raise ValueError(f"sinusoidal_offset_matrix: d_model must be even, got {d_model}")
     M = torch.zeros(d_model, d_model, dtype=torch.float64)
     for i, w in enumerate(_frequencies(d_model, base).tolist()):
         angle = torch.tensor(offset * w, dtype=torch.float64)
@@ -85,7 +88,8 @@ def relative_offset_matrix(offset: int, d_model: int, base: float = 10_000.0) ->
     return M
 
 
-def _check_embeddings(who: str, x: Tensor, d_model: int) -> None:
+def check_embeddings(who: str, x: Tensor, d_model: int) -> None:
+    """Raise ``ValueError`` naming ``who`` unless ``x`` is a ``(batch, length, d_model)`` tensor."""
     if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != d_model:
         got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
         raise ValueError(f"{who}: x must be (batch, length, d_model={d_model}) embeddings, got {got}")
@@ -101,13 +105,13 @@ class SinusoidalPositionalEncoding(nn.Module):
 
     def __init__(self, d_model: int, dropout: float = 0.0, base: float = 10_000.0, max_len: int = 512):
         super().__init__()
-        _positive_int("SinusoidalPositionalEncoding", "d_model", d_model)
+        check_positive_int("SinusoidalPositionalEncoding", "d_model", d_model)
         self.d_model, self.base = d_model, base
         self.dropout = nn.Dropout(dropout)
         self.register_buffer("table", sinusoidal_encoding(max_len, d_model, base), persistent=False)
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        _check_embeddings("SinusoidalPositionalEncoding", x, self.d_model)
+        check_embeddings("SinusoidalPositionalEncoding", x, self.d_model)
         end = offset + x.shape[1]
         if end > self.table.shape[0]:  # a longer sequence than any before: extend the table
             self.table = sinusoidal_encoding(max(end, 2 * self.table.shape[0]), self.d_model,
@@ -125,14 +129,14 @@ class LearnedPositionalEmbedding(nn.Module):
 
     def __init__(self, max_len: int, d_model: int, dropout: float = 0.0):
         super().__init__()
-        _positive_int("LearnedPositionalEmbedding", "max_len", max_len)
-        _positive_int("LearnedPositionalEmbedding", "d_model", d_model)
+        check_positive_int("LearnedPositionalEmbedding", "max_len", max_len)
+        check_positive_int("LearnedPositionalEmbedding", "d_model", d_model)
         self.max_len, self.d_model = max_len, d_model
         self.table = nn.Parameter(torch.randn(max_len, d_model) * d_model ** -0.5)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        _check_embeddings("LearnedPositionalEmbedding", x, self.d_model)
+        check_embeddings("LearnedPositionalEmbedding", x, self.d_model)
         end = offset + x.shape[1]
         if end > self.max_len:
             raise ValueError(f"LearnedPositionalEmbedding: positions up to {end - 1} asked for, but the "
@@ -157,7 +161,7 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, d_k: int, base: float = 10_000.0):
         super().__init__()
-        _positive_int("RotaryEmbedding", "d_k", d_k)
+        check_positive_int("RotaryEmbedding", "d_k", d_k)
         if d_k % 2:
             raise ValueError(f"RotaryEmbedding: the head width d_k must be even, got {d_k}")
         self.d_k = d_k
