@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_seq2seq import SRC_V, TGT_V, random_batch
@@ -303,3 +304,132 @@ def test_it_learns_to_copy_and_round_trips_through_a_checkpoint(tmp_path):
     loss_a, _ = translation_loss(model, batch)
     loss_b, _ = translation_loss(again, batch)
     torch.testing.assert_close(loss_a, loss_b)
+
+
+# ----------------------------------------------------------------------------- cases from PyTorch's tests
+
+
+def _cos_weights(module: nn.Module) -> None:
+    """Deterministic weights cos(0), cos(1), ... in each tensor, as PyTorch's test_transformers.py sets
+    them for its deterministic TransformerEncoderLayer tests."""
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.cos(torch.arange(p.numel(), dtype=p.dtype)).view(p.shape))
+
+
+ACTIVATION_CASES = {"relu": "relu", "gelu": "gelu", "F.gelu": F.gelu, "nn.GELU()": nn.GELU(),
+                    "F.relu": F.relu}
+
+
+@pytest.mark.parametrize("activation", sorted(ACTIVATION_CASES))
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("fast_path", [False, True])
+def test_encoder_layer_with_every_activation_equals_torch(activation, norm_first, fast_path):
+    """Mirrors test_transformers.py's test_transformerencoderlayer_gelu (activation as the string 'gelu',
+    as F.gelu and as nn.GELU(); eval under no_grad, which takes PyTorch's fused fast path, and training
+    mode), with relu too, norm_first both ways and source padding."""
+    act = ACTIVATION_CASES[activation]
+    ref = nn.TransformerEncoderLayer(4, 2, 16, 0.0, act, batch_first=True, norm_first=norm_first)
+    _cos_weights(ref)
+    mine = copy_from_torch_encoder_layer(ref, EncoderLayer(4, 2, 16, 0.0, norm_first=norm_first,
+                                                           activation=act))
+    x = torch.tensor([[[0.7462, 0.6653, 0.5679, 0.4891], [0.5387, 0.1655, 0.3565, 0.0471],
+                       [0.8335, 0.2799, 0.5031, 0.2947]],
+                      [[20.0, 30.0, 40.0, 50.0], [0.1402, 0.0318, 0.7636, 0.1346], [0.0, 0.0, 0.0, 0.0]]])
+    keep = torch.tensor([[True, True, True], [True, True, False]])
+    if fast_path:
+        ref.eval(), mine.eval()
+        with torch.no_grad():
+            want, (got, _) = ref(x, src_key_padding_mask=~keep), mine(x, padding_mask(keep))
+    else:
+        want, (got, _) = ref(x, src_key_padding_mask=~keep), mine(x, padding_mask(keep))
+    torch.testing.assert_close(got[keep], want[keep], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "nn.GELU()"])
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_decoder_layer_with_every_activation_equals_torch(activation, norm_first):
+    """Mirrors test_transformers.py's test_transformerdecoderlayer / _gelu: deterministic weights,
+    causal target mask, target and memory padding; here also norm_first=True and gradients."""
+    act = ACTIVATION_CASES[activation]
+    ref = nn.TransformerDecoderLayer(4, 2, 16, 0.0, act, batch_first=True, norm_first=norm_first).double()
+    _cos_weights(ref)
+    mine = copy_from_torch_decoder_layer(ref, DecoderLayer(4, 2, 16, 0.0, norm_first=norm_first,
+                                                           activation=act).double())
+    g = torch.Generator().manual_seed(3)
+    y = torch.rand(2, 3, 4, generator=g, dtype=torch.double, requires_grad=True)
+    mem = torch.rand(2, 5, 4, generator=g, dtype=torch.double, requires_grad=True)
+    mem_keep = torch.tensor([[True] * 5, [True, True, False, False, False]])
+    tgt_keep = torch.tensor([[True] * 3, [True, True, False]])
+    want = ref(y, mem, tgt_mask=~causal_mask(3), tgt_key_padding_mask=~tgt_keep,
+               memory_key_padding_mask=~mem_keep)
+    got, _, _ = mine(y, mem, padding_mask(mem_keep), padding_mask(tgt_keep))
+    torch.testing.assert_close(got[tgt_keep], want[tgt_keep])
+    for a, b in zip(_grads(got[tgt_keep], [y, mem]), _grads(want[tgt_keep], [y, mem]), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_nn_transformer_with_gelu_equals_our_stacks(norm_first):
+    """Mirrors test_transformers.py's test_transformer_args_check / test_transformer (activation passed
+    through nn.Transformer to every layer)."""
+    torch.manual_seed(0)
+    ref = nn.Transformer(D, H, 2, 2, FF, dropout=0.0, activation="gelu", batch_first=True,
+                         norm_first=norm_first).double()
+    enc = Encoder(2, D, H, FF, 0.0, norm_first=norm_first, final_norm=True, activation="gelu").double()
+    dec = Decoder(2, D, H, FF, 0.0, norm_first=norm_first, final_norm=True, activation="gelu").double()
+    copy_from_torch_transformer(ref, enc, dec)
+    keep, causal = masks()
+    x, y = torch.randn(3, 6, D, dtype=torch.double), torch.randn(3, 5, D, dtype=torch.double)
+    want = ref(x, y, tgt_mask=~causal, src_key_padding_mask=~keep, memory_key_padding_mask=~keep)
+    memory, _ = enc(x, padding_mask(keep))
+    got, _, _ = dec(y, memory, padding_mask(keep))
+    torch.testing.assert_close(got, want)
+    with pytest.raises(ValueError, match="activation differs"):
+        copy_from_torch_transformer(ref, Encoder(2, D, H, FF, 0.0, norm_first=norm_first, final_norm=True),
+                                    Decoder(2, D, H, FF, 0.0, norm_first=norm_first, final_norm=True))
+
+
+def test_copies_refuse_a_different_activation_or_dropout():
+    """Issue 14, bug 2: the copies compared norm_first and d_ff but not the activation (a gelu layer
+    copied into a relu one went through, outputs 0.20 apart) nor dropout."""
+    torch.manual_seed(0)
+    gelu = nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True, activation="gelu")
+    relu = EncoderLayer(16, 4, 32, 0.0)
+    with pytest.raises(ValueError, match="activation differs"):
+        copy_from_torch_encoder_layer(gelu, relu)
+    tanh_gelu = nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True,
+                                           activation=nn.GELU(approximate="tanh"))
+    with pytest.raises(ValueError, match="activation differs"):
+        copy_from_torch_encoder_layer(tanh_gelu, EncoderLayer(16, 4, 32, 0.0, activation="gelu"))
+    with pytest.raises(ValueError, match="activation differs"):
+        copy_from_torch_decoder_layer(nn.TransformerDecoderLayer(16, 4, 32, 0.0, "gelu", batch_first=True),
+                                      DecoderLayer(16, 4, 32, 0.0))
+    with pytest.raises(ValueError, match=r"dropout differs: PyTorch's layer has 0.1, ours 0.0"):
+        copy_from_torch_encoder_layer(nn.TransformerEncoderLayer(16, 4, 32, batch_first=True),
+                                      EncoderLayer(16, 4, 32, 0.0))
+    # a custom callable is accepted when it is the same object on both sides
+    def swish(x):
+        return x * torch.sigmoid(x)
+    ref = nn.TransformerEncoderLayer(16, 4, 32, 0.0, swish, batch_first=True)
+    mine = copy_from_torch_encoder_layer(ref, EncoderLayer(16, 4, 32, 0.0, activation=swish))
+    x = torch.randn(2, 3, 16)
+    torch.testing.assert_close(mine(x)[0], ref(x))
+    with pytest.raises(ValueError, match="or a callable, got int"):
+        EncoderLayer(16, 4, 32, activation=3)
+
+
+@pytest.mark.parametrize("src_v, tgt_v", [(16, 1), (16, 3), (2, 16)])
+def test_a_vocabulary_too_small_for_the_special_tokens_is_refused(src_v, tgt_v):
+    """Issue 14, bug 5: Transformer(16, 1) was accepted and decoding then failed with a raw IndexError."""
+    with pytest.raises(ValueError, match=r"vocab_size=\d is too small: .* <pad>, <bos>, <eos>, <unk>"):
+        Transformer(src_v, tgt_v, d_model=8, heads=2, encoder_layers=1, decoder_layers=1, d_ff=8)
+
+
+def test_learned_positions_are_reset_at_the_sinusoids_scale():
+    """Issue 14: chapter 07's _reset_parameters left the position table alone; a learned table is now
+    drawn again at LearnedPositionalEmbedding.INIT_STD (2^-1/2), whatever d_model."""
+    model = Transformer(30, 30, d_model=64, heads=4, encoder_layers=1, decoder_layers=1, d_ff=32,
+                        positional="learned", max_len=400)
+    for table in (model.src_pos.table, model.tgt_pos.table):
+        assert abs(table.std().item() - 2 ** -0.5) < 0.02, f"position table std {table.std().item():.3f}"

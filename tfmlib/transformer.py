@@ -19,13 +19,27 @@ Introduced in chapter 07 (the Transformer architecture); chapter 08 trains it to
 * :func:`copy_from_torch_transformer` (and the per-layer copies) load ``nn.Transformer``'s weights
   into these modules: the tests check equal outputs and gradients.
 
-Masks follow :mod:`tfmlib.attention`: bool, ``True`` = may attend. Shapes: ``B`` batch, ``S``
-source length, ``T`` target length, ``d`` = ``d_model``, ``V`` vocabulary, ``h`` heads.
+Masks follow :mod:`tfmlib.attention`: bool (``True`` = may attend) or floating (added to the
+scores). Shapes: ``B`` batch, ``S`` source length, ``T`` target length, ``d`` = ``d_model``, ``V``
+vocabulary, ``h`` heads.
+
+**Differences from PyTorch** (``nn.TransformerEncoderLayer``, ``nn.TransformerDecoderLayer``,
+``nn.Transformer``); what the copies cannot represent is refused, never copied approximately:
+
+* batch first only (no ``batch_first=False``) and no unbatched input;
+* the decoder's self-attention is always causal (``tgt_mask`` need not say so), and masks are
+  keep-masks: pass ``padding_mask(keep)``, not ``key_padding_mask=~keep``;
+* ``nn.Transformer`` always ends each stack with a LayerNorm; ours only with ``final_norm=True``
+  (the default for pre-LN), and :func:`copy_from_torch_transformer` checks they match;
+* one dropout probability per layer; the copies check it, the activation (``"relu"``,
+  ``"gelu"`` or the same callable), ``d_ff``, ``norm_first`` and the LayerNorms' ``eps`` match;
+* no nested-tensor fast path (PyTorch's inference-only optimisation; outputs are the same).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -33,7 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tfmlib.attention import MultiHeadAttention, copy_from_torch_mha, padding_mask
-from tfmlib.data import PAD_ID
+from tfmlib.data import PAD_ID, SPECIAL_TOKENS
 from tfmlib.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from tfmlib.seq2seq import EncoderDecoder, EncoderOutput, StepOutput, check_ids, check_source
 
@@ -55,6 +69,20 @@ __all__ = [
 ]
 
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+
+
+def _activation(who: str, activation: str | Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
+    """The function an ``activation`` argument names: a key of :data:`ACTIVATIONS`, or a callable
+    (a function such as ``F.gelu`` or a module such as ``nn.GELU()``), as PyTorch's layers accept."""
+    if isinstance(activation, str):
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"{who}: activation must be one of {sorted(ACTIVATIONS)} or a callable, "
+                             f"got {activation!r}")
+        return ACTIVATIONS[activation]
+    if not callable(activation):
+        raise ValueError(f"{who}: activation must be one of {sorted(ACTIVATIONS)} or a callable, got "
+                         f"{type(activation).__name__}")
+    return activation
 
 
 def _positive_int(who: str, **values: object) -> None:
@@ -98,19 +126,18 @@ class FeedForward(nn.Module):
 
     ``forward(x (..., d_model)) -> (..., d_model)``; every position is transformed by the same
     two-layer MLP, independently of the others. ``d_ff`` is the hidden width (the paper: 4 d_model).
+    ``activation`` is ``"relu"`` (the paper's), ``"gelu"``, or any callable ``Tensor -> Tensor``.
     """
 
-    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, activation: str = "relu"):
+    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0,
+                 activation: str | Callable[[Tensor], Tensor] = "relu"):
         super().__init__()
         _positive_int("FeedForward", d_model=d_model, d_ff=d_ff)
         _check_dropout("FeedForward", dropout)
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"FeedForward: activation must be one of {sorted(ACTIVATIONS)}, "
-                             f"got {activation!r}")
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
         self.dropout = nn.Dropout(dropout)
-        self.activation = ACTIVATIONS[activation]
+        self.activation = _activation("FeedForward", activation)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.linear2(self.dropout(self.activation(self.linear1(x))))
@@ -132,7 +159,7 @@ class EncoderLayer(nn.Module):
     """
 
     def __init__(self, d_model: int, heads: int, d_ff: int, dropout: float = 0.1, *, norm_first: bool = False,
-                 activation: str = "relu", eps: float = 1e-5):
+                 activation: str | Callable[[Tensor], Tensor] = "relu", eps: float = 1e-5):
         super().__init__()
         _check_dropout("EncoderLayer", dropout)
         self.self_attn = MultiHeadAttention(d_model, heads, dropout=dropout)
@@ -169,7 +196,7 @@ class DecoderLayer(nn.Module):
     """
 
     def __init__(self, d_model: int, heads: int, d_ff: int, dropout: float = 0.1, *, norm_first: bool = False,
-                 activation: str = "relu", eps: float = 1e-5):
+                 activation: str | Callable[[Tensor], Tensor] = "relu", eps: float = 1e-5):
         super().__init__()
         _check_dropout("DecoderLayer", dropout)
         self.self_attn = MultiHeadAttention(d_model, heads, dropout=dropout)
@@ -207,8 +234,8 @@ class Encoder(nn.Module):
     """
 
     def __init__(self, num_layers: int, d_model: int, heads: int, d_ff: int, dropout: float = 0.1, *,
-                 norm_first: bool = False, final_norm: bool | None = None, activation: str = "relu",
-                 eps: float = 1e-5):
+                 norm_first: bool = False, final_norm: bool | None = None,
+                 activation: str | Callable[[Tensor], Tensor] = "relu", eps: float = 1e-5):
         super().__init__()
         _positive_int("Encoder", num_layers=num_layers)
         self.layers = nn.ModuleList(EncoderLayer(d_model, heads, d_ff, dropout, norm_first=norm_first,
@@ -235,8 +262,8 @@ class Decoder(nn.Module):
     """
 
     def __init__(self, num_layers: int, d_model: int, heads: int, d_ff: int, dropout: float = 0.1, *,
-                 norm_first: bool = False, final_norm: bool | None = None, activation: str = "relu",
-                 eps: float = 1e-5):
+                 norm_first: bool = False, final_norm: bool | None = None,
+                 activation: str | Callable[[Tensor], Tensor] = "relu", eps: float = 1e-5):
         super().__init__()
         _positive_int("Decoder", num_layers=num_layers)
         self.layers = nn.ModuleList(DecoderLayer(d_model, heads, d_ff, dropout, norm_first=norm_first,
@@ -297,6 +324,11 @@ class Transformer(EncoderDecoder):
                       decoder_layers=decoder_layers, d_ff=d_ff, max_len=max_len)
         if d_model % heads:
             raise ValueError(f"Transformer: d_model={d_model} is not divisible by heads={heads}")
+        for name, size in (("src_vocab_size", src_vocab_size), ("tgt_vocab_size", tgt_vocab_size)):
+            if size < len(SPECIAL_TOKENS):
+                raise ValueError(f"Transformer: {name}={size} is too small: a vocabulary starts with the "
+                                 f"{len(SPECIAL_TOKENS)} special tokens {', '.join(SPECIAL_TOKENS)} "
+                                 f"(ids 0..{len(SPECIAL_TOKENS) - 1}), which decoding reads and writes")
         if positional not in ("sinusoidal", "learned"):
             raise ValueError(f"Transformer: positional must be 'sinusoidal' or 'learned', got {positional!r}")
         if share_embeddings and src_vocab_size != tgt_vocab_size:
@@ -329,8 +361,9 @@ class Transformer(EncoderDecoder):
 
     def _reset_parameters(self) -> None:
         # Glorot-uniform matrices in the stacks (as nn.Transformer), embeddings drawn from N(0, 1/d)
-        # (std d^-1/2), so that after the sqrt(d) scale a token vector has entries of variance 1,
-        # like the positions'.
+        # (std d^-1/2), so that after the sqrt(d) scale a token vector has entries of variance 1;
+        # sinusoidal positions have entries of mean square 1/2, and a learned position table is
+        # drawn again at that scale (LearnedPositionalEmbedding.INIT_STD = 2^-1/2).
         for stack in (self.encoder, self.decoder):
             for p in stack.parameters():
                 if p.dim() > 1:
@@ -344,6 +377,9 @@ class Transformer(EncoderDecoder):
             nn.init.normal_(emb.weight, 0.0, self.d_model ** -0.5)
             with torch.no_grad():
                 emb.weight[PAD_ID].zero_()
+        for pos in (self.src_pos, self.tgt_pos):
+            if isinstance(pos, LearnedPositionalEmbedding):
+                pos.reset_parameters()
         nn.init.zeros_(self.generator.bias)
 
     def embed_source(self, src: Tensor) -> Tensor:
@@ -410,6 +446,22 @@ def _copy_norm(src: nn.LayerNorm, dst: nn.LayerNorm) -> None:
     dst.bias.copy_(src.bias)
 
 
+def _same_activation(theirs: Callable, ours: Callable) -> bool:
+    """Whether two activations compute the same function: the same callable, or both relu, or both
+    exact (erf) gelu, as a function or as a module."""
+    if theirs is ours:
+        return True
+
+    def kind(f: Callable) -> str | None:
+        if f is F.relu or isinstance(f, nn.ReLU):
+            return "relu"
+        if f is F.gelu or (isinstance(f, nn.GELU) and f.approximate == "none"):
+            return "gelu"
+        return None
+
+    return kind(theirs) is not None and kind(theirs) == kind(ours)
+
+
 def _check_layer_kind(src: nn.Module, dst: nn.Module, kind: type) -> None:
     if not isinstance(src, kind):
         raise TypeError(f"expected an {kind.__name__}, got {type(src).__name__}")
@@ -417,6 +469,11 @@ def _check_layer_kind(src: nn.Module, dst: nn.Module, kind: type) -> None:
         raise ValueError(f"norm_first differs: PyTorch's layer has {src.norm_first}, ours {dst.norm_first}")
     if src.linear1.out_features != dst.ff.linear1.out_features:
         raise ValueError(f"d_ff differs: {src.linear1.out_features} vs {dst.ff.linear1.out_features}")
+    if not _same_activation(src.activation, dst.ff.activation):
+        raise ValueError(f"activation differs: PyTorch's layer has {src.activation!r}, ours "
+                         f"{dst.ff.activation!r}")
+    if src.dropout.p != dst.ff.dropout.p or src.dropout1.p != dst.dropout1.p:
+        raise ValueError(f"dropout differs: PyTorch's layer has {src.dropout1.p}, ours {dst.dropout1.p}")
 
 
 @torch.no_grad()
