@@ -1,5 +1,6 @@
 """Tests of the bundled corpus generator (tfmlib.synthetic) and of the committed files."""
 
+import math
 import re
 from collections import Counter
 
@@ -369,3 +370,214 @@ def test_liking_verbs_take_no_indefinite_object(all_pairs):
                for _, fr in all_pairs) > 100
     assert sum(" pas de " in fr or " pas d'" in fr for _, fr in all_pairs) > 500
     assert any(fr == "il n'ouvre pas de livre." for _, fr in all_pairs)
+
+
+# --------------------------------------------------------------------------- exact sentence probabilities
+
+
+class _Recorder:
+    """Wraps a ``random.Random`` and multiplies the probability of every ``choice`` / ``choices`` it makes."""
+
+    def __init__(self, rng, owner):
+        self.rng, self.owner = rng, owner
+
+    def random(self):
+        return self.rng.random()
+
+    def choice(self, seq):
+        seq = list(seq)
+        x = self.rng.choice(seq)
+        self.owner.path_prob *= seq.count(x) / len(seq)
+        return x
+
+    def choices(self, population, weights):
+        population = list(population)
+        x = self.rng.choices(population, weights=weights)[0]
+        chosen = sum(w for p, w in zip(population, weights, strict=True) if p == x)
+        self.owner.path_prob *= chosen / sum(weights)
+        return [x]
+
+
+class _TracedGenerator(synthetic.SentenceGenerator):
+    """The real generator, recording the probability of the one derivation each draw takes."""
+
+    def __init__(self, seed):
+        super().__init__(seed)
+        self.rng = _Recorder(self.rng, self)
+        self.path_prob = 1.0
+
+    def _chance(self, p):
+        hit = self.rng.random() < p
+        self.path_prob *= p if hit else 1 - p
+        return hit
+
+    def draw(self):
+        self.path_prob = 1.0
+        en, _ = self._sentence_words()
+        return synthetic.join_words(en), self.level, self.path_prob
+
+
+class _Scripted:
+    def __init__(self, owner):
+        self.owner = owner
+
+    def choice(self, seq):
+        seq = list(seq)
+        return seq[self.owner._pick([1 / len(seq)] * len(seq))]
+
+    def choices(self, population, weights):
+        population, total = list(population), sum(weights)
+        return [population[self.owner._pick([w / total for w in weights])]]
+
+
+class _EnumeratingGenerator(synthetic.SentenceGenerator):
+    """Runs the real generator's code down every branch of its random choices (depth first).
+
+    ``distribution()`` returns ``{sentence: probability}`` summed over all derivations: the true
+    distribution of ``_sentence_words`` for a grammar small enough to enumerate. It shares no code
+    with the parser behind ``sentence_probability``.
+    """
+
+    def __init__(self, lexicon):
+        super().__init__(0)
+        for name, value in lexicon.items():
+            setattr(self, name, value)
+        self.rng = _Scripted(self)
+
+    def _pick(self, probs):
+        if self.pos < len(self.prefix):
+            k = self.prefix[self.pos]
+        else:
+            k = next(i for i, p in enumerate(probs) if p > 0)
+        self.trail.append((k, probs))
+        self.pos += 1
+        self.prob *= probs[k]
+        return k
+
+    def _chance(self, p):
+        return self._pick([p, 1 - p]) == 0
+
+    def distribution(self):
+        dist, self.prefix = {}, []
+        while True:
+            self.pos, self.trail, self.prob = 0, [], 1.0
+            sentence = synthetic.join_words(self._sentence_words()[0])
+            dist[sentence] = dist.get(sentence, 0.0) + self.prob
+            for pos in range(len(self.trail) - 1, -1, -1):
+                k, probs = self.trail[pos]
+                later = [i for i in range(k + 1, len(probs)) if probs[i] > 0]
+                if later:
+                    self.prefix = [kk for kk, _ in self.trail[:pos]] + [later[0]]
+                    break
+            else:
+                return dist
+
+
+def _tiny_lexicon():
+    """One noun per kind, one verb per frame, one adjective; single clauses, no PP or relative clause."""
+    return dict(
+        _nouns_by_kind={k: [next(n for n in NOUNS if n.kind == k)] for k in synthetic.ANY},
+        _verbs_by_frame={f: [next(v for v in VERBS if v.frame == f)] for f in synthetic.FRAMES},
+        _adjectives={k: [next(a for a in ADJECTIVES if k in a.describes and not a.before)]
+                     for k in synthetic.ANY},
+        _levels=[synthetic.Complexity(clauses=(1.0,), p_adj=0.0, p_pp=0.0, p_rel=0.0, max_depth=0)],
+        _level_weights=[1.0],
+    )
+
+
+def test_sentence_probability_by_hand():
+    # "he sleeps.": one clause (level's first weight), a subject (0.9) that is a pronoun (0.08, one
+    # of two), a verbal predicate (0.88), frame intr (3 / 11.4), one of 13 intransitive verbs, not
+    # negated (0.8), no adverb (0.85), no modal (0.92), no prepositional phrase (1 - p_pp)
+    want = sum(w * lv.clauses[0] / sum(lv.clauses) * 0.9 * 0.08 / 2 * 0.88 * 3 / 11.4 / 13 * 0.8 * 0.85
+               * 0.92 * (1 - lv.p_pp) for w, lv in synthetic.LEVELS)
+    assert synthetic.sentence_probability("he sleeps.") == pytest.approx(want, rel=1e-12)
+    assert synthetic.sentence_probability("she sleeps.") == pytest.approx(want, rel=1e-12)
+    assert synthetic.sentence_probability(["he", "sleeps", "."]) == pytest.approx(want, rel=1e-12)
+    for impossible in ("he sleep.", "sleeps he.", "the cat.", "he sleeps and.", "an cat sleeps.",
+                       "the cats sleeps.", "he likes an apple.", "he does not see some dogs."):
+        assert synthetic.sentence_probability(impossible) == 0.0, impossible
+    with pytest.raises(ValueError, match="ends with"):
+        synthetic.sentence_probability("he sleeps")
+
+
+def test_sentence_probability_equals_the_enumerated_distribution_of_a_small_grammar():
+    lexicon = _tiny_lexicon()
+    truth = _EnumeratingGenerator(lexicon).distribution()
+    assert len(truth) > 10_000 and sum(truth.values()) == pytest.approx(1.0, abs=1e-9)
+    gen = synthetic.SentenceGenerator(0)
+    for name, value in lexicon.items():
+        setattr(gen, name, value)
+    parsed = {s: synthetic.sentence_probability(s, gen) for s in truth}
+    assert sum(parsed.values()) == pytest.approx(1.0, abs=1e-9), "the probabilities should sum to one"
+    worst = max(abs(parsed[s] - p) / p for s, p in truth.items())
+    assert worst < 1e-9, f"sentence_probability differs from the enumeration by a factor up to {worst:.2e}"
+
+
+def test_sentence_probability_covers_every_derivation_of_the_full_grammar():
+    gen, traced = synthetic.SentenceGenerator(0), _TracedGenerator(7)
+    exact = 0
+    for _ in range(600):
+        sentence, _, path_prob = traced.draw()
+        p = synthetic.sentence_probability(sentence, gen)
+        assert p >= path_prob * (1 - 1e-9), f"{sentence!r}: {p} < {path_prob}, one derivation's probability"
+        exact += p <= path_prob * (1 + 1e-9)
+    assert exact > 0, "some sentences have a single derivation, and then the two must be equal"
+
+
+def test_level_posterior_is_calibrated():
+    """Over draws of the full grammar, P(level | sentence) from the parser averages to each level's weight.
+
+    The levels differ in their chances of adjectives, prepositional phrases, relative clauses and
+    clauses, so a wrong probability for any of these shifts the posterior of the levels.
+    """
+    gen, traced = synthetic.SentenceGenerator(0), _TracedGenerator(11)
+    weights = [w for w, _ in synthetic.LEVELS]
+    hits = [0.0] * len(weights)
+    expected = [0.0] * len(weights)
+    variance = [0.0] * len(weights)
+    for _ in range(1500):
+        sentence, level, _ = traced.draw()
+        words = sentence[:-1].split()
+        joint = [w * synthetic._SentenceParser(gen, words, lv).sentence_words()
+                 for w, (_, lv) in zip(weights, synthetic.LEVELS, strict=True)]
+        for i, (_, lv) in enumerate(synthetic.LEVELS):
+            post = joint[i] / sum(joint)
+            hits[i] += lv is level
+            expected[i] += post
+            variance[i] += post * (1 - post)
+    for i in range(len(weights)):
+        z = (hits[i] - expected[i]) / variance[i] ** 0.5
+        assert abs(z) < 5, (f"level {i}: {hits[i]} drawn, the parser's posterior expects "
+                            f"{expected[i]:.1f} (z = {z:.1f})")
+
+
+def test_corpus_log_probs_renormalise_for_the_sentences_already_written():
+    a, b, c = "he sleeps.", "she runs.", "the cat sleeps."
+    p = {s: synthetic.sentence_probability(s) for s in (a, b, c)}
+    got = synthetic.corpus_log_probs([b, c], history=[a, a], rejection_rate=0.01)
+    assert got[0] == pytest.approx(math.log(p[b]) - math.log(0.99 - p[a]), rel=1e-12)
+    assert got[1] == pytest.approx(math.log(p[c]) - math.log(0.99 - p[a] - p[b]), rel=1e-12)
+    assert synthetic.corpus_log_probs([a])[0] == pytest.approx(math.log(p[a]), rel=1e-12)
+    with pytest.raises(ValueError, match="occurs twice"):
+        synthetic.corpus_log_probs([a], history=[a])
+    with pytest.raises(ValueError, match="cannot write"):
+        synthetic.corpus_log_probs(["he sleep."])
+    with pytest.raises(ValueError, match="rejection_rate"):
+        synthetic.corpus_log_probs([a], rejection_rate=1.0)
+
+
+def test_every_validation_sentence_has_a_probability(committed):
+    valid = [en for en, _ in committed["valid"]]
+    logp = synthetic.corpus_log_probs(valid)  # raises for a sentence the parser cannot write
+    assert len(logp) == len(valid) and all(lp < 0 for lp in logp)
+
+
+def test_length_rejection_rate():
+    rate, se = synthetic.length_rejection_rate(20_000, seed=3)
+    assert (rate, se) == synthetic.length_rejection_rate(20_000, seed=3), "same seed, same estimate"
+    gen = synthetic.SentenceGenerator(3)
+    rejected = sum(len(gen._sentence_words()[0]) + 1 > MAX_TOKENS for _ in range(20_000))
+    assert rate == rejected / 20_000 and 0 < rate < 0.05 and 0 < se < rate
+    with pytest.raises(ValueError, match="n_draws"):
+        synthetic.length_rejection_rate(0)

@@ -26,18 +26,23 @@ word-by-word substitution:
 * clauses joined by ``and / but / because / when`` -> ``et / mais / parce que / quand``.
 
 Everything is drawn from one ``random.Random(seed)``, never from the global random state, so the
-corpus is identical on every machine. ``python -m tfmlib.synthetic`` rewrites the bundled files in
+corpus is identical on every machine. Because the grammar is known, so is the probability of every
+sentence it writes: :func:`sentence_probability` sums the probabilities of all the random choices
+that write a given English sentence, and :func:`corpus_log_probs` turns that into the exact
+log-probability of each sentence of a split as :func:`generate_pairs` wrote it (the entropy of the
+corpus, a floor for any language model of it). ``python -m tfmlib.synthetic`` rewrites the bundled files in
 ``data/synthetic_en_fr/``; ``load_bundled("train")`` reads them back.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import random
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -468,6 +473,7 @@ class SentenceGenerator:
         self._nouns_by_kind = {k: [n for n in NOUNS if n.kind == k] for k in ANY}
         self._verbs_by_frame = {f: [v for v in VERBS if v.frame == f] for f in FRAMES}
         self._adjectives = {k: [a for a in ADJECTIVES if k in a.describes] for k in ANY}
+        self._levels = [lv for _, lv in LEVELS]
         self._level_weights = [w for w, _ in LEVELS]
 
     # ---- small helpers
@@ -664,7 +670,7 @@ class SentenceGenerator:
                 return join_words(en), join_words(fr)
 
     def _sentence_words(self) -> tuple[list[str], list[str]]:
-        self.level = self.rng.choices([lv for _, lv in LEVELS], weights=self._level_weights)[0]
+        self.level = self.rng.choices(self._levels, weights=self._level_weights)[0]
         n_clauses = self.rng.choices(range(1, len(self.level.clauses) + 1), weights=self.level.clauses)[0]
         en, fr = self.clause()
         for _ in range(n_clauses - 1):
@@ -673,6 +679,418 @@ class SentenceGenerator:
             en += [conj, *en_c]
             fr += [_elide(CONJUNCTIONS[conj], fr_c[0]), *fr_c]
         return en, fr
+
+
+# --------------------------------------------------------------------------- exact probabilities
+
+_PP_KINDS_AFTER_VERB = ("place", "thing", "person", "animal")  # what predicate() passes to prep_phrase
+_FRAME_WEIGHTS = (3, 6, 1.2, 1.2)  # predicate()'s weights of FRAMES
+
+
+@dataclass(frozen=True)
+class _VerbGroup:
+    """One reading of an English verb group, as ``SentenceGenerator._verb_group`` writes it."""
+
+    verb: Verb
+    plural: bool
+    negated: bool
+    adverb: str | None
+    modal: bool
+    pronoun: str | None
+
+
+class _SentenceParser:
+    """Sums the probability of every way ``SentenceGenerator`` can write one English word sequence.
+
+    A top-down chart parser that mirrors the generator function by function: each method returns
+    ``{end: probability}`` (with the phrase's number where the caller needs it) for the words that
+    the corresponding generator method, called with the same arguments, writes from ``start``. The
+    probability of each random choice is the one ``random.Random`` gives it: ``_chance(p)`` is true
+    with probability ``p``, ``choice`` is uniform, ``choices`` follows its weights. Results are
+    memoised per start position, so ambiguous sentences (a prepositional phrase that attaches to the
+    object or to the verb) are summed without enumerating their derivations one by one.
+    """
+
+    def __init__(self, gen: SentenceGenerator, words: Sequence[str], level: Complexity):
+        self.gen, self.words, self.lv = gen, tuple(words), level
+        self.memo: dict[tuple, dict] = {}
+        self.nouns = {}  # English form -> [(noun, plural)]
+        for nouns in gen._nouns_by_kind.values():
+            for noun in nouns:
+                self.nouns.setdefault(noun.en, []).append((noun, False))
+                self.nouns.setdefault(noun.en_plural, []).append((noun, True))
+        self.verb_groups = _verb_group_table(gen)
+
+    # ---- helpers
+    def _cached(self, key: tuple, compute: Callable[[], dict]) -> dict:
+        if key not in self.memo:
+            self.memo[key] = compute()
+        return self.memo[key]
+
+    def _match(self, start: int, phrase: Sequence[str]) -> bool:
+        return tuple(self.words[start:start + len(phrase)]) == tuple(phrase)
+
+    def _adverb_prob(self, adverb: str, negated: bool, allow_never: bool = True) -> float:
+        """P(``SentenceGenerator._adverb(negated, allow_never)`` returns ``adverb``)."""
+        options = ("often", "always") if negated else [a for a in ADVERBS if allow_never or a != "never"]
+        return options.count(adverb) / len(options)
+
+    def _optional_pp(self, ends: dict[int, float], depth: int, p: float, kinds: Sequence[str]
+                     ) -> dict[int, float]:
+        """``if depth < max_depth + 1 and _chance(p): prep_phrase(depth + 1, kinds)`` after each end."""
+        if not depth < self.lv.max_depth + 1:
+            return ends
+        out: dict[int, float] = {}
+        for end, q in ends.items():
+            out[end] = out.get(end, 0.0) + q * (1 - p)
+            for end2, q2 in self.prep_phrase(end, depth + 1, tuple(kinds)).items():
+                out[end2] = out.get(end2, 0.0) + q * p * q2
+        return out
+
+    # ---- noun phrases
+    def noun_phrase(self, start: int, kinds: tuple[str, ...], depth: int, allow_rel: bool = True,
+                    allow_indefinite: bool = True, negated_object: bool = False
+                    ) -> dict[tuple[int, bool], float]:
+        """``{(end, plural): probability}`` of ``noun_phrase(kinds, depth, ...).english(negated_object)``."""
+        key = ("np", start, kinds, depth, allow_rel, allow_indefinite, negated_object)
+        return self._cached(key, lambda: self._noun_phrase(start, kinds, depth, allow_rel,
+                                                           allow_indefinite, negated_object))
+
+    def _noun_phrase(self, start, kinds, depth, allow_rel, allow_indefinite, negated_object):
+        words, gen = self.words, self.gen
+        out: dict[tuple[int, bool], float] = {}
+        if start >= len(words):
+            return out
+        det_weights = {"the": 6, "a": 3 if allow_indefinite else 0, "this": 1, "my": 1}
+        readings = {"the": [("the", False), ("the", True)], "my": [("my", False), ("my", True)],
+                    "this": [("this", False)], "these": [("this", True)],
+                    "a": [("a", False)], "an": [("a", False)],
+                    "some": [] if negated_object else [("a", True)],
+                    "any": [("a", True)] if negated_object else []}.get(words[start], [])
+        for det, plural in readings:
+            p_det = det_weights[det] / sum(det_weights.values())
+            if p_det == 0:
+                continue
+            for n_adj in (0, 1, 2):
+                k = start + 1 + n_adj  # where the noun must be
+                if k >= len(words):
+                    break
+                for noun, noun_plural in self.nouns.get(words[k], []):
+                    if noun_plural != plural or noun.kind not in kinds:
+                        continue
+                    article = "an" if words[start + 1][0] in "aeiou" else "a"
+                    if det == "a" and not plural and words[start] != article:
+                        continue
+                    p_noun = kinds.count(noun.kind) / len(kinds) / len(gen._nouns_by_kind[noun.kind])
+                    p_adj = self._adjectives_prob(words[start + 1:k], gen._adjectives[noun.kind])
+                    base = p_det * (0.3 if plural else 0.7) * p_noun * p_adj
+                    if base == 0:
+                        continue
+                    for end, q in self._np_tail(k + 1, noun.kind, plural, depth, allow_rel).items():
+                        out[end, plural] = out.get((end, plural), 0.0) + base * q
+        return out
+
+    def _adjectives_prob(self, adjs: Sequence[str], pool: list[Adjective]) -> float:
+        """P(the adjectives drawn by ``noun_phrase`` for a noun of this pool are written ``adjs``)."""
+        p_adj = self.lv.p_adj
+        if not adjs:
+            return 1 - p_adj
+        first = [a for a in pool if a.en == adjs[0]]
+        if len(adjs) == 1:  # a "before" adjective alone (0.6), or an "after" adjective
+            return sum(p_adj / len(pool) * (0.6 if a.before else 1.0) for a in first)
+        after = [a for a in pool if not a.before]
+        second = [a for a in after if a.en == adjs[1]]
+        return sum(p_adj / len(pool) * 0.4 / len(after) for a in first if a.before) * len(second)
+
+    def _np_tail(self, start: int, kind: str, plural: bool, depth: int, allow_rel: bool) -> dict[int, float]:
+        """The words after the noun: an optional prepositional phrase, then an optional relative clause."""
+        ends = self._optional_pp({start: 1.0}, depth, self.lv.p_pp * 0.6, ANY)
+        if not (allow_rel and depth < self.lv.max_depth):
+            return ends
+        p_rel = self.lv.p_rel
+        out: dict[int, float] = {}
+        for end, q in ends.items():
+            out[end] = out.get(end, 0.0) + q * (1 - p_rel)
+            for end2, q2 in self.relative_clause(end, kind, plural, depth + 1).items():
+                out[end2] = out.get(end2, 0.0) + q * p_rel * q2
+        return out
+
+    def prep_phrase(self, start: int, depth: int, kinds: tuple[str, ...]) -> dict[int, float]:
+        """``{end: probability}`` of ``prep_phrase(depth, kinds)``'s English words."""
+        return self._cached(("pp", start, depth, kinds), lambda: self._prep_phrase(start, depth, kinds))
+
+    def _prep_phrase(self, start, depth, kinds):
+        fitting = {prep: tuple(k for k in _PREP_OBJECTS[prep] if k in kinds) for prep in PREPOSITIONS}
+        fitting = {prep: ks for prep, ks in fitting.items() if ks}  # the while loop redraws the others
+        out: dict[int, float] = {}
+        for prep, noun_kinds in fitting.items():
+            if not self._match(start, prep.split()):
+                continue
+            nps = self.noun_phrase(start + len(prep.split()), noun_kinds, depth, allow_rel=False,
+                                   negated_object=prep == "without")
+            for (end, _), q in nps.items():
+                out[end] = out.get(end, 0.0) + q / len(fitting)
+        return out
+
+    def relative_clause(self, start: int, kind: str, plural: bool, depth: int) -> dict[int, float]:
+        """``{end: probability}`` of ``relative_clause(head, depth)`` for a head of this kind and number."""
+        return self._cached(("rel", start, kind, plural, depth),
+                            lambda: self._relative_clause(start, kind, plural, depth))
+
+    def _relative_clause(self, start, kind, plural, depth):
+        out: dict[int, float] = {}
+        p_object = 1.0
+        if kind in ANIMATE:
+            p_object = 0.5
+            if self._match(start, ["that"]):
+                for end, q in self.predicate(start + 1, plural, kind, depth).items():
+                    out[end] = out.get(end, 0.0) + 0.5 * q
+        verbs = [v for v in self.gen._verbs_by_frame["tr"] if kind in v.objects]
+        if not verbs:  # the generator writes nothing
+            out[start] = out.get(start, 0.0) + p_object
+            return out
+        if not self._match(start, ["that"]):
+            return out
+        for (mid, subj_plural), q in self.subject(start + 1, depth).items():
+            for end, group in self._verb_groups_at(mid):
+                if group.verb not in verbs or group.plural != subj_plural or group.pronoun is not None:
+                    continue
+                p = (0.15 if group.negated else 0.85) * (0.05 if group.modal else 0.95)
+                p *= (0.1 * self._adverb_prob(group.adverb, group.negated)) if group.adverb else 0.9
+                out[end] = out.get(end, 0.0) + p_object * q * p / len(verbs)
+        return out
+
+    # ---- clauses
+    def subject(self, start: int, depth: int) -> dict[tuple[int, bool], float]:
+        """``{(end, plural): probability}`` of ``subject(depth)``'s English words."""
+        return self._cached(("subj", start, depth), lambda: self._subject(start, depth))
+
+    def _subject(self, start, depth):
+        out: dict[tuple[int, bool], float] = {}
+        if start < len(self.words) and self.words[start] in SUBJECT_PRONOUNS:
+            out[start + 1, False] = 0.08 / len(SUBJECT_PRONOUNS)
+        for key, q in self.noun_phrase(start, ANIMATE, depth).items():
+            out[key] = out.get(key, 0.0) + 0.92 * q
+        return out
+
+    def _verb_groups_at(self, start: int) -> list[tuple[int, _VerbGroup]]:
+        found = []
+        for length in range(1, 7):
+            for group in self.verb_groups.get(self.words[start:start + length], ()):
+                found.append((start + length, group))
+        return found
+
+    def predicate(self, start: int, plural: bool, kind: str, depth: int) -> dict[int, float]:
+        """``{end: probability}`` of ``predicate(plural, feminine, kind, depth)``'s English words."""
+        return self._cached(("pred", start, plural, kind, depth),
+                            lambda: self._predicate(start, plural, kind, depth))
+
+    def _predicate(self, start, plural, kind, depth):
+        if kind not in ANIMATE:
+            return self.copula(start, plural, kind)
+        out = {end: 0.12 * q for end, q in self.copula(start, plural, kind).items()}
+        for mid, group in self._verb_groups_at(start):
+            if group.plural != plural:
+                continue
+            verb, frame = group.verb, group.verb.frame
+            p = 0.88 * _FRAME_WEIGHTS[FRAMES.index(frame)] / sum(_FRAME_WEIGHTS)
+            p /= len(self.gen._verbs_by_frame[frame])
+            p *= 0.2 if group.negated else 0.8
+            p *= (0.15 * self._adverb_prob(group.adverb, group.negated)) if group.adverb else 0.85
+            if frame in ("intr", "tr"):
+                p *= 0.08 if group.modal else 0.92
+            elif group.modal:
+                continue
+            if frame == "tr":
+                options = ("him", "her", "them") if "person" in verb.objects else ("them",)
+                p *= 0.1 * options.count(group.pronoun) / len(options) if group.pronoun else 0.9
+            elif group.pronoun is not None:
+                continue
+            if p == 0:
+                continue
+            negative = group.negated or group.adverb == "never"
+            ends = {mid: p}
+            if frame in ("tr", "ditr") and group.pronoun is None:
+                ends = self._then_np(ends, verb.objects, depth, allow_indefinite=not verb.liking,
+                                     negated_object=negative)
+            if frame in ("ditr", "motion"):
+                ends = {e + 1: q for e, q in ends.items() if self._match(e, ["to"])}
+                ends = self._then_np(ends, ANIMATE if frame == "ditr" else ("place",), depth)
+            else:
+                ends = self._optional_pp(ends, depth, self.lv.p_pp, _PP_KINDS_AFTER_VERB)
+            for end, q in ends.items():
+                out[end] = out.get(end, 0.0) + q
+        return out
+
+    def _then_np(self, ends: dict[int, float], kinds: Sequence[str], depth: int, **kwargs: bool
+                 ) -> dict[int, float]:
+        out: dict[int, float] = {}
+        for end, q in ends.items():
+            for (end2, _), q2 in self.noun_phrase(end, tuple(kinds), depth, **kwargs).items():
+                out[end2] = out.get(end2, 0.0) + q * q2
+        return out
+
+    def copula(self, start: int, plural: bool, kind: str) -> dict[int, float]:
+        """``{end: probability}`` of ``_copula(plural, feminine, kind)``: ``is (not) (often) happy``."""
+        words, out = self.words, {}
+        if not self._match(start, ["are" if plural else "is"]):
+            return out
+        pool = self.gen._adjectives[kind]
+        for negated in (False, True):
+            i = start + 1 + negated
+            if negated and not self._match(start + 1, ["not"]):
+                continue
+            p_neg = 0.2 if negated else 0.8
+            for adverb in (None, *ADVERBS):
+                j = i + (adverb is not None)
+                if adverb is not None and not self._match(i, [adverb]):
+                    continue
+                p_adv = 0.15 * self._adverb_prob(adverb, negated, allow_never=False) if adverb else 0.85
+                if j < len(words) and p_adv > 0:
+                    n_adj = sum(a.en == words[j] for a in pool)
+                    if n_adj:
+                        out[j + 1] = out.get(j + 1, 0.0) + p_neg * p_adv * n_adj / len(pool)
+        return out
+
+    def clause(self, start: int) -> dict[int, float]:
+        """``{end: probability}`` of ``clause()`` (depth 0)."""
+        return self._cached(("clause", start), lambda: self._clause(start))
+
+    def _clause(self, start):
+        out: dict[int, float] = {}
+        for (mid, plural), q in self.noun_phrase(start, ("thing", "place"), 0).items():
+            for end, q2 in self.predicate(mid, plural, "thing", 0).items():
+                out[end] = out.get(end, 0.0) + 0.1 * q * q2
+        for (mid, plural), q in self.subject(start, 0).items():
+            for end, q2 in self.predicate(mid, plural, "person", 0).items():
+                out[end] = out.get(end, 0.0) + 0.9 * q * q2
+        return out
+
+    def sentence_words(self) -> float:
+        """P(``_sentence_words()`` writes exactly these English words | this complexity level)."""
+        weights = self.lv.clauses
+        total, ends = 0.0, self.clause(0)
+        for n_clauses, w in enumerate(weights, start=1):
+            total += w / sum(weights) * ends.get(len(self.words), 0.0)
+            if n_clauses == len(weights):
+                break
+            more: dict[int, float] = {}
+            for end, q in ends.items():
+                if end < len(self.words) and self.words[end] in CONJUNCTIONS:
+                    for end2, q2 in self.clause(end + 1).items():
+                        more[end2] = more.get(end2, 0.0) + q / len(CONJUNCTIONS) * q2
+            ends = more
+        return total
+
+
+_VERB_GROUP_TABLES: dict[int, dict[tuple[str, ...], list[_VerbGroup]]] = {}
+
+
+def _verb_group_table(gen: SentenceGenerator) -> dict[tuple[str, ...], list[_VerbGroup]]:
+    """Every verb group the generator can write, keyed by its English words (built once per lexicon)."""
+    verbs = tuple(v for f in FRAMES for v in gen._verbs_by_frame[f])
+    key = hash(verbs)
+    if key not in _VERB_GROUP_TABLES:
+        table: dict[tuple[str, ...], list[_VerbGroup]] = {}
+        for verb in verbs:
+            for plural in (False, True):
+                for negated in (False, True):
+                    for adverb in (None, *ADVERBS):
+                        for modal in (False, True):
+                            for pronoun in (None, *OBJECT_PRONOUNS):
+                                en, _ = gen._verb_group(verb, plural, pronoun, negated, adverb, modal)
+                                table.setdefault(tuple(en), []).append(
+                                    _VerbGroup(verb, plural, negated, adverb, modal, pronoun))
+        _VERB_GROUP_TABLES[key] = table
+    return _VERB_GROUP_TABLES[key]
+
+
+def sentence_probability(sentence: str | Sequence[str], generator: SentenceGenerator | None = None) -> float:
+    """The exact probability that one call of ``SentenceGenerator.sentence()`` writes this English sentence.
+
+    ``sentence`` is the English side of a pair (``"a farmer hears my goat."``) or its tokens
+    (``tokenize`` of it, the final ``"."`` included). The result sums over every derivation that
+    writes these words (the complexity level, prepositional-phrase attachment, ...), each the product
+    of the probabilities of its random choices. It is the probability of *one draw*: the length limit
+    of ``sentence()`` (drawing again above ``MAX_TOKENS``) and the deduplication of
+    :func:`generate_pairs` renormalise it, see :func:`length_rejection_rate` and
+    :func:`corpus_log_probs`. ``generator`` supplies the lexicon (default: the bundled grammar's);
+    a sentence the grammar cannot write gets 0.
+
+    >>> round(sentence_probability("he sleeps."), 9)  # see tests/test_synthetic.py for the hand computation
+    0.000217949
+    """
+    gen = generator if generator is not None else SentenceGenerator(0)
+    if isinstance(sentence, str):
+        if not sentence.endswith("."):
+            raise ValueError(f"sentence_probability: an English sentence ends with '.', got {sentence!r}")
+        words = sentence[:-1].split()
+    else:
+        words = list(sentence)
+        if not words or words[-1] != ".":
+            raise ValueError(f"sentence_probability: tokens must end with '.', got {words!r}")
+        words = words[:-1]
+    if not words:
+        return 0.0
+    total_weight = sum(gen._level_weights)
+    return sum(w / total_weight * _SentenceParser(gen, words, lv).sentence_words()
+               for w, lv in zip(gen._level_weights, gen._levels, strict=True))
+
+
+def length_rejection_rate(n_draws: int = 100_000, seed: int = 0) -> tuple[float, float]:
+    """Monte Carlo estimate of how often ``sentence()`` draws a sentence over ``MAX_TOKENS`` and redraws.
+
+    Returns ``(rate, standard_error)`` from ``n_draws`` fresh draws of the grammar. The probability
+    of a sentence *as written* is ``sentence_probability(s) / (1 - rate)``: the length limit
+    renormalises the distribution over the sentences it keeps. (The exact rate would need the
+    grammar's whole length distribution; this estimate is what :func:`corpus_log_probs` uses.)
+    """
+    if not isinstance(n_draws, int) or isinstance(n_draws, bool) or n_draws <= 0:
+        raise ValueError(f"length_rejection_rate: n_draws must be a positive int, got {n_draws!r}")
+    gen = SentenceGenerator(seed)
+    rejected = sum(len(gen._sentence_words()[0]) + 1 > MAX_TOKENS for _ in range(n_draws))
+    rate = rejected / n_draws
+    return rate, (rate * (1 - rate) / n_draws) ** 0.5
+
+
+def corpus_log_probs(sentences: Sequence[str], history: Iterable[str] = (), rejection_rate: float = 0.0,
+                     generator: SentenceGenerator | None = None) -> list[float]:
+    """The natural-log probability of each English sentence as :func:`generate_pairs` wrote it.
+
+    ``generate_pairs`` draws sentences one after the other and skips any English sentence it has
+    written before, so the ``k``-th sentence it keeps is a draw from the grammar *conditioned on
+    being new*: with ``p = sentence_probability``, ``A = 1 - rejection_rate`` (the length limit)
+    and ``M_k`` the summed ``p`` of every distinct sentence written before it,
+
+        ``log P(sentences[k] | everything before) = log p(sentences[k]) - log(A - M_k)``.
+
+    ``history`` holds the sentences written before ``sentences[0]`` (for the validation split of
+    the bundled corpus: the whole training split; a partial history gives a smaller ``M`` and so a
+    lower bound on each log-probability). The sum of the result over a split, divided by its number
+    of predicted tokens, is the cross-entropy of the process that wrote it: no model of these
+    sentences can do better on average (chapter 01 shows it beside the language models).
+    ``ValueError`` for a sentence the grammar cannot write or a ``rejection_rate`` outside ``[0, 1)``.
+    """
+    if not 0.0 <= rejection_rate < 1.0:
+        raise ValueError(f"corpus_log_probs: rejection_rate must be in [0, 1), got {rejection_rate!r}")
+    gen = generator if generator is not None else SentenceGenerator(0)
+    seen: set[str] = set()
+    mass = 0.0
+    for s in history:
+        if s not in seen:
+            seen.add(s)
+            mass += sentence_probability(s, gen)
+    out = []
+    for s in sentences:
+        p = sentence_probability(s, gen)
+        if p == 0.0:
+            raise ValueError(f"corpus_log_probs: the grammar cannot write {s!r}")
+        if s in seen:
+            raise ValueError(f"corpus_log_probs: {s!r} occurs twice, which generate_pairs never writes")
+        out.append(math.log(p) - math.log(1.0 - rejection_rate - mass))
+        seen.add(s)
+        mass += p
+    return out
 
 
 # --------------------------------------------------------------------------- corpus API
