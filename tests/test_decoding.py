@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from test_seq2seq import SRC_V, TGT_V, random_batch
 from torch import Tensor
 
-from tfmlib.data import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Vocab, make_batch, pad_sequences
+from tfmlib.data import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Vocab, detokenize, make_batch, pad_sequences
 from tfmlib.decoding import (
     beam_search,
     default_max_len,
@@ -344,3 +344,81 @@ def test_translate_with_a_beam():
                         d_ff=16)
     out = translate(model, ["the dog sees a cat .", "a cat"], vocab, vocab, beam_size=3, max_len=6)
     assert len(out) == 2 and all(isinstance(s, str) for s in out)
+
+
+# ----------------------------------------------------------------------------- the model's limits (issue 14)
+
+
+def never_stopping_transformer(max_len: int = 12) -> Transformer:
+    """A Transformer that has not learnt to stop: EOS is never the most probable token."""
+    torch.manual_seed(0)
+    model = Transformer(SRC_V, TGT_V, d_model=16, heads=2, encoder_layers=1, decoder_layers=1, d_ff=16,
+                        dropout=0.0, max_len=max_len)
+    with torch.no_grad():
+        model.generator.bias[EOS_ID] = -1e4
+    return model
+
+
+def test_default_max_len_is_clamped_to_the_models_limit():
+    """Issue 14, bug 4: the default 2*S+10 ignored the model's max_len, so greedy_decode, beam_search and
+    translate raised part-way ("a target of 13 tokens is longer than this model's max_len=12")."""
+    model = never_stopping_transformer(12)
+    src = torch.randint(4, SRC_V, (2, 4))
+    src_mask = torch.ones(2, 4, dtype=torch.bool)
+    assert default_max_len(src_mask) == 18 and default_max_len(src_mask, 12) == 12
+    out = greedy_decode(model, src, src_mask)
+    assert out.tokens.shape == (2, 12) and out.lengths.tolist() == [12, 12], "clamped to max_len=12"
+    beam = beam_search(model, src, src_mask, beam_size=2)
+    assert beam.tokens.shape == (2, 12), "beam search clamped to max_len=12"
+    vocab = Vocab.build([[f"w{i}" for i in range(SRC_V - 4)]])
+    tgt_vocab = Vocab.build([[f"v{i}" for i in range(TGT_V - 4)]])
+    texts = translate(model, ["w1 w2 w3", "w4"], vocab, tgt_vocab)            # used to raise part-way
+    ids = [vocab.encode(["w4"], eos=True)]
+    src1, mask1 = pad_sequences(ids)
+    assert texts[1] == detokenize(tgt_vocab.decode(greedy_decode(model, src1, mask1).tokens[0].tolist()))
+
+
+@pytest.mark.parametrize("decode", ["greedy", "beam", "translate"])
+def test_an_explicit_max_len_above_the_models_limit_is_refused_before_decoding(decode):
+    model = never_stopping_transformer(12)
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("the error must come before any decoding step")
+
+    model.decode_step = must_not_run
+    src, src_mask = torch.randint(4, SRC_V, (1, 4)), torch.ones(1, 4, dtype=torch.bool)
+    with pytest.raises(ValueError, match="max_len=13 is more than this model's max_target_len=12"):
+        if decode == "greedy":
+            greedy_decode(model, src, src_mask, max_len=13)
+        elif decode == "beam":
+            beam_search(model, src, src_mask, max_len=13)
+        else:
+            vocab = Vocab.build([["a"]])
+            translate(model, ["a"], vocab, Vocab.build([[f"v{i}" for i in range(TGT_V - 4)]]), max_len=13)
+
+
+def test_translate_checks_the_vocabularies_against_the_model_up_front():
+    """Issue 14, bug 5: a target Vocab smaller than the model's vocabulary failed only after the whole
+    batch was decoded."""
+    model = never_stopping_transformer()
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("the error must come before any decoding step")
+
+    model.decode_step = must_not_run
+    small = Vocab.build([["a", "b"]])                                         # 6 tokens < TGT_V
+    with pytest.raises(ValueError, match=rf"tgt_vocab has 6 tokens but .* tgt_vocab_size={TGT_V}"):
+        translate(model, ["a b"], small, small)
+    big = Vocab.build([[f"w{i}" for i in range(SRC_V)]])
+    with pytest.raises(ValueError, match=rf"src_vocab has {SRC_V + 4} tokens .* src_vocab_size={SRC_V}"):
+        translate(model, ["w1"], big, Vocab.build([[f"v{i}" for i in range(TGT_V - 4)]]))
+
+
+def test_decoding_refuses_a_model_without_room_for_the_special_tokens():
+    """The Transformer refuses such a vocabulary at construction; any other model is checked when it
+    decodes, instead of failing with a raw IndexError."""
+    model = Seq2Seq(SRC_V, 2, embed=8, hidden=8)
+    src, src_mask = torch.randint(4, SRC_V, (1, 3)), torch.ones(1, 3, dtype=torch.bool)
+    for decode in (greedy_decode, beam_search):
+        with pytest.raises(ValueError, match="tgt_vocab_size=2 has no room for the special tokens"):
+            decode(model, src, src_mask)

@@ -239,7 +239,7 @@ def test_learned_positions_and_max_len_give_clear_errors():
     src = torch.full((1, 9), 5)
     with pytest.raises(ValueError, match="max_source_len=8"):
         model(src, torch.ones(1, 9, dtype=torch.bool), torch.full((1, 2), BOS_ID))
-    with pytest.raises(ValueError, match="max_len=8"):
+    with pytest.raises(ValueError, match="max_len=12 is more than this model's max_target_len=8"):
         greedy_decode(model, src[:, :4], torch.ones(1, 4, dtype=torch.bool), max_len=12)
 
 

@@ -53,9 +53,32 @@ class Decoded(NamedTuple):
     attention: Tensor | None = None
 
 
-def default_max_len(src_mask: Tensor) -> int:
-    """How long a translation may grow: twice the longest source, plus 10."""
-    return 2 * int(src_mask.sum(dim=1).max()) + 10
+def default_max_len(src_mask: Tensor, limit: int | None = None) -> int:
+    """How long a translation may grow: twice the longest source, plus 10, and at most ``limit``
+    (a model's ``max_target_len``, when it has one: a Transformer has positions for that many
+    target tokens only)."""
+    n = 2 * int(src_mask.sum(dim=1).max()) + 10
+    return n if limit is None else min(n, limit)
+
+
+def _check_decoding(model: EncoderDecoder, src_mask: Tensor, max_len: int | None, who: str) -> int:
+    """Check that ``model`` can decode at all and return the number of steps to run: ``max_len``, or
+    :func:`default_max_len` clamped to the model's ``max_target_len``. An explicit ``max_len``
+    above that limit is refused here, before any decoding, not part-way through."""
+    vocab = getattr(model, "tgt_vocab_size", None)
+    if vocab is not None and vocab <= max(BOS_ID, EOS_ID, PAD_ID):
+        raise ValueError(f"{who}: the model's tgt_vocab_size={vocab} has no room for the special tokens "
+                         f"(PAD={PAD_ID}, BOS={BOS_ID}, EOS={EOS_ID}) that decoding reads and writes")
+    limit = getattr(model, "max_target_len", None)
+    if max_len is None:
+        return default_max_len(src_mask, limit)
+    if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 1:
+        raise ValueError(f"{who}: max_len must be a positive int, got {max_len!r}")
+    if limit is not None and max_len > limit:
+        raise ValueError(f"{who}: max_len={max_len} is more than this model's max_target_len={limit} (it has "
+                         f"positions for {limit} target tokens); pass max_len <= {limit}, or None for "
+                         "the default, which is clamped to it")
+    return max_len
 
 
 @torch.no_grad()
@@ -66,15 +89,13 @@ def greedy_decode(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len:
     ``src`` and ``src_mask`` are ``(B, S)`` as in a :class:`~tfmlib.data.Batch`. A row stops at
     its first EOS; after it the row holds ``PAD_ID``. A row that has stopped leaves the batch the
     model runs on, so the rows still decoding do not pay for it. Decoding stops when every row has
-    stopped or after ``max_len`` steps (default :func:`default_max_len`). The model is put in eval
-    mode (and restored afterwards).
+    stopped or after ``max_len`` steps (default :func:`default_max_len`, clamped to the model's
+    ``max_target_len`` when it has one; an explicit ``max_len`` above that is a ``ValueError``).
+    The model is put in eval mode (and restored afterwards).
     """
     check_source(src, src_mask, "greedy_decode", getattr(model, "max_source_len", None),
                  getattr(model, "src_vocab_size", None))
-    if max_len is None:
-        max_len = default_max_len(src_mask)
-    if not isinstance(max_len, int) or max_len < 1:
-        raise ValueError(f"greedy_decode: max_len must be a positive int, got {max_len!r}")
+    max_len = _check_decoding(model, src_mask, max_len, "greedy_decode")
     was_training = model.training
     model.eval()
     try:
@@ -175,17 +196,15 @@ def beam_search(model: EncoderDecoder, src: Tensor, src_mask: Tensor, beam_size:
     (then a sentence with no finished hypothesis returns its best prefix, without EOS).
 
     ``beam_size=1`` with ``alpha=0`` is greedy decoding. Beam search is a heuristic: a larger beam
-    usually, not always, finds a more probable output (chapter 08 measures how often). Shapes and
-    errors as in :func:`greedy_decode`; the model is put in eval mode and restored afterwards.
+    usually, not always, finds a more probable output (chapter 08 measures how often). Shapes,
+    errors and the default ``max_len`` (clamped to the model's ``max_target_len``) as in
+    :func:`greedy_decode`; the model is put in eval mode and restored afterwards.
     """
     check_source(src, src_mask, "beam_search", getattr(model, "max_source_len", None),
                  getattr(model, "src_vocab_size", None))
     if not isinstance(beam_size, int) or isinstance(beam_size, bool) or beam_size < 1:
         raise ValueError(f"beam_search: beam_size must be a positive int, got {beam_size!r}")
-    if max_len is None:
-        max_len = default_max_len(src_mask)
-    if not isinstance(max_len, int) or max_len < 1:
-        raise ValueError(f"beam_search: max_len must be a positive int, got {max_len!r}")
+    max_len = _check_decoding(model, src_mask, max_len, "beam_search")
     length_penalty(1, alpha)  # validates alpha
     B, K, device = src.shape[0], beam_size, src.device
     was_training = model.training
@@ -323,10 +342,25 @@ def translate(model: EncoderDecoder, sentences: Sequence[str], src_vocab: Vocab,
     Sentences are decoded in batches of ``batch_size`` sentences of similar length (sorted by
     length: less padding, and a batch does not wait for one long sentence), and returned in the
     order given. With ``max_len=None`` each batch may grow to :func:`default_max_len` of its
-    sources. Words missing from ``src_vocab`` become ``<unk>``. An empty sentence, or one longer
-    than the model's ``max_source_len`` tokens (EOS included), raises ``ValueError`` naming it.
+    sources (at most the model's ``max_target_len``). Words missing from ``src_vocab`` become
+    ``<unk>``. Checked before anything is decoded, each a ``ValueError``: an empty sentence, or
+    one longer than the model's ``max_source_len`` tokens (EOS included), naming it; vocabularies
+    that do not fit the model (``src_vocab`` larger than its ``src_vocab_size``: ids it has no
+    embedding for; ``tgt_vocab`` smaller than its ``tgt_vocab_size``: ids it could output and
+    the vocabulary could not read); a ``max_len`` above the model's ``max_target_len``.
     """
+    model_src, model_tgt = getattr(model, "src_vocab_size", None), getattr(model, "tgt_vocab_size", None)
+    if model_src is not None and len(src_vocab) > model_src:
+        raise ValueError(f"translate: src_vocab has {len(src_vocab)} tokens but the model embeds "
+                         f"src_vocab_size={model_src}: is it the vocabulary the model was trained with?")
+    if model_tgt is not None and len(tgt_vocab) < model_tgt:
+        raise ValueError(f"translate: tgt_vocab has {len(tgt_vocab)} tokens but the model outputs "
+                         f"tgt_vocab_size={model_tgt}: is it the vocabulary the model was trained with?")
     ids = encode_sources(sentences, src_vocab, "translate", lowercase)
+    target_limit = getattr(model, "max_target_len", None)
+    if max_len is not None and target_limit is not None and max_len > target_limit:
+        raise ValueError(f"translate: max_len={max_len} is more than this model's "
+                         f"max_target_len={target_limit}")
     limit = getattr(model, "max_source_len", None)
     for i, s in enumerate(ids):
         if limit is not None and len(s) > limit:
