@@ -47,6 +47,15 @@ PAIRED_FORMATS = "ipynb,py:percent"
 DEFAULT_KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 VOLATILE_CELL_METADATA = ("execution", "ExecuteTime")
 CHAPTER_RE = re.compile(r"^(?P<nn>\d{2})_")
+TEMPLATE_DIR = REPO_ROOT / "tools" / "book_template"  # nbconvert template "book" (navigation, MathJax)
+FIGURES = "figures"  # notebooks/figures/: the diagrams, copied beside the HTML pages
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+SMOKE_BANNER = (
+    "This page was built in the <b>smoke</b> profile: models and data are toy-sized so that the "
+    "whole book runs in minutes, and its numbers, figures and translations say nothing about the "
+    "methods. The committed notebooks carry a <code>cpu</code> run; build one with "
+    "<code>bash run.sh book cpu</code>."
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -285,14 +294,129 @@ def install_mathjax(html_dir: Path) -> Path | None:
     return target
 
 
-def render_html(nb: nbformat.NotebookNode, title: str, mathjax_url: str | None = None) -> str:
+def render_html(nb: nbformat.NotebookNode, title: str, mathjax_url: str | None = None,
+                book: dict | None = None) -> str:
+    """The page of ``nb``: nbconvert's lab page through the book's template (``tools/book_template``).
+
+    ``book`` carries the navigation (see :func:`page_navigation`); without it the page has none.
+    """
     from nbconvert import HTMLExporter
 
-    exporter = HTMLExporter(template_name="lab")
+    exporter = HTMLExporter(
+        template_name="book", extra_template_basedirs=[str(TEMPLATE_DIR)],
+        exclude_input_prompt=True, exclude_output_prompt=True,
+    )
     if mathjax_url:
         exporter.mathjax_url = mathjax_url
-    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})
+    body, _ = exporter.from_notebook_node(
+        prepare_for_html(nb), resources={"metadata": {"name": title}, "book": book or {}}
+    )
     return body
+
+
+_LOCAL_NOTEBOOK_LINK = re.compile(r"(\]\((?!https?:|#)[^)\s]+?)\.ipynb(#[^)\s]*)?\)")
+
+
+def prepare_for_html(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """A copy of ``nb`` fit for a static page.
+
+    * progress bars (ipywidgets) are dropped: offline there is no widget manager to draw them,
+      and a finished bar says nothing a reader needs;
+    * Markdown links to the book's notebooks (``[x](solutions/y.ipynb)``) point to their pages.
+    """
+    import copy
+
+    nb = copy.deepcopy(nb)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = [o for o in cell.get("outputs", []) if WIDGET_MIME not in o.get("data", {})]
+        elif cell.cell_type == "markdown":
+            cell.source = _LOCAL_NOTEBOOK_LINK.sub(lambda m: f"{m.group(1)}.html{m.group(2) or ''})",
+                                                   cell.source)
+    nb.metadata.pop("widgets", None)
+    return nb
+
+
+def chapter_toc(nb: nbformat.NotebookNode, level: int = 2) -> list[dict[str, str]]:
+    """The ``level`` headings of ``nb`` as ``{"anchor", "text"}``, with nbconvert's own anchor ids."""
+    from nbconvert.filters.markdown_mistune import markdown2html_mistune
+
+    toc = []
+    for cell in nb.cells:
+        if cell.cell_type != "markdown":
+            continue
+        in_code = False
+        for line in cell.source.splitlines():
+            if line.lstrip().startswith("```"):
+                in_code = not in_code
+            m = re.match(r"^ {0,3}(#{1,6})\s+(.+?)\s*#*\s*$", line)
+            if in_code or not m or len(m.group(1)) != level:
+                continue
+            rendered = markdown2html_mistune(line.strip())
+            anchor = re.search(r'\bid="([^"]+)"', rendered)
+            text = html.unescape(re.sub(r"<[^>]+>", "", rendered)).replace("\u00b6", "").strip()
+            if anchor:
+                toc.append({"anchor": html.unescape(anchor.group(1)), "text": text})
+    return toc
+
+
+@dataclass
+class Page:
+    """One page of the HTML book."""
+
+    kind: str  # "chapters" or "solutions"
+    src: Path  # the notebook it is made from
+    sub: Path  # its folder below the HTML root: Path() or Path("solutions")
+    title: str
+
+    @property
+    def href(self) -> str:  # from the HTML root
+        return (self.sub / (self.src.stem + ".html")).as_posix()
+
+
+def _href(page_sub: Path, target: str) -> str:
+    """``target`` (relative to the HTML root) as a link from a page in ``page_sub``."""
+    return Path(os.path.relpath(target, page_sub.as_posix() or ".")).as_posix()
+
+
+def page_navigation(pages: list[Page], i: int, profile: str) -> dict:
+    """What the template shows around page ``i``: previous/next page of the same kind, the index,
+    the companion page (a chapter's solutions, a solution's chapter), the chapter's contents, and
+    the smoke-profile banner."""
+    page = pages[i]
+    same = [p for p in pages if p.kind == page.kind]
+    j = same.index(page)
+
+    def link(p: Page | None) -> dict | None:
+        return None if p is None else {"href": _href(page.sub, p.href), "title": p.title}
+
+    number = chapter_number(page.src)
+    companion = None
+    for p in pages:
+        if p is not page and p.kind != page.kind and chapter_number(p.src) == number:
+            companion = {"href": _href(page.sub, p.href),
+                         "title": "Solutions" if p.kind == "solutions" else "The chapter"}
+    return {
+        "prev": link(same[j - 1] if j > 0 else None),
+        "next": link(same[j + 1] if j + 1 < len(same) else None),
+        "index_href": _href(page.sub, "index.html"),
+        "companion": companion,
+        "banner": SMOKE_BANNER if profile == "smoke" else "",
+    }
+
+
+def chapter_descriptions(readme: Path = REPO_ROOT / "README.md") -> dict[str, str]:
+    """Notebook file name -> the one-line description in the README's chapter table."""
+    found = {}
+    if readme.exists():
+        row = re.compile(
+            r"^\|\s*\d\d\s*\|\s*\[[^\]]+\]\((?:notebooks/)?([^)]+\.ipynb)\)\s*\|\s*([^|]+?)\s*\|"
+        )
+        for line in readme.read_text(encoding="utf-8").splitlines():
+            m = row.match(line)
+            if m:
+                found[Path(m.group(1)).name] = m.group(2)
+    return found
 
 
 def write_index(path: Path, rows: list[Row], solution_rows: list[Row], profile: str, device: str) -> None:
@@ -301,7 +425,8 @@ def write_index(path: Path, rows: list[Row], solution_rows: list[Row], profile: 
             return "<p><em>none</em></p>"
         lines = [
             "<table>",
-            "<thead><tr><th>#</th><th>chapter</th><th>notebook</th><th>time</th><th>status</th></tr></thead>",
+            "<thead><tr><th>#</th><th>chapter</th><th>what you build and measure</th><th>notebook</th>"
+            "<th>time</th><th>status</th></tr></thead>",
             "<tbody>",
         ]
         for r in rs:
@@ -309,6 +434,7 @@ def write_index(path: Path, rows: list[Row], solution_rows: list[Row], profile: 
             lines.append(
                 f'<tr class="{cls}"><td>{html.escape(r.number)}</td>'
                 f'<td><a href="{html.escape(r.html)}">{html.escape(r.title)}</a></td>'
+                f'<td>{html.escape(r.extra.get("description", ""))}</td>'
                 f'<td><a href="{html.escape(r.ipynb)}">.ipynb</a></td>'
                 f"<td>{fmt_seconds(r.seconds)}</td><td>{html.escape(r.status)}</td></tr>"
             )
@@ -357,29 +483,46 @@ def cmd_build(args: argparse.Namespace) -> int:
     if out == notebooks_dir or notebooks_dir in out.parents:
         print(f"book: --out {out} must not be inside {notebooks_dir}", file=sys.stderr)
         return 2
-    profile = args.profile or default_profile()
-    device = describe_device()
+    execute_them = not args.no_execute
+    profile = (args.profile or default_profile()) if execute_them else "as committed (cpu)"
+    device = describe_device() if execute_them else "as committed"
     chapters, solutions = chapter_notebooks(notebooks_dir)
+    if args.only:
+        wanted = set(args.only)
+        chapters = [p for p in chapters if p.name in wanted or p.stem in wanted]
+        solutions = [p for p in solutions if p.name in wanted or p.stem in wanted]
     if not chapters and not solutions:
         print(f"book: no notebooks in {notebooks_dir}", file=sys.stderr)
     copies_dir, html_dir = out / "notebooks", out / "html"
     for d in (copies_dir, html_dir):
         d.mkdir(parents=True, exist_ok=True)
-    print(f"book: profile {profile}, device {device}, {len(chapters)} chapters, {len(solutions)} solutions")
+    what = "executing" if execute_them else "rendering the committed outputs of"
+    print(f"book: {what} {len(chapters)} chapters, {len(solutions)} solutions; profile {profile}, "
+          f"device {device}")
     mathjax_dir = install_mathjax(html_dir)
+    if (notebooks_dir / FIGURES).is_dir():  # diagrams, linked from the Markdown as figures/...
+        shutil.copytree(notebooks_dir / FIGURES, html_dir / FIGURES, dirs_exist_ok=True)
 
-    rows: dict[str, list[Row]] = {"chapters": [], "solutions": []}
-    todo = [("chapters", p, Path()) for p in chapters] + [
-        ("solutions", p, Path("solutions")) for p in solutions
+    pages = [
+        Page(kind, src, sub, notebook_title(nbformat.read(src, as_version=4), src.stem))
+        for kind, group, sub in (("chapters", chapters, Path()), ("solutions", solutions, Path("solutions")))
+        for src in group
     ]
-    for k, (kind, src, sub) in enumerate(todo, 1):
+    rows: dict[str, list[Row]] = {"chapters": [], "solutions": []}
+    for k, page in enumerate(pages):
+        src, sub = page.src, page.sub
         copy = copies_dir / sub / src.name
         copy.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, copy)
         nb = nbformat.read(copy, as_version=4)
-        title = notebook_title(nb, src.stem)
-        print(f"[{k}/{len(todo)}] {sub / src.name} ...", end=" ", flush=True)
-        result = execute(nb, copy.parent, profile, timeout=args.timeout, store_widget_state=True)
+        print(f"[{k + 1}/{len(pages)}] {sub / src.name} ...", end=" ", flush=True)
+        if execute_them:
+            result = execute(nb, copy.parent, profile, timeout=args.timeout, store_widget_state=True)
+        else:
+            found = first_error(nb)
+            result = Result(nb, 0.0)
+            if found is not None:
+                result.error_cell, result.error, result.details = found
         status = "ok" if result.ok else "failed"
         if not result.ok:
             where = f" in cell {result.error_cell}" if result.error_cell is not None else ""
@@ -395,22 +538,26 @@ def cmd_build(args: argparse.Namespace) -> int:
             if mathjax_dir is not None:  # a relative link, so the book also reads from a copied folder
                 rel = os.path.relpath(mathjax_dir / "MathJax.js", html_dir / sub)
                 mathjax_url = Path(rel).as_posix() + MATHJAX_CONFIG
-            page = render_html(result.nb, title, mathjax_url)
+            book = page_navigation(pages, k, profile)
+            book["toc"] = chapter_toc(result.nb)
+            html_page = render_html(result.nb, page.title, mathjax_url, book)
         except Exception as exc:  # rendering must not hide the rest of the book
-            page = (
-                f"<html><body><h1>{html.escape(title)}</h1><pre>render failed: {html.escape(repr(exc))}</pre>"
+            html_page = (
+                f"<html><body><h1>{html.escape(page.title)}</h1>"
+                f"<pre>render failed: {html.escape(repr(exc))}</pre>"
             )
             status = f"{status}; HTML render failed"
-        (html_dir / sub / (src.stem + ".html")).write_text(page, encoding="utf-8")
-        rows[kind].append(
+        (html_dir / page.href).write_text(html_page, encoding="utf-8")
+        rows[page.kind].append(
             Row(
                 number=chapter_number(src),
-                title=title,
-                html=(sub / (src.stem + ".html")).as_posix(),
+                title=page.title,
+                html=page.href,
                 ipynb=(sub / src.name).as_posix(),
-                seconds=result.seconds,
+                seconds=result.seconds if execute_them else None,
                 status=status,
                 ok=result.ok and "render failed" not in status,
+                extra={"description": chapter_descriptions().get(src.name, "")},
             )
         )
     index = html_dir / "index.html"
@@ -581,6 +728,10 @@ def main(argv: list[str] | None = None) -> int:
         "--profile", choices=["smoke", "cpu", "gpu"], help="default: TFM_PROFILE, else by hardware"
     )
     b.add_argument("--out", default=str(REPO_ROOT / "build"), help="output folder (default: build)")
+    b.add_argument("--no-execute", action="store_true",
+                   help="render the notebooks' committed outputs instead of executing copies (fast)")
+    b.add_argument("--only", nargs="+", metavar="NOTEBOOK",
+                   help="build only these notebooks (file names or stems), e.g. for a quick look")
     b.set_defaults(func=cmd_build)
 
     r = sub.add_parser("refresh", help="re-execute committed notebooks in place (developers)")
