@@ -162,7 +162,11 @@ def test_rotary_angles_are_computed_in_float64(position, old_error):
     the float64 one."""
     d = 64
     x = torch.randn(1, 1, 1, d, generator=torch.Generator().manual_seed(0), dtype=torch.double)
-    exact = RotaryEmbedding(d).rotate(x, torch.tensor([position]))
+    # the rotation written out in float64, independently of the module
+    angles = position * 10_000.0 ** (-torch.arange(0, d, 2, dtype=torch.double) / d)
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    exact = torch.cat([x1 * angles.cos() - x2 * angles.sin(), x1 * angles.sin() + x2 * angles.cos()], -1)
+    torch.testing.assert_close(RotaryEmbedding(d).rotate(x, torch.tensor([position])), exact)
     got = RotaryEmbedding(d).rotate(x.float(), torch.tensor([position]))
     err = (got.double() - exact).abs().max().item()
     assert err < 1e-5, f"float32 rotation at {position} off by {err:.1e} (float32 angles: ~{old_error})"
