@@ -439,3 +439,132 @@ def test_multihead_refuses_what_it_does_not_offer():
         mha(torch.randn(2, 3, 8), torch.randn(2, 5, 4))          # kdim != d_model
     with pytest.raises(ValueError, match="no rotary="):
         mha(torch.randn(2, 3, 8), q_positions=torch.arange(3))
+
+
+# ----------------------------------------------------------------------------- cases from PyTorch's tests
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_one_query_with_a_float_mask_and_key_padding_equals_nn_multiheadattention(seed):
+    """Mirrors test_multihead_attention.py's test_multihead_attention helper
+    (test_multihead_attn_key_padding_mask): one decoder query against S encoder states, random sizes,
+    a (1, S) float 0/-inf attn_mask combined with a key padding mask; outputs and per-head weights.
+    Ours takes the two as one float mask: the attn_mask plus -inf at the padded keys."""
+    g = torch.Generator().manual_seed(seed)
+    B, S = (int(v) for v in torch.randint(2, 11, (2,), generator=g))
+    heads = 2 * int(torch.randint(1, 3, (1,), generator=g))
+    d_head = int(torch.randint(3, 11, (1,), generator=g))
+    d = heads * d_head
+    torch.manual_seed(seed)
+    ref = nn.MultiheadAttention(d, heads, batch_first=True).double()
+    mine = copy_from_torch_mha(ref, MultiHeadAttention(d, heads).double())
+    query = torch.rand(B, 1, d, generator=g, dtype=torch.double)
+    memory = torch.rand(B, S, d, generator=g, dtype=torch.double)
+    attn_mask = additive(torch.rand(1, S, generator=g) < 0.7)
+    attn_mask[0, 0] = 0.0                                      # key 0 is always visible: no empty row
+    key_padding = torch.rand(1, S, generator=g).expand(B, S) < 0.3
+    key_padding = key_padding & (torch.arange(S) > 0)           # (True = padding, PyTorch's convention)
+    want, want_w = ref(query, memory, memory, attn_mask=attn_mask, key_padding_mask=additive(~key_padding),
+                       average_attn_weights=False)
+    ours_mask = attn_mask + additive(padding_mask(~key_padding))            # (B, 1, 1, S)
+    for need_weights in (False, True):
+        got, got_w = mine(query, memory, mask=ours_mask, need_weights=need_weights)
+        torch.testing.assert_close(got, want)
+        if need_weights:
+            torch.testing.assert_close(got_w, want_w)
+
+
+def test_a_3d_mask_is_one_mask_per_sentence():
+    """Mirrors test_multihead_attention.py's test_multihead_attn_3d_attn_mask: a (B, T, S) float mask
+    gives, for each sentence, what its (T, S) slice gives alone. (PyTorch's 3-D mask is (B * h, T, S),
+    repeated per head; ours is (B, T, S), shared by the heads.)"""
+    torch.manual_seed(0)
+    B, h, T, S, d = 8, 4, 2, 3, 8
+    ref = nn.MultiheadAttention(d, h, batch_first=True)
+    mine = copy_from_torch_mha(ref, MultiHeadAttention(d, h))
+    query, key = torch.rand(B, T, d), torch.rand(B, S, d)
+    mask = additive(torch.rand(B, T, S) < 0.6, torch.float)
+    got, _ = mine(query, key, mask=mask)
+    want, _ = ref(query, key, key, attn_mask=mask.repeat_interleave(h, dim=0))
+    sees = (mask > -math.inf).any(-1)                               # (B, T): rows PyTorch leaves finite
+    torch.testing.assert_close(got[sees], want[sees])
+    assert torch.all(got[~sees] == mine.out_proj.bias), "a query that sees nothing: zero attention output"
+    for i in range(B):
+        alone, _ = mine(query[i:i + 1], key[i:i + 1], mask=mask[i])
+        torch.testing.assert_close(got[i:i + 1], alone)
+
+
+def test_attn_mask_and_key_padding_mask_together():
+    """Mirrors test_multihead_attention.py's test_multihead_self_attn_two_masks_fast_path: a (T, T) bool
+    attn_mask and a (B, T) key padding mask together, PyTorch's fast path (eval, no_grad) and ours on
+    the rows that can see some key; ours gives zeros (then the output bias) on the others."""
+    torch.manual_seed(0)
+    B, h, L, d = 8, 7, 5, 14
+    ref = nn.MultiheadAttention(d, h, batch_first=True).eval()
+    mine = copy_from_torch_mha(ref, MultiHeadAttention(d, h)).eval()
+    x = torch.rand(B, L, d)
+    attn_mask = torch.randint(0, 2, (L, L)).bool()                  # PyTorch: True = do not attend
+    key_padding = torch.randint(0, 2, (B, L)).bool()
+    keep = ~attn_mask & padding_mask(~key_padding)                  # ours: True = may attend
+    with torch.no_grad():
+        want, _ = ref(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding, need_weights=False)
+        got, _ = mine(x, mask=keep)
+    sees = keep.any(-1)[:, 0]                                       # (B, L)
+    assert sees.any() and (~sees).any(), "the random masks should give both kinds of rows"
+    torch.testing.assert_close(got[sees], want[sees])
+    assert torch.equal(got[~sees], mine.out_proj.bias.expand_as(got[~sees]))
+
+
+@pytest.mark.parametrize("T, S", [(1, 7), (3, 10), (10, 3), (5, 5)])
+def test_cross_attention_with_different_lengths_equals_nn_multiheadattention(T, S):
+    """Cross-attention lengths, as test_multihead_attention.py varies them (tgt_len != src_len), with
+    source padding; outputs, weights and input gradients."""
+    torch.manual_seed(T * 100 + S)
+    ref = nn.MultiheadAttention(12, 3, batch_first=True).double()
+    mine = copy_from_torch_mha(ref, MultiHeadAttention(12, 3).double())
+    x = torch.randn(2, T, 12, dtype=torch.double, requires_grad=True)
+    mem = torch.randn(2, S, 12, dtype=torch.double, requires_grad=True)
+    keep = token_mask([S, max(1, S - 2)], S)
+    want, want_w = ref(x, mem, mem, key_padding_mask=~keep, average_attn_weights=False)
+    want_grads = torch.autograd.grad(want.sum(), (x, mem))
+    for need_weights in (False, True):
+        got, got_w = mine(x, mem, mask=padding_mask(keep), need_weights=need_weights)
+        torch.testing.assert_close(got, want)
+        if need_weights:
+            torch.testing.assert_close(got_w, want_w)
+        for a, b in zip(torch.autograd.grad(got.sum(), (x, mem)), want_grads, strict=True):
+            torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("shape", FLOAT_MASK_SHAPES)
+def test_bool_masks_in_every_broadcast_shape_equal_torch_sdpa(shape):
+    """F.scaled_dot_product_attention's bool attn_mask (True = take part in attention, our convention) in
+    every broadcast shape; rows that see at least one key."""
+    q, k, v = qkv(21)
+    keep = torch.rand(shape, generator=torch.Generator().manual_seed(22)) < 0.6
+    keep[..., 0] = True
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+    torch.testing.assert_close(fast_attention(q, k, v, keep), want)
+    torch.testing.assert_close(scaled_dot_product_attention(q, k, v, keep)[0], want)
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "float"])
+def test_float16_inputs_agree_with_float32(mask_kind):
+    """Mirrors test_transformers.py's low-precision SDPA checks (float16 against a higher-precision
+    reference): both attentions in float16 are within float16 tolerance of the float32 result."""
+    q, k, v = (t.detach().float() for t in qkv(31, B=2, h=2, T=6, S=6, d=16, dv=16))
+    keep = causal_mask(6)
+    mask = {"none": None, "bool": keep, "float": additive(keep, torch.float)}[mask_kind]
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    half_mask = mask.half() if mask is not None and mask.is_floating_point() else mask
+    for name, got in (("explicit", scaled_dot_product_attention(q.half(), k.half(), v.half(), half_mask)[0]),
+                      ("fast", fast_attention(q.half(), k.half(), v.half(), half_mask))):
+        assert got.dtype == torch.float16, f"{name}: float16 in, float16 out"
+        torch.testing.assert_close(got.float(), want, atol=2e-3, rtol=2e-3, msg=f"{name} in float16")
+
+
+def test_a_1d_mask_is_refused_like_pytorch_does():
+    """test_multihead_attention.py's test_multihead_attn_invalid_shape: a 1-D attn_mask is an error."""
+    mha = MultiHeadAttention(4, 4)
+    with pytest.raises(ValueError, match="2, 3 or 4 dimensions"):
+        mha(torch.randn(4, 4, 4), mask=torch.tensor([False, False, True, True]))
