@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +32,9 @@ import torch
 from torch import nn
 
 from tfmlib.attention import MultiHeadAttention, causal_mask, copy_from_torch_mha, padding_mask
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import describe, where_it_ran  # noqa: E402  (where it ran: one function for every script)
 
 RESULTS = Path(__file__).resolve().parent / "results" / "attention_speed.json"
 CASES = ("self", "self + padding", "causal")
@@ -122,8 +124,9 @@ def main() -> None:
                          "nn_multiheadattention_ms": 1e3 * t["torch"], "ratio": t["ours"] / t["torch"],
                          "max_abs_diff": diff})
 
+    machine = where_it_ran("cpu")
     print(f"forward+backward, batch {args.batch}, d_model {args.d_model}, {args.heads} heads, median of "
-          f"{args.repeats} (interleaved), torch {torch.__version__}, {torch.get_num_threads()} threads")
+          f"{args.repeats} (interleaved); {describe(machine)}")
     print(f"{'case':>15} {'length':>6} {'tfmlib ms':>10} {'nn.MHA ms':>10} {'ratio':>6} {'max |diff|':>11}")
     for r in rows:
         print(f"{r['case']:>15} {r['length']:>6} {r['tfmlib_ms']:>10.2f} "
@@ -135,12 +138,7 @@ def main() -> None:
     RESULTS.write_text(json.dumps({
         "benchmark": "tfmlib.attention.MultiHeadAttention vs nn.MultiheadAttention, forward+backward",
         "config": vars(args),
-        "device": "cpu",
-        "cpu_count": os.cpu_count(),
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "machine": platform.machine(),
+        **machine,
         "rows": rows,
         "ratio_geometric_mean": geo,
         "ratio_worst": worst,

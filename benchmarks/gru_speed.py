@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
+import sys
 import time
 from pathlib import Path
 
@@ -27,6 +26,9 @@ import torch
 from torch import nn
 
 from tfmlib.rnn import GRUScratch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import describe, where_it_ran  # noqa: E402  (where it ran: one function for every script)
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gru_speed.json"
 
@@ -69,8 +71,9 @@ def main() -> None:
         rows.append({"length": length, "scratch_ms": 1e3 * t_scratch, "nn_gru_ms": 1e3 * t_fused,
                      "ratio": t_scratch / t_fused, "max_abs_diff": err})
 
+    machine = where_it_ran("cpu")
     print(f"forward+backward, batch {args.batch}, input {args.input}, hidden {args.hidden}, "
-          f"best of {args.repeats}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+          f"best of {args.repeats}; {describe(machine)}")
     print(f"{'length':>6} {'GRUScratch ms':>14} {'nn.GRU ms':>10} {'ratio':>7} {'max |diff|':>11}")
     for r in rows:
         print(f"{r['length']:>6} {r['scratch_ms']:>14.1f} {r['nn_gru_ms']:>10.1f} {r['ratio']:>7.2f} "
@@ -79,12 +82,7 @@ def main() -> None:
     RESULTS.write_text(json.dumps({
         "benchmark": "GRUScratch vs nn.GRU, forward+backward",
         "config": vars(args),
-        "device": "cpu",
-        "cpu_count": os.cpu_count(),
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "machine": platform.machine(),
+        **machine,
         "rows": rows,
     }, indent=2) + "\n")
     print(f"wrote {RESULTS}")

@@ -20,12 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
-import time
 from pathlib import Path
-
-import torch
 
 from tfmlib.config import pick_device, seed_everything
 from tfmlib.corpora import load_multi30k
@@ -33,6 +29,9 @@ from tfmlib.data import TranslationDataset, build_vocabs
 from tfmlib.decoding import evaluate_translator
 from tfmlib.rnn_attention import AttentionSeq2Seq
 from tfmlib.seq2seq import Seq2Seq, count_parameters, train_translator
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import describe, where_it_ran  # noqa: E402  (where it ran: one function for every script)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "multi30k_rnn_translation.json"
@@ -60,17 +59,6 @@ def report_fields(report) -> dict:
         "examples": [{"src": report.sources[i], "ref": report.references[i], "hyp": report.hypotheses[i]}
                      for i in (0, 1, 2)],
         "signature": report.bleu.signature,
-    }
-
-
-def machine_fields(device: torch.device) -> dict:
-    """The JSON fields that say where a benchmark ran."""
-    return {
-        "device": str(device),
-        "device_name": (torch.cuda.get_device_name() if device.type == "cuda"
-                        else platform.processor() or platform.machine()),
-        "cpu_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
     }
 
 
@@ -104,7 +92,7 @@ def main() -> None:
     train_data = TranslationDataset(train, src_vocab, tgt_vocab)
     max_source_len = max(train_data.lengths()) + 50
     print(f"Multi30k {args.src}->{args.tgt} from {data}: {len(train):,} training pairs, {len(test):,} test "
-          f"pairs; vocabularies {len(src_vocab):,} / {len(tgt_vocab):,}; device {device}; "
+          f"pairs; vocabularies {len(src_vocab):,} / {len(tgt_vocab):,}; {describe(where_it_ran(device))}; "
           f"{args.budget_s:.0f} s per model")
 
     results = {}
@@ -144,11 +132,10 @@ def main() -> None:
         "benchmark": "multi30k_rnn_translation",
         "pair": f"{args.src}-{args.tgt}",
         "test_set": "test_2016_flickr",
-        **machine_fields(device),
+        **where_it_ran(device),
         "budget_s_per_model": args.budget_s,
         "config": {k: v for k, v in vars(args).items() if k not in ("out", "data")},
         "vocab_sizes": [len(src_vocab), len(tgt_vocab)],
-        "date": time.strftime("%Y-%m-%d"),
         "results": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

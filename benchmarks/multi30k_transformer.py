@@ -25,7 +25,6 @@ import argparse
 import json
 import math
 import sys
-import time
 from pathlib import Path
 
 from tfmlib.config import pick_device, seed_everything
@@ -36,7 +35,8 @@ from tfmlib.seq2seq import count_parameters, train_translator
 from tfmlib.transformer import Transformer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from multi30k_rnn_translation import find_multi30k, machine_fields, report_fields  # noqa: E402  (shared with ch. 02-03)
+from _machine import describe, where_it_ran  # noqa: E402  (where it ran: one function for every script)
+from multi30k_rnn_translation import find_multi30k, report_fields  # noqa: E402  (shared with ch. 02-03)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "benchmarks" / "results"
@@ -80,7 +80,8 @@ def main() -> None:
     max_len = max(train_data.lengths()) + 60
     print(f"Multi30k {args.src}->{args.tgt} from {data}: {len(train):,} training pairs, "
           f"{len(test):,} test pairs; "
-          f"vocabularies {len(src_vocab):,} / {len(tgt_vocab):,}; device {device}; profile {profile}; "
+          f"vocabularies {len(src_vocab):,} / {len(tgt_vocab):,}; {describe(where_it_ran(device))}; "
+          f"profile {profile}; "
           f"{args.budget_s:.0f} s of training; {config}")
 
     seed_everything(args.seed)
@@ -113,7 +114,7 @@ def main() -> None:
         "benchmark": "multi30k_transformer",
         "pair": f"{args.src}-{args.tgt}",
         "test_set": "test_2016_flickr",
-        **machine_fields(device),
+        **where_it_ran(device),
         "profile": profile,
         "budget_s": args.budget_s,
         "config": {**config, "label_smoothing": args.label_smoothing, "min_freq": args.min_freq,
@@ -125,7 +126,6 @@ def main() -> None:
         "epochs": round(epochs, 2),
         "train_target_tokens_per_s": round(train_tokens / history.seconds, 1),
         "final_train_loss": round(history.epochs[-1]["train_loss"], 4),
-        "date": time.strftime("%Y-%m-%d"),
         "results": results,
     }
     out = args.out or RESULTS_DIR / f"multi30k_transformer_{device.type}.json"

@@ -21,8 +21,6 @@ import argparse
 import copy
 import json
 import math
-import os
-import platform
 import statistics
 import sys
 import time
@@ -39,6 +37,7 @@ from tfmlib.seq2seq import EncoderDecoder, EncoderOutput, translation_loss
 from tfmlib.transformer import Transformer, copy_from_torch_transformer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import describe, where_it_ran  # noqa: E402  (where it ran: one function for every script)
 from attention_speed import interleaved_medians  # noqa: E402  (the same interleaved timing)
 
 RESULTS = Path(__file__).resolve().parent / "results" / "transformer_speed.json"
@@ -182,8 +181,9 @@ def main() -> None:
                      "train_tokens_per_s_torch": round(tokens / t["nn.Transformer"], 1),
                      "decoding": decode})
 
+    machine = where_it_ran("cpu")
     print(f"training step (forward + backward + Adam), median of {args.repeats} x {args.batches} batches, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+          f"{describe(machine)}")
     print(f"{'config':>7} {'tfmlib s':>9} {'nn.Transformer s':>17} {'ratio':>6} {'tokens/s':>9} "
           f"{'greedy tok/s':>13} {'beam' + str(args.beam_size) + ' tok/s':>12}")
     for r in rows:
@@ -195,13 +195,7 @@ def main() -> None:
     RESULTS.write_text(json.dumps({
         "benchmark": "tfmlib Transformer vs nn.Transformer: training step; decoding speed",
         "config": vars(args),
-        "device": "cpu",
-        "cpu_count": os.cpu_count(),
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "date": time.strftime("%Y-%m-%d"),
+        **machine,
         "rows": rows,
     }, indent=2) + "\n")
     print(f"wrote {RESULTS}")
