@@ -69,3 +69,52 @@ def test_registry():
         exercises.checker("00.padding_mask", hint="")(right_mask)
     with pytest.raises(ValueError, match="must look like 'NN.short_name'"):
         exercises.checker("1.padding", hint="")  # names(1) could never find it
+
+
+# ----------------------------------------------------------------------------- hints and reports
+
+
+# Code that would hand a reader the answer; a hint names the section and the idea instead.
+CODE_IN_HINTS = ("torch.", "@", ".T", "tril", "einsum(", "gather", "flip(", "tolist", "softmax(", "exp(",
+                 "arange", "transpose(", "reshape", "view(", ".sum(", "log_softmax", "bmm", "[:, None",
+                 "index(", "== ", "!= ")
+
+
+@pytest.mark.parametrize("chapter", [0, 2, 3, 4])
+def test_hints_point_the_way_without_code(chapter):
+    assert exercises.names(chapter), f"chapter {chapter} registers no exercises"
+    for name in exercises.names(chapter):
+        hint = exercises.hint(name)
+        for code in CODE_IN_HINTS:
+            assert code not in hint, f"{name}'s hint gives away code: {code!r} in {hint!r}"
+        assert "section" in hint.lower(), f"{name}'s hint should say where in the chapter to look: {hint!r}"
+
+
+def test_a_crash_is_reported_with_the_failing_line_and_the_input_shapes(capsys):
+    def padding_mask(lengths, max_len):
+        grid = torch.arange(max_len + 1)
+        return grid < lengths  # (max_len + 1,) against (batch,): the reader's bug
+
+    verdict = exercises.check("00.padding_mask", padding_mask)
+    assert not verdict
+    message = capsys.readouterr().out
+    assert "your code raised RuntimeError" in message, message
+    assert "of padding_mask: return grid < lengths" in message, message
+    assert "lengths: Tensor(3,) int64, max_len: 3" in message, message
+
+
+def test_a_wrong_mask_is_shown_as_a_grid(capsys):
+    verdict = exercises.check("00.padding_mask", lambda lengths, max_len: torch.arange(max_len)[None, :]
+                              <= lengths[:, None])
+    assert not verdict
+    message = capsys.readouterr().out
+    assert "expected (left) and yours (right)" in message, message
+    assert "■ ■ ■        ■ ■ ■\n    ■ · ·        ■ ■ ·" in message, message
+
+
+def test_format_mask():
+    assert exercises.format_mask(torch.ones(2, 3, dtype=torch.bool).tril()) == "    ■ · ·\n    ■ ■ ·"
+    four_d = exercises.format_mask(torch.ones(2, 1, 2, 2, dtype=torch.bool))
+    assert four_d.startswith("(first of shape (2, 1, 2, 2))"), four_d
+    assert exercises.describe(torch.zeros(2, 5, dtype=torch.bool)) == "Tensor(2, 5) bool"
+    assert exercises.describe([1, 2, 3]) == "list of 3"

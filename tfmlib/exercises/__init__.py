@@ -21,9 +21,22 @@ solution or a broken checker. A checker is a function ``answer -> None`` that ra
 from __future__ import annotations
 
 from . import ch00, ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08  # noqa: F401  (registers the checkers)
-from .core import Exercise, ExerciseFailed, Verdict, Wrong, check, checker, expect_close, hint, names
+from .core import (
+    Exercise,
+    ExerciseFailed,
+    Verdict,
+    Wrong,
+    check,
+    checker,
+    describe,
+    expect_close,
+    format_mask,
+    hint,
+    mask_mismatch,
+    names,
+)
 
 INTRODUCED_IN = 0
 
-__all__ = ["Exercise", "ExerciseFailed", "Verdict", "Wrong", "check", "checker", "expect_close", "hint",
-           "names"]
+__all__ = ["Exercise", "ExerciseFailed", "Verdict", "Wrong", "check", "checker", "describe", "expect_close",
+           "format_mask", "hint", "mask_mismatch", "names"]

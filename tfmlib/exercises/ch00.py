@@ -9,11 +9,15 @@ from collections.abc import Callable
 
 import torch
 
-from .core import Wrong, checker
+from .core import Wrong, checker, mask_mismatch
 
 
-@checker("00.padding_mask", hint="compare torch.arange(max_len) with the lengths, broadcasting "
-         "a (1, max_len) row against a (batch, 1) column")
+@checker(
+    "00.padding_mask",
+    hint=("the section 'From text to tensors' builds this mask for a batch: compare every position index "
+          "with every sentence's length, and let broadcasting make the grid (one axis from the positions, "
+          "one from the lengths)"),
+)
 def _check_padding_mask(padding_mask: Callable[[torch.Tensor, int], torch.Tensor]) -> None:
     for lengths, max_len in [([3, 1, 2], 3), ([1], 4), ([5, 5], 5), ([2, 4, 1, 3], 6)]:
         got = padding_mask(torch.tensor(lengths), max_len)
@@ -26,12 +30,16 @@ def _check_padding_mask(padding_mask: Callable[[torch.Tensor, int], torch.Tensor
             raise Wrong(f"for lengths {lengths} and max_len {max_len} the mask should have shape "
                         f"{tuple(want.shape)}, got {tuple(got.shape)}")
         if not torch.equal(got, want):
-            raise Wrong(f"for lengths {lengths}, max_len {max_len}: expected {want.int().tolist()} "
-                        f"(True at real tokens), got {got.int().tolist()}")
+            raise Wrong(mask_mismatch(got, want, f"for lengths {lengths} and max_len {max_len} "
+                                                 "(True at real tokens)"))
 
 
-@checker("00.padding_fraction", hint="padding = (cells of the padded grid) - (real tokens); "
-         "the grid of one batch is len(batch) * max(lengths in batch)")
+@checker(
+    "00.padding_fraction",
+    hint=("padding is every slot of a batch's padded grid that holds no token: count each batch's grid "
+          "(its size times its longest sentence) and its real tokens, over all batches; the section "
+          "'Bucketing' prints the number to compare with"),
+)
 def _check_padding_fraction(fraction: Callable[[list[list[int]], list[int]], float]) -> None:
     cases = [([[0, 1], [2]], [3, 1, 2], 1 - 6 / 8), ([[0], [1], [2]], [3, 1, 2], 0.0),
              ([[0, 1, 2]], [4, 4, 1], 1 - 9 / 12)]

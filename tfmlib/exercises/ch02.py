@@ -23,8 +23,12 @@ def _random_logits_and_targets(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return logits, targets
 
 
-@checker("02.masked_token_loss", hint="mask = targets != 0; take -log_softmax(logits) at the target ids "
-         "(gather on the last axis), keep the masked positions and divide their sum by mask.sum()")
+@checker(
+    "02.masked_token_loss",
+    hint=("section 4 says why padded positions must not count: build the keep-mask from PAD_ID, take the "
+          "log-probability each position gives its own target (a log-softmax over the vocabulary, then "
+          "pick the target's entry), and average over the kept positions only, not over all B*T"),
+)
 def _check_masked_token_loss(masked_token_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
     for seed in range(5):
         logits, targets = _random_logits_and_targets(seed)
@@ -41,8 +45,11 @@ def _check_masked_token_loss(masked_token_loss: Callable[[torch.Tensor, torch.Te
                      f"masked_token_loss(logits {tuple(logits.shape)}, targets {tuple(targets.shape)})")
 
 
-@checker("02.cut_at_eos", hint="for each row: row.tolist(), then keep the ids before the first 2 (EOS_ID); "
-         "list.index raises ValueError when there is none")
+@checker(
+    "02.cut_at_eos",
+    hint=("section 7's greedy decoder stops each row at EOS_ID; work row by row on plain Python lists, and "
+          "remember that a row may never produce EOS_ID at all"),
+)
 def _check_cut_at_eos(cut_at_eos: Callable[[torch.Tensor], list[list[int]]]) -> None:
     cases = [
         torch.tensor([[5, 6, 2, 0], [7, 2, 0, 0], [4, 4, 4, 4]]),
@@ -67,8 +74,11 @@ def _reverse_source_reference(src: torch.Tensor, src_mask: torch.Tensor) -> torc
     return out
 
 
-@checker("02.reverse_source", hint="per row, the words are the first n - 1 positions, n = src_mask[i].sum() "
-         "(position n - 1 holds EOS): out[i, :n-1] = src[i, :n-1].flip(0)")
+@checker(
+    "02.reverse_source",
+    hint=("section 1 shows the layout of a source row (words, then EOS_ID, then padding); the mask gives "
+          "each row's length, and only the words before EOS_ID change places"),
+)
 def _check_reverse_source(reverse_source: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
     from tfmlib.data import EOS_ID, pad_sequences
 
@@ -88,8 +98,12 @@ def _check_reverse_source(reverse_source: Callable[[torch.Tensor, torch.Tensor],
             raise Wrong(f"for sources {src.tolist()} expected {want.tolist()}, got {got.tolist()}")
 
 
-@checker("02.brevity_penalty", hint="BP = 1 when h > r, else exp(1 - r / h) (h: hypothesis length, "
-         "r: reference length)")
+@checker(
+    "02.brevity_penalty",
+    hint=("section 8 and Papineni et al. (2002, section 2.2.2): the penalty is 1 when the hypothesis is "
+          "longer than the reference, and otherwise decays exponentially in the ratio of reference to "
+          "hypothesis length"),
+)
 def _check_brevity_penalty(brevity_penalty: Callable[[int, int], float]) -> None:
     import math
 

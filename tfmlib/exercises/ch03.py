@@ -29,9 +29,13 @@ def _additive_reference(c: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch
     return torch.bmm(weights[:, None, :], c["annotations"]).squeeze(1), weights
 
 
-@checker("03.additive_attention", hint="e = tanh((query @ W.T)[:, None, :] + annotations @ U.T) @ v, (B, S); "
-         "set e to -inf where mask is False, softmax over the source axis (-1), then context = "
-         "sum_j weights[:, j] * annotations[:, j] (torch.bmm)")
+@checker(
+    "03.additive_attention",
+    hint=("section 1 writes the alignment model out: project the query and the annotations to the same "
+          "size D, add them (the query broadcast over source positions), squash, score with v; hide padded "
+          "positions before the softmax over source positions so they get exactly zero weight; the context "
+          "is the weighted sum of the annotations"),
+)
 def _check_additive_attention(additive_attention: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> None:
     for seed in range(5):
         c = _attention_case(seed)
@@ -51,8 +55,11 @@ def _check_additive_attention(additive_attention: Callable[..., tuple[torch.Tens
         expect_close(context, want_context, "context (B, A)")
 
 
-@checker("03.general_score", hint="score[b, j] = query[b] @ W_a @ keys[b, j]: with einsum, "
-         "torch.einsum('bq,qk,bsk->bs', query, W_a, keys)")
+@checker(
+    "03.general_score",
+    hint=("section 5 lists Luong's scores: 'general' puts a matrix between query and key; one batched "
+          "product over the shared axes gives all S scores at once"),
+)
 def _check_general_score(general_score: Callable[..., torch.Tensor]) -> None:
     for seed in range(4):
         g = torch.Generator().manual_seed(seed)
@@ -66,8 +73,11 @@ def _check_general_score(general_score: Callable[..., torch.Tensor]) -> None:
                      f"W_a {tuple(W_a.shape)})")
 
 
-@checker("03.attention_penalty", hint="P = A @ A.transpose(1, 2) is (B, r, r); subtract the identity, "
-         "square, sum over the last two axes, mean over the batch")
+@checker(
+    "03.attention_penalty",
+    hint=("section 6 gives Lin et al.'s penalty: per example, A times its own transpose minus the "
+          "identity, its squared Frobenius norm, then the mean over the batch"),
+)
 def _check_attention_penalty(attention_penalty: Callable[[torch.Tensor], torch.Tensor]) -> None:
     for seed in range(4):
         g = torch.Generator().manual_seed(seed)

@@ -27,9 +27,11 @@ def _ch04_causal_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return weights @ v, weights
 
 
-@checker("04.causal_attention", hint="scores = q @ k.transpose(-2, -1) is (B, T, T); where i > t (above the "
-         "diagonal: ~torch.ones(T, T, dtype=torch.bool).tril()) set the score to -inf, softmax over the last "
-         "axis, then out = weights @ v")
+@checker(
+    "04.causal_attention",
+    hint=("sections 2 and 3 build causal weights: score every (query t, key i) pair, hide the keys after t "
+          "before the softmax with a triangular mask, then mix the values with the weights"),
+)
 def _check_causal_attention(causal_attention: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> None:
     for seed in range(5):
         B, T, d, g = _ch04_case(seed)
@@ -79,9 +81,12 @@ def _ch04_multi_head_reference(x: torch.Tensor, W_Q: torch.Tensor, W_K: torch.Te
     return torch.cat(outs, dim=-1) @ W_O.T
 
 
-@checker("04.multi_head_self_attention", hint="project (x @ W.T), reshape (B, T, d) -> (B, T, heads, d_k) "
-         "and transpose to (B, heads, T, d_k); softmax(q @ k.transpose(-2, -1)) @ v per head; transpose "
-         "back, reshape to (B, T, d), then @ W_O.T")
+@checker(
+    "04.multi_head_self_attention",
+    hint=("section 5 ('Several heads'): project once with the full matrices, split the feature axis so "
+          "each head gets its own block of columns, attend per head (the heads can be a batch axis), then "
+          "put the heads back side by side in order and mix them with W_O"),
+)
 def _check_multi_head_self_attention(fn: Callable[..., torch.Tensor]) -> None:
     for seed, heads in enumerate((2, 3, 4, 2, 1)):
         B, T, d_k, g = _ch04_case(seed)
@@ -121,9 +126,11 @@ def _ch04_positions_reference(x: torch.Tensor, P: torch.Tensor, W_Q: torch.Tenso
     return torch.softmax(scores, dim=-1) @ v
 
 
-@checker("04.attention_with_positions", hint="add P to x once (x + P broadcasts over the batch), then "
-         "q = (x + P) @ W_Q.T, k = (x + P) @ W_K.T, v = (x + P) @ W_V.T; "
-         "out = softmax(q @ k.transpose(-2, -1)) @ v")
+@checker(
+    "04.attention_with_positions",
+    hint=("section 7 adds a position vector to each input before anything else; after that it is step 4's "
+          "one-head attention over all positions (no mask, no scaling)"),
+)
 def _check_attention_with_positions(fn: Callable[..., torch.Tensor]) -> None:
     for seed in range(5):
         B, T, d, g = _ch04_case(seed)

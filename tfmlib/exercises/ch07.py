@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from .core import Wrong, checker, expect_close
+from .core import Wrong, checker, expect_close, mask_mismatch
 
 
 def _layer_norm_case(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
@@ -141,12 +141,14 @@ def _check_decoder_masks(decoder_masks: Callable[..., tuple[torch.Tensor, torch.
                 raise Wrong("self_mask must be causal: position t may attend to positions 0..t only")
             if torch.equal(self_mask, (causal[None] & tgt_mask[:, :, None])[:, None]):
                 raise Wrong("padding masks the keys (the last axis): use tgt_mask[:, None, None, :]")
-            raise Wrong("self_mask is wrong: position t may attend to u when u <= t and u is a real token")
+            raise Wrong("self_mask is wrong: position t may attend to u when u <= t and u is a real token\n"
+                        + mask_mismatch(self_mask[0, 0], want_self[0, 0], "the first example's self_mask"))
         if not torch.equal(cross_mask, want_cross):
             lower = [torch.ones(T, S, dtype=torch.bool).tril(k) for k in (0, S - T)]
             if any(torch.equal(cross_mask, want_cross & tri) for tri in lower):
                 raise Wrong("cross-attention is not causal: every target position may read the whole source")
             raise Wrong("cross_mask is wrong: every target position may attend to every real source token "
-                        "(src_mask on the keys), and to no padding")
+                        "(src_mask on the keys), and to no padding\n"
+                        + mask_mismatch(cross_mask[0, 0], want_cross[0, 0], "the first example's cross_mask"))
 
 

@@ -19,9 +19,14 @@ solution or a broken checker. A checker is a function ``answer -> None`` that ra
 
 from __future__ import annotations
 
+import functools
+import inspect
+import linecache
 import re
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -101,14 +106,20 @@ def check(name: str, answer: Any, must_pass: bool = False) -> Verdict:
     :class:`ExerciseFailed`.
     """
     exercise = _get(name)
+    recorder = _CallRecorder(answer) if inspect.isfunction(answer) or inspect.ismethod(answer) else None
     try:
-        exercise.run(answer)
+        exercise.run(recorder if recorder is not None else answer)
     except NotImplementedError:
         verdict = f"[{name}] not solved yet. Hint: {exercise.hint}"
     except Wrong as e:
         verdict = f"[{name}] not correct yet: {e}"
-    except Exception as e:  # the reader's code crashed: show it, don't stop the notebook
+    except Exception as e:  # the reader's code crashed: show where and on what, don't stop the notebook
         verdict = f"[{name}] your code raised {type(e).__name__}: {e}"
+        where = _failing_line(e)
+        if where:
+            verdict += f"\n    at {where}"
+        if recorder is not None and recorder.last_call:
+            verdict += f"\n    called with {recorder.last_call}"
     else:
         print(f"[{name}] correct!")
         return Verdict(name, True, f"[{name}] correct!")
@@ -116,6 +127,74 @@ def check(name: str, answer: Any, must_pass: bool = False) -> Verdict:
         raise ExerciseFailed(verdict)
     print(verdict)
     return Verdict(name, False, verdict)
+
+
+class _CallRecorder:
+    """Calls the reader's function and remembers the arguments of the latest call, described by
+    shape and dtype, so that a crash can be reported with what the function was given."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self.last_call = ""
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = inspect.signature(self.fn).bind(*args, **kwargs).arguments.items()
+        except (TypeError, ValueError):  # a wrong signature: the call below raises the real error
+            bound = [(f"arg{i}", a) for i, a in enumerate(args)] + list(kwargs.items())
+        self.last_call = ", ".join(f"{k}: {describe(v)}" for k, v in bound)
+        return self.fn(*args, **kwargs)
+
+
+def describe(value: Any) -> str:
+    """A short description of a value: tensors by shape and dtype, containers by length."""
+    if isinstance(value, torch.Tensor):
+        return f"Tensor{tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}"
+    if isinstance(value, (list, tuple)):
+        return f"{type(value).__name__} of {len(value)}"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+_PACKAGE_DIR = str(Path(__file__).resolve().parents[1])
+_TORCH_DIR = str(Path(torch.__file__).resolve().parent)
+
+
+def _failing_line(error: BaseException) -> str:
+    """'line N of fn: source' for the innermost frame of the reader's own code (not torch's, not ours)."""
+    found = ""
+    for frame, lineno in traceback.walk_tb(error.__traceback__):
+        filename = str(Path(frame.f_code.co_filename).resolve())
+        if filename.startswith((_PACKAGE_DIR, _TORCH_DIR)):
+            continue
+        source = linecache.getline(frame.f_code.co_filename, lineno).strip()
+        found = f"line {lineno} of {frame.f_code.co_name}" + (f": {source}" if source else "")
+    return found
+
+
+def format_mask(mask: torch.Tensor, on: str = "■", off: str = "·") -> str:
+    """A boolean mask as a grid (rows: queries, columns: keys), ``on`` where True.
+
+    Masks of more than two dimensions show their first matrix and say so.
+    """
+    mask = torch.as_tensor(mask).detach().cpu()
+    note = ""
+    if mask.dim() > 2:
+        note = f" (first of shape {tuple(mask.shape)})"
+        while mask.dim() > 2:
+            mask = mask[0]
+    rows = mask.reshape(1, -1) if mask.dim() < 2 else mask
+    lines = [" ".join(on if bool(v) else off for v in row) for row in rows]
+    return note.strip() + ("\n" if note else "") + "\n".join("    " + line for line in lines)
+
+
+def mask_mismatch(got: torch.Tensor, want: torch.Tensor, what: str) -> str:
+    """``what`` expected and received, as grids side by side (for a checker's message)."""
+    left, right = format_mask(want).splitlines(), format_mask(got).splitlines()
+    width = max(len(line) for line in left)
+    rows = [f"{a.ljust(width)}    {b}" for a, b in zip(left, right, strict=False)]
+    return f"{what}: expected (left) and yours (right), ■ = True\n" + "\n".join(rows)
 
 
 # ----------------------------------------------------------------------------- helpers
