@@ -47,6 +47,7 @@ RC = {
     "path.simplify": False,
 }
 METADATA = {"Date": None, "Creator": "tools/figures.py (matplotlib)"}
+FONT_STACK = b"font-family: 'DejaVu Sans', 'Helvetica', 'Arial', 'Liberation Sans', sans-serif"
 
 # kind -> (fill, edge). Light fills, saturated edges; text is always near-black.
 PALETTE: dict[str, tuple[str, str]] = {
@@ -194,7 +195,9 @@ class Canvas:
     def svg(self) -> bytes:
         buf = io.BytesIO()
         self.fig.savefig(buf, format="svg", metadata=METADATA)
-        return buf.getvalue()
+        # Mathtext glyphs are written with the one font that laid them out; give them the same
+        # fallbacks as plain text, so a browser without DejaVu Sans shows a sans-serif, not a serif.
+        return buf.getvalue().replace(b"font-family: 'DejaVu Sans';", FONT_STACK + b";")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -446,7 +449,7 @@ def _step_panel(c: Canvas, x0: float, y0: float, step: int) -> None:
     }[step]
     c.text(x0 + w / 2, y0 + 2.14, title, fs=9, weight="bold")
     c.text(x0 + w / 2, y0 + 0.08, formula, fs=8.5, color="#444444")
-    xs = [x0 + 0.3 + k * 0.41 for k in range(4)]
+    xs = [x0 + 0.38 + k * 0.4 for k in range(4)]
     t = 2  # index of the query position (t = 3 of 4)
     y_x, y_v, y_h = y0 + 0.42, y0 + 0.98, y0 + 1.6
     causal = step < 6
@@ -479,7 +482,7 @@ def _step_panel(c: Canvas, x0: float, y0: float, step: int) -> None:
             lw = 0.8 + (1.4 if k in ((1,) if step != 1 else (2,)) else 0.0)
             c.arrow(top, (hx, y_h - 0.14), lw=lw, color="#d0692e", head=False)
     if step < 6:
-        c.text(xs[3], y_h - 0.2, "future\nmasked", fs=7, color=MUTED)
+        c.text(xs[3], y_v + 0.32, "future\nmasked", fs=7, color=MUTED)
     hb = c.box(xs[t], y_h, 0.36, 0.28, "", "state", lw=1.1, pad=0.03)
     c.text(xs[t] - 0.28, y_h, "$h_t$", fs=9, ha="right")
     if step == 8:
@@ -936,7 +939,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             extra = sorted(p.name for p in FIG_DIR.glob("*.svg") if p.name not in FIGURES)
             bad += [f"notebooks/figures/{n}: not drawn by tools/figures.py" for n in extra]
         if bad:
-            print("figures out of date (run `python tools/figures.py` and commit):", file=sys.stderr)
+            print(f"figures out of date (run `python tools/figures.py` and commit; drawn here with "
+                  f"matplotlib {matplotlib.__version__}):", file=sys.stderr)
             for line in bad:
                 print("  " + line, file=sys.stderr)
             return 1
