@@ -87,3 +87,127 @@ def test_pick_device_refuses_missing_hardware(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(RuntimeError, match="CUDA is not available"):
         config.pick_device("cuda")
+
+
+# --------------------------------------------------------------------------- threads and MPS
+
+
+@pytest.fixture
+def keep_threads():
+    """Tests below change torch's thread count; put it back afterwards."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_threads_from_env(monkeypatch):
+    monkeypatch.delenv("TFM_THREADS", raising=False)
+    assert config.threads_from_env() is None
+    monkeypatch.setenv("TFM_THREADS", " 3 ")
+    assert config.threads_from_env() == 3
+    for bad in ("0", "-2", "two", "1.5"):
+        monkeypatch.setenv("TFM_THREADS", bad)
+        with pytest.raises(ValueError, match=f"TFM_THREADS='{bad}' is not a thread count"):
+            config.threads_from_env()
+
+
+def test_setup_applies_tfm_threads_and_prints_them(monkeypatch, capsys, keep_threads):
+    monkeypatch.setenv("TFM_PROFILE", "smoke")
+    monkeypatch.setenv("TFM_DEVICE", "cpu")
+    interop: list[int] = []
+    monkeypatch.setattr(torch, "set_num_interop_threads", interop.append)
+    monkeypatch.setattr(torch, "get_num_interop_threads", lambda: 99)
+    torch.set_num_threads(2)
+    monkeypatch.setenv("TFM_THREADS", "1")
+    run = config.setup(0)
+    assert torch.get_num_threads() == 1, "setup() must apply TFM_THREADS to torch"
+    assert run.threads == 1 and interop == [1], (run.threads, interop)
+    assert "threads=1" in capsys.readouterr().out, "the one-line summary shows the threads"
+    monkeypatch.setenv("TFM_THREADS", "2")
+    assert config.setup(0, verbose=False).threads == 2 == torch.get_num_threads()
+
+
+def test_setup_leaves_threads_alone_without_tfm_threads(monkeypatch, capsys, keep_threads):
+    monkeypatch.setenv("TFM_DEVICE", "cpu")
+    monkeypatch.delenv("TFM_THREADS", raising=False)
+    torch.set_num_threads(2)
+    run = config.setup(0)
+    assert run.threads == 2 == torch.get_num_threads()
+    assert "threads=2" in capsys.readouterr().out
+
+
+def test_interop_threads_already_fixed_are_kept(monkeypatch, keep_threads):
+    def refuse(n: int) -> None:
+        raise RuntimeError("Error: cannot set number of interop threads after parallel work has started")
+
+    monkeypatch.setattr(torch, "get_num_interop_threads", lambda: 4)
+    monkeypatch.setattr(torch, "set_num_interop_threads", refuse)
+    assert config.apply_threads(1) == 1 == torch.get_num_threads()
+    with pytest.raises(ValueError, match="threads must be an int >= 1"):
+        config.apply_threads(0)
+
+
+def test_setup_bad_tfm_threads_is_an_error(monkeypatch):
+    monkeypatch.setenv("TFM_DEVICE", "cpu")
+    monkeypatch.setenv("TFM_THREADS", "many")
+    with pytest.raises(ValueError, match="TFM_THREADS='many'"):
+        config.setup(0, verbose=False)
+
+
+def test_setup_on_mps_says_how_to_force_the_cpu(monkeypatch, capsys):
+    monkeypatch.delenv("TFM_DEVICE", raising=False)
+    monkeypatch.delenv("TFM_THREADS", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    run = config.setup(0)
+    lines = capsys.readouterr().out.splitlines()
+    assert run.device.type == "mps"
+    assert len(lines) == 2 and "TFM_DEVICE=cpu" in lines[1], lines
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    config.setup(0)
+    out = capsys.readouterr().out
+    assert "TFM_DEVICE=cpu" not in out and len(out.splitlines()) == 1, out
+
+
+# --------------------------------------------------------------------------- conftest under xdist
+
+
+def test_share_of_cores():
+    import conftest
+
+    assert conftest.share_of_cores(16, 9) == 1
+    assert conftest.share_of_cores(16, 4) == 4
+    assert conftest.share_of_cores(2, 4) == 1, "at least one thread each"
+    assert conftest.share_of_cores(16, 2, omp_threads="3") == 3, "a user's OMP_NUM_THREADS caps it"
+    assert conftest.share_of_cores(16, 2, omp_threads="") == 8
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        conftest.share_of_cores(16, 0)
+
+
+def _tfm_threads_after_conftest(env: dict[str, str]) -> str:
+    """TFM_THREADS as the root conftest leaves it when imported in a process with ``env``."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("TFM_THREADS", "PYTEST_XDIST_WORKER_COUNT", "OMP_NUM_THREADS")}
+    code = ("import os, runpy; runpy.run_path('conftest.py'); "
+            "print(os.environ.get('TFM_THREADS', 'unset'))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, env={**base, **env},
+                          capture_output=True, text=True, timeout=60, check=True)
+    return done.stdout.strip()
+
+
+def test_conftest_sets_tfm_threads_from_the_xdist_worker_count():
+    import conftest
+
+    cores = conftest.available_cores()
+    assert _tfm_threads_after_conftest({}) == "unset", "without xdist, threads are left alone"
+    assert _tfm_threads_after_conftest({"PYTEST_XDIST_WORKER_COUNT": "2"}) == str(max(1, cores // 2))
+    assert _tfm_threads_after_conftest({"PYTEST_XDIST_WORKER_COUNT": str(4 * cores)}) == "1"
+    assert _tfm_threads_after_conftest({"PYTEST_XDIST_WORKER_COUNT": "1", "OMP_NUM_THREADS": "1"}) == "1"
+    assert _tfm_threads_after_conftest({"PYTEST_XDIST_WORKER_COUNT": "2", "TFM_THREADS": "7"}) == "7", \
+        "a TFM_THREADS the user set wins"

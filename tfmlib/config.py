@@ -12,6 +12,10 @@ models and data). ``TFM_PROFILE`` chooses it; without it, ``gpu`` when CUDA is a
                 cpu=dict(epochs=5, hidden=128),
                 gpu=dict(epochs=20, hidden=512))
     run.epochs, run.hidden, run.device, run.profile
+
+``TFM_THREADS`` (when set) is the number of CPU threads torch may use: when several notebooks or
+test workers run at once, each takes its share of the cores instead of all of them (the root
+``conftest.py`` sets it under pytest-xdist). ``TFM_DEVICE`` forces a device (``TFM_DEVICE=cpu``).
 """
 
 from __future__ import annotations
@@ -69,6 +73,46 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds CUDA and MPS generators
 
 
+def threads_from_env() -> int | None:
+    """The thread count named by ``TFM_THREADS`` (an int >= 1), or ``None`` when it is unset/empty."""
+    raw = os.environ.get("TFM_THREADS", "").strip()
+    if not raw:
+        return None
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"TFM_THREADS={raw!r} is not a thread count; set it to an int >= 1 or unset it")
+    return n
+
+
+def apply_threads(threads: int | None = None) -> int:
+    """Let torch use ``threads`` CPU threads (default: ``TFM_THREADS``; neither: leave torch's
+    choice alone) and return the count in use.
+
+    Sets the intra-op threads (``torch.set_num_threads``) and, where still allowed, the inter-op
+    threads too: torch accepts ``set_num_interop_threads`` only once per process and only before
+    any inter-op work has started, so a later call keeps the inter-op count it has.
+    """
+    if threads is None:
+        threads = threads_from_env()
+    elif not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+        raise ValueError(f"apply_threads: threads must be an int >= 1 or None, got {threads!r}")
+    if threads is not None:
+        torch.set_num_threads(threads)
+        if torch.get_num_interop_threads() != threads:
+            try:
+                torch.set_num_interop_threads(threads)
+            except RuntimeError:  # already set, or inter-op work already started: keep it
+                pass
+    return torch.get_num_threads()
+
+
+MPS_HINT = ("MPS chosen: if a chapter misbehaves on it (some ops are incomplete or slow there), "
+            "rerun it on the CPU with TFM_DEVICE=cpu")
+
+
 @dataclass
 class Run:
     """What :func:`setup` returns: the profile, device, seed and this notebook's sizes.
@@ -80,6 +124,7 @@ class Run:
     device: torch.device
     seed: int
     sizes: dict[str, Any] = field(default_factory=dict)
+    threads: int | None = None  # torch's CPU threads in this process, as setup() left them
 
     def __getattr__(self, name: str) -> Any:
         sizes = self.__dict__.get("sizes", {})
@@ -94,16 +139,21 @@ class Run:
 
     def __repr__(self) -> str:
         sizes = ", ".join(f"{k}={v}" for k, v in self.sizes.items())
-        return f"Run(profile={self.profile!r}, device={str(self.device)!r}, seed={self.seed}, {sizes})"
+        threads = "" if self.threads is None else f", threads={self.threads}"
+        return (f"Run(profile={self.profile!r}, device={str(self.device)!r}{threads}, seed={self.seed}, "
+                f"{sizes})")
 
 
 def setup(seed: int = 0, *, device: str | None = None, verbose: bool = True,
           **profiles: dict[str, Any]) -> Run:
-    """Choose the profile, pick the device, seed everything, and return this notebook's sizes.
+    """Choose the profile, pick the device, set the CPU threads, seed everything, and return this
+    notebook's sizes.
 
     Pass one dict of sizes per profile (``smoke=..., cpu=..., gpu=...``), all with the same keys,
     so a reader sees every setting in one place. With no dicts, only the profile, device and seed
-    are set.
+    are set. ``TFM_THREADS`` (see :func:`apply_threads`) sets torch's CPU threads; the one-line
+    summary printed with ``verbose`` shows the count in use, and, when MPS is the device, a second
+    line says how to fall back to the CPU.
     """
     unknown = set(profiles) - set(PROFILES)
     if unknown:
@@ -120,7 +170,11 @@ def setup(seed: int = 0, *, device: str | None = None, verbose: bool = True,
             raise ValueError(f"setup: the profiles must name the same sizes, got {keys}")
     profile = active_profile()
     seed_everything(seed)  # validates the seed before anything is printed
-    run = Run(profile, pick_device(device), seed, dict(profiles.get(profile, {})))
+    dev = pick_device(device)
+    threads = apply_threads()
+    run = Run(profile, dev, seed, dict(profiles.get(profile, {})), threads=threads)
     if verbose:
         print(run)
+        if dev.type == "mps":
+            print(MPS_HINT)
     return run
