@@ -381,11 +381,11 @@ def fig_03_alignment_model() -> Canvas:
         c.text(mx + (0.1 if x == 2.3 else -0.1 if x < 2.3 else 0.1), my,
                f"$\\alpha_{{i{k}}}$", fs=10, color="#b0541f", ha="left" if x >= 2.3 else "right")
     c.text(2.95, 0.6, r"$\cdots$", fs=13)
-    c.text(2.1, 0.13, r"annotations $h_j = [\overrightarrow{h}_j;\ \overleftarrow{h}_j]$", fs=9.5,
+    c.text(2.1, 0.13, r"annotations $h_j$: forward and backward states, joined", fs=9.5,
            color="#444444")
     ctx = c.box(2.3, 3.0, 0.56, 0.42, r"$c_i$", "state", fs=12)
     c.arrow(sigma.top(), ctx.bottom())
-    c.text(2.6, 2.55, r"$c_i = \sum_j \alpha_{ij} h_j$", fs=10, ha="left")
+    c.text(2.6, 2.55, r"$c_i = \Sigma_j\, \alpha_{ij} h_j$", fs=10, ha="left")
     gru = c.box(2.05, 3.8, 1.2, 0.46, "GRU", "state", fs=10)
     c.arrow(ctx.top(), gru.bottom(0.25))
     y_prev = c.box(1.35, 3.0, 0.8, 0.42, r"$E_y y_{i-1}$", "input", fs=10)
@@ -533,7 +533,7 @@ def fig_05_scaled_dot_product() -> Canvas:
     # right: the pipeline, bottom to top
     xp = 5.3
     mm1 = c.box(xp, 1.45, 1.5, 0.46, r"MatMul $QK^\top$", "op", fs=10)
-    sc = c.box(xp, 2.1, 1.5, 0.46, r"scale $1/\sqrt{d_k}$", "op", fs=10)
+    sc = c.box(xp, 2.1, 1.5, 0.46, r"scale $1/√d_k$", "op", fs=10)
     mk = c.box(xp, 2.75, 1.5, 0.46, "mask (optional)", "op", fs=10, ls=(0, (3, 2)))
     sm = c.box(xp, 3.4, 1.5, 0.46, "softmax (rows)", "weight", fs=10)
     mm2 = c.box(xp, 4.05, 1.5, 0.46, r"MatMul $\cdot\,V$", "op", fs=10)
@@ -548,8 +548,8 @@ def fig_05_scaled_dot_product() -> Canvas:
     c.text(xp + 0.82, 1.78, r"scores $e_{ts}$: $T \times T$", fs=8.5, color="#444444", ha="left")
     c.text(xp + 0.82, 3.72, r"weights $\alpha_{ts}$", fs=9, color="#b0541f", ha="left")
     c.text(xp + 0.82, 2.75, "hidden scores:\nmost negative\nfloat", fs=8, color="#444444", ha="left")
-    c.text(3.6, 0.2, r"$Z = \mathrm{softmax}\left(QK^\top/\sqrt{d_k}\right) V,"
-           r"\qquad z_t = \sum_s \alpha_{ts} v_s$", fs=10)
+    c.text(3.6, 0.2, r"$Z = \mathrm{softmax}(QK^\top/√d_k)\, V,"
+           r"\qquad z_t = \Sigma_s\, \alpha_{ts} v_s$", fs=10)
     return c
 
 
@@ -661,7 +661,7 @@ def fig_06_position_schemes() -> Canvas:
     c.text(xc0 + n * cs + 0.1, yc0 + n * cs - 0.1, "offset\n$s-t$", fs=8, color="#444444", ha="left",
            va="top")
     c.text(6.25, 3.1, r"$e_{ts} + b(s-t)$", fs=10)
-    c.text(6.25, 0.8, r"Shaw: $b = q_t^\top a^K_{\mathrm{clip}(s-t)}/\sqrt{d_k}$", fs=8, color="#444444")
+    c.text(6.25, 0.8, r"Shaw: $b = q_t^\top a^K_{\mathrm{clip}(s-t)}/√d_k$", fs=8, color="#444444")
     c.text(6.25, 0.52, "T5: a learned scalar per offset bucket", fs=8, color="#444444")
     c.text(6.25, 0.25, r"ALiBi: $b = -m\,(t-s)$, fixed", fs=8, color="#444444")
     return c
@@ -738,7 +738,7 @@ def fig_07_transformer() -> Canvas:
     # encoder
     xe = 2.0
     src = c.box(xe, 0.35, 1.4, 0.38, "source tokens", "input", fs=9.5)
-    emb = c.box(xe, 0.98, bw, 0.42, r"embedding $\times\sqrt{d_{\mathrm{model}}}$", "input", fs=9.5)
+    emb = c.box(xe, 0.98, bw, 0.42, r"embedding $\times√d_{\mathrm{model}}$", "input", fs=9.5)
     pe = c.circle(xe, 1.6, 0.15, "+", fs=12)
     pos = c.box(xe - 1.25, 1.6, 0.7, 0.38, "PE", "position", fs=9.5)
     c.arrow(src.top(), emb.bottom())
@@ -760,7 +760,7 @@ def fig_07_transformer() -> Canvas:
     # decoder
     xd = 5.2
     tgt = c.box(xd, 0.35, 1.9, 0.38, "target, shifted right", "input", fs=9.5)
-    demb = c.box(xd, 0.98, bw, 0.42, r"embedding $\times\sqrt{d_{\mathrm{model}}}$", "input", fs=9.5)
+    demb = c.box(xd, 0.98, bw, 0.42, r"embedding $\times√d_{\mathrm{model}}$", "input", fs=9.5)
     dpe = c.circle(xd, 1.6, 0.15, "+", fs=12)
     dpos = c.box(xd + 1.25, 1.6, 0.7, 0.38, "PE", "position", fs=9.5)
     c.arrow(tgt.top(), demb.bottom())
