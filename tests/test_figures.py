@@ -72,6 +72,11 @@ def test_svgs_are_deterministic_and_keep_text_as_text(name):
     assert "<dc:date>" not in text, f"{name}: the SVG carries a date"
     assert "<text" in text, f"{name}: no <text> elements: text was turned into paths"
     assert not re.search(r'id="DejaVuSans-', text), f"{name}: glyphs are embedded as paths"
+    # sized mathtext glyphs (\sqrt, \sum, \left) come out in STIX or "Display" fonts that
+    # browsers do not have; every text element must use the DejaVu Sans stack with its fallbacks
+    families = set(re.findall(r"font-family: ([^;\"]+)", text))
+    assert families == {figures.FONT_STACK.decode().removeprefix("font-family: ")}, (
+        f"{name}: unexpected font families {families}")
     assert len(first) < 200_000, f"{name}: {len(first)} bytes, expected a small SVG"
 
 
