@@ -68,7 +68,7 @@ from tfmlib.data import (
     make_loader,
     tokenize,
 )
-from tfmlib.decoding import Decoded, default_max_len, evaluate_translator, translate
+from tfmlib.decoding import Decoded, decode_length, evaluate_translator, translate
 from tfmlib.decoding import greedy_decode as package_greedy_decode  # compared with the one built below
 from tfmlib.plot import plot_bleu_by_length, plot_curves, plot_history
 from tfmlib.seq2seq import (
@@ -593,15 +593,13 @@ def greedy_decode(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len:
     ``src`` and ``src_mask`` are ``(B, S)`` as in a :class:`~tfmlib.data.Batch`. A row stops at
     its first EOS; after it the row holds ``PAD_ID``. A row that has stopped leaves the batch the
     model runs on, so the rows still decoding do not pay for it. Decoding stops when every row has
-    stopped or after ``max_len`` steps (default :func:`default_max_len`). The model is put in eval
-    mode (and restored afterwards).
+    stopped or after ``max_len`` steps (default :func:`default_max_len`, clamped to the model's
+    ``max_target_len`` when it has one; an explicit ``max_len`` above that is a ``ValueError``).
+    The model is put in eval mode (and restored afterwards).
     """
     check_source(src, src_mask, "greedy_decode", getattr(model, "max_source_len", None),
                  getattr(model, "src_vocab_size", None))
-    if max_len is None:
-        max_len = default_max_len(src_mask)
-    if not isinstance(max_len, int) or max_len < 1:
-        raise ValueError(f"greedy_decode: max_len must be a positive int, got {max_len!r}")
+    max_len = decode_length(model, src_mask, max_len, "greedy_decode")
     was_training = model.training
     model.eval()
     try:

@@ -63,6 +63,7 @@ import math
 import os
 import time
 import warnings
+from collections.abc import Callable
 from typing import NamedTuple
 
 import matplotlib.pyplot as plt
@@ -83,7 +84,7 @@ from tfmlib.attention import (
 )
 from tfmlib.config import setup
 from tfmlib.corpora import load_corpus
-from tfmlib.data import PAD_ID, TranslationDataset, Vocab, build_vocabs, make_batch, tokenize
+from tfmlib.data import PAD_ID, SPECIAL_TOKENS, TranslationDataset, Vocab, build_vocabs, make_batch, tokenize
 from tfmlib.decoding import greedy_decode
 from tfmlib.plot import plot_heatmap
 from tfmlib.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
@@ -98,7 +99,7 @@ from tfmlib.seq2seq import (
 )
 from tfmlib.train import fit
 from tfmlib.transformer import (  # argument checks and small copy helpers, not shown
-    ACTIVATIONS,
+    _activation,
     _check_dropout,
     _check_layer_kind,
     _copy_linear,
@@ -144,19 +145,18 @@ class FeedForward(nn.Module):
 
     ``forward(x (..., d_model)) -> (..., d_model)``; every position is transformed by the same
     two-layer MLP, independently of the others. ``d_ff`` is the hidden width (the paper: 4 d_model).
+    ``activation`` is ``"relu"`` (the paper's), ``"gelu"``, or any callable ``Tensor -> Tensor``.
     """
 
-    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, activation: str = "relu"):
+    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0,
+                 activation: str | Callable[[Tensor], Tensor] = "relu"):
         super().__init__()
         _positive_int("FeedForward", d_model=d_model, d_ff=d_ff)
         _check_dropout("FeedForward", dropout)
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"FeedForward: activation must be one of {sorted(ACTIVATIONS)}, "
-                             f"got {activation!r}")
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
         self.dropout = nn.Dropout(dropout)
-        self.activation = ACTIVATIONS[activation]
+        self.activation = _activation("FeedForward", activation)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.linear2(self.dropout(self.activation(self.linear1(x))))
@@ -669,7 +669,7 @@ class EncoderLayer(nn.Module):
     """
 
     def __init__(self, d_model: int, heads: int, d_ff: int, dropout: float = 0.1, *, norm_first: bool = False,
-                 activation: str = "relu", eps: float = 1e-5):
+                 activation: str | Callable[[Tensor], Tensor] = "relu", eps: float = 1e-5):
         super().__init__()
         _check_dropout("EncoderLayer", dropout)
         self.self_attn = MultiHeadAttention(d_model, heads, dropout=dropout)
@@ -759,7 +759,7 @@ class DecoderLayer(nn.Module):
     """
 
     def __init__(self, d_model: int, heads: int, d_ff: int, dropout: float = 0.1, *, norm_first: bool = False,
-                 activation: str = "relu", eps: float = 1e-5):
+                 activation: str | Callable[[Tensor], Tensor] = "relu", eps: float = 1e-5):
         super().__init__()
         _check_dropout("DecoderLayer", dropout)
         self.self_attn = MultiHeadAttention(d_model, heads, dropout=dropout)
@@ -850,8 +850,8 @@ class Encoder(nn.Module):
     """
 
     def __init__(self, num_layers: int, d_model: int, heads: int, d_ff: int, dropout: float = 0.1, *,
-                 norm_first: bool = False, final_norm: bool | None = None, activation: str = "relu",
-                 eps: float = 1e-5):
+                 norm_first: bool = False, final_norm: bool | None = None,
+                 activation: str | Callable[[Tensor], Tensor] = "relu", eps: float = 1e-5):
         super().__init__()
         _positive_int("Encoder", num_layers=num_layers)
         self.layers = nn.ModuleList(EncoderLayer(d_model, heads, d_ff, dropout, norm_first=norm_first,
@@ -880,8 +880,8 @@ class Decoder(nn.Module):
     """
 
     def __init__(self, num_layers: int, d_model: int, heads: int, d_ff: int, dropout: float = 0.1, *,
-                 norm_first: bool = False, final_norm: bool | None = None, activation: str = "relu",
-                 eps: float = 1e-5):
+                 norm_first: bool = False, final_norm: bool | None = None,
+                 activation: str | Callable[[Tensor], Tensor] = "relu", eps: float = 1e-5):
         super().__init__()
         _positive_int("Decoder", num_layers=num_layers)
         self.layers = nn.ModuleList(DecoderLayer(d_model, heads, d_ff, dropout, norm_first=norm_first,
@@ -971,6 +971,11 @@ class Transformer(EncoderDecoder):
                       decoder_layers=decoder_layers, d_ff=d_ff, max_len=max_len)
         if d_model % heads:
             raise ValueError(f"Transformer: d_model={d_model} is not divisible by heads={heads}")
+        for name, size in (("src_vocab_size", src_vocab_size), ("tgt_vocab_size", tgt_vocab_size)):
+            if size < len(SPECIAL_TOKENS):
+                raise ValueError(f"Transformer: {name}={size} is too small: a vocabulary starts with the "
+                                 f"{len(SPECIAL_TOKENS)} special tokens {', '.join(SPECIAL_TOKENS)} "
+                                 f"(ids 0..{len(SPECIAL_TOKENS) - 1}), which decoding reads and writes")
         if positional not in ("sinusoidal", "learned"):
             raise ValueError(f"Transformer: positional must be 'sinusoidal' or 'learned', got {positional!r}")
         if share_embeddings and src_vocab_size != tgt_vocab_size:
@@ -1003,8 +1008,9 @@ class Transformer(EncoderDecoder):
 
     def _reset_parameters(self) -> None:
         # Glorot-uniform matrices in the stacks (as nn.Transformer), embeddings drawn from N(0, 1/d)
-        # (std d^-1/2), so that after the sqrt(d) scale a token vector has entries of variance 1,
-        # like the positions'.
+        # (std d^-1/2), so that after the sqrt(d) scale a token vector has entries of variance 1;
+        # sinusoidal positions have entries of mean square 1/2, and a learned position table is
+        # drawn again at that scale (LearnedPositionalEmbedding.INIT_STD = 2^-1/2).
         for stack in (self.encoder, self.decoder):
             for p in stack.parameters():
                 if p.dim() > 1:
@@ -1018,6 +1024,9 @@ class Transformer(EncoderDecoder):
             nn.init.normal_(emb.weight, 0.0, self.d_model ** -0.5)
             with torch.no_grad():
                 emb.weight[PAD_ID].zero_()
+        for pos in (self.src_pos, self.tgt_pos):
+            if isinstance(pos, LearnedPositionalEmbedding):
+                pos.reset_parameters()
         nn.init.zeros_(self.generator.bias)
 
     def embed_source(self, src: Tensor) -> Tensor:

@@ -80,7 +80,7 @@ from tfmlib.data import (
 )
 from tfmlib.decoding import (
     BeamDecoded,
-    default_max_len,
+    decode_length,
     evaluate_translator,
     greedy_decode,
     sequence_log_probs,
@@ -833,17 +833,15 @@ def beam_search(model: EncoderDecoder, src: Tensor, src_mask: Tensor, beam_size:
     (then a sentence with no finished hypothesis returns its best prefix, without EOS).
 
     ``beam_size=1`` with ``alpha=0`` is greedy decoding. Beam search is a heuristic: a larger beam
-    usually, not always, finds a more probable output (chapter 08 measures how often). Shapes and
-    errors as in :func:`greedy_decode`; the model is put in eval mode and restored afterwards.
+    usually, not always, finds a more probable output (chapter 08 measures how often). Shapes,
+    errors and the default ``max_len`` (clamped to the model's ``max_target_len``) as in
+    :func:`greedy_decode`; the model is put in eval mode and restored afterwards.
     """
     check_source(src, src_mask, "beam_search", getattr(model, "max_source_len", None),
                  getattr(model, "src_vocab_size", None))
     if not isinstance(beam_size, int) or isinstance(beam_size, bool) or beam_size < 1:
         raise ValueError(f"beam_search: beam_size must be a positive int, got {beam_size!r}")
-    if max_len is None:
-        max_len = default_max_len(src_mask)
-    if not isinstance(max_len, int) or max_len < 1:
-        raise ValueError(f"beam_search: max_len must be a positive int, got {max_len!r}")
+    max_len = decode_length(model, src_mask, max_len, "beam_search")
     length_penalty(1, alpha)  # validates alpha
     B, K, device = src.shape[0], beam_size, src.device
     was_training = model.training

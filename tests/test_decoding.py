@@ -14,6 +14,7 @@ from torch import Tensor
 from tfmlib.data import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Vocab, detokenize, make_batch, pad_sequences
 from tfmlib.decoding import (
     beam_search,
+    decode_length,
     default_max_len,
     encode_sources,
     greedy_decode,
@@ -366,6 +367,7 @@ def test_default_max_len_is_clamped_to_the_models_limit():
     src = torch.randint(4, SRC_V, (2, 4))
     src_mask = torch.ones(2, 4, dtype=torch.bool)
     assert default_max_len(src_mask) == 18 and default_max_len(src_mask, 12) == 12
+    assert decode_length(model, src_mask, None) == 12 and decode_length(model, src_mask, 5) == 5
     out = greedy_decode(model, src, src_mask)
     assert out.tokens.shape == (2, 12) and out.lengths.tolist() == [12, 12], "clamped to max_len=12"
     beam = beam_search(model, src, src_mask, beam_size=2)

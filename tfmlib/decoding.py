@@ -35,8 +35,9 @@ from tfmlib.seq2seq import EncoderDecoder, EncoderOutput, check_source, first_to
 
 INTRODUCED_IN = 2
 
-__all__ = ["BeamDecoded", "Decoded", "TranslationReport", "beam_search", "default_max_len", "encode_sources",
-           "evaluate_translator", "greedy_decode", "length_penalty", "sequence_log_probs", "translate"]
+__all__ = ["BeamDecoded", "Decoded", "TranslationReport", "beam_search", "decode_length", "default_max_len",
+           "encode_sources", "evaluate_translator", "greedy_decode", "length_penalty", "sequence_log_probs",
+           "translate"]
 
 
 class Decoded(NamedTuple):
@@ -61,7 +62,7 @@ def default_max_len(src_mask: Tensor, limit: int | None = None) -> int:
     return n if limit is None else min(n, limit)
 
 
-def _check_decoding(model: EncoderDecoder, src_mask: Tensor, max_len: int | None, who: str) -> int:
+def decode_length(model: EncoderDecoder, src_mask: Tensor, max_len: int | None, who: str = "decode") -> int:
     """Check that ``model`` can decode at all and return the number of steps to run: ``max_len``, or
     :func:`default_max_len` clamped to the model's ``max_target_len``. An explicit ``max_len``
     above that limit is refused here, before any decoding, not part-way through."""
@@ -95,7 +96,7 @@ def greedy_decode(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len:
     """
     check_source(src, src_mask, "greedy_decode", getattr(model, "max_source_len", None),
                  getattr(model, "src_vocab_size", None))
-    max_len = _check_decoding(model, src_mask, max_len, "greedy_decode")
+    max_len = decode_length(model, src_mask, max_len, "greedy_decode")
     was_training = model.training
     model.eval()
     try:
@@ -204,7 +205,7 @@ def beam_search(model: EncoderDecoder, src: Tensor, src_mask: Tensor, beam_size:
                  getattr(model, "src_vocab_size", None))
     if not isinstance(beam_size, int) or isinstance(beam_size, bool) or beam_size < 1:
         raise ValueError(f"beam_search: beam_size must be a positive int, got {beam_size!r}")
-    max_len = _check_decoding(model, src_mask, max_len, "beam_search")
+    max_len = decode_length(model, src_mask, max_len, "beam_search")
     length_penalty(1, alpha)  # validates alpha
     B, K, device = src.shape[0], beam_size, src.device
     was_training = model.training
