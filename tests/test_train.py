@@ -268,3 +268,126 @@ def test_warmup_inverse_sqrt_rises_linearly_then_decays_as_one_over_root():
         assert peak * warmup_inverse_sqrt(w)(step) == pytest.approx(d ** -0.5 * min(s ** -0.5, s * w ** -1.5))
     with pytest.raises(ValueError, match="positive int"):
         warmup_inverse_sqrt(0)
+
+
+# ------------------------------------------------------------- host syncs and atomic checkpoints
+
+
+def test_fit_reads_the_losses_in_batches_with_the_same_history(monkeypatch):
+    """The step losses stay on the device until ``log_every`` steps are pending: no ``.item()`` per
+    step, and the History is the same as reading every step."""
+    def run(log_every):
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        return fit(model, regression_problem(), mse, opt, epochs=3, verbose=False, log_every=log_every)
+
+    every_step = run(1)
+    reads = {"item": 0, "tolist": 0}
+    original_tolist = torch.Tensor.tolist
+
+    def counting_item(self):
+        reads["item"] += 1
+        raise AssertionError("fit read a tensor with .item()")
+
+    def counting_tolist(self):
+        reads["tolist"] += 1
+        return original_tolist(self)
+
+    monkeypatch.setattr(torch.Tensor, "item", counting_item)
+    monkeypatch.setattr(torch.Tensor, "tolist", counting_tolist)
+    batched = run(5)   # 8 steps an epoch: read after step 5 and at the end of the epoch
+    monkeypatch.undo()
+    assert reads == {"item": 0, "tolist": 2 * 3}, f"expected 2 reads an epoch, got {reads}"
+    assert batched.step_loss == every_step.step_loss, "the same losses, read later"
+    for a, b in zip(batched.epochs, every_step.epochs, strict=True):
+        assert a["train_loss"] == b["train_loss"] and a.keys() == b.keys(), (a, b)
+    assert run(50).step_loss == every_step.step_loss
+
+
+def test_fit_accepts_token_counts_as_integer_tensors():
+    def mse_tensor_count(model, batch):
+        loss, n = mse(model, batch)
+        return loss, torch.tensor(n)
+
+    def run(loss_fn):
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        return fit(model, regression_problem(), loss_fn, torch.optim.SGD(model.parameters(), lr=0.05),
+                   epochs=2, verbose=False, log_every=3)
+
+    assert run(mse_tensor_count).epochs[-1]["train_loss"] == run(mse).epochs[-1]["train_loss"]
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    with pytest.raises(TypeError, match="n_tokens an int >= 0, got -1 at step 1"):
+        fit(model, regression_problem(), lambda m, b: (mse(m, b)[0], torch.tensor(-1)), opt, epochs=1,
+            verbose=False)
+    with pytest.raises(TypeError, match="n_tokens"):
+        fit(model, regression_problem(), lambda m, b: (mse(m, b)[0], torch.tensor(2.0)), opt, epochs=1,
+            verbose=False)
+    with pytest.raises(ValueError, match="log_every must be an int >= 1, got 0"):
+        fit(model, regression_problem(), mse, opt, epochs=1, log_every=0)
+
+
+def test_a_non_finite_loss_names_its_step_when_read_late():
+    batches = regression_problem()
+    batches[2] = (torch.full((2, 4), float("nan")), torch.zeros(2))
+    model = nn.Linear(4, 1)
+    with pytest.raises(ValueError, match="loss became nan at step 3"):
+        fit(model, batches, mse, torch.optim.SGD(model.parameters(), lr=0.01), epochs=1, verbose=False,
+            log_every=5)
+
+
+def test_save_checkpoint_replaces_the_file_atomically(tmp_path, monkeypatch):
+    import tfmlib.train as train
+
+    model = make_model()
+    path = save_checkpoint(tmp_path / "m.pt", model, config={"version": 1})
+    before = path.read_bytes()
+    seen = []
+    real_save = torch.save
+
+    def save_and_look(obj, f, *args, **kwargs):
+        real_save(obj, f, *args, **kwargs)
+        seen.append((sorted(p.name for p in tmp_path.iterdir()), path.read_bytes() == before))
+
+    monkeypatch.setattr(train.torch, "save", save_and_look)
+    save_checkpoint(path, model, config={"version": 2})
+    monkeypatch.undo()
+    (names, old_intact), = seen
+    assert len(names) == 2 and "m.pt" in names, f"the new file is written beside the old one: {names}"
+    assert old_intact, "while the new file is written, the old one is untouched"
+    assert load_checkpoint(path).config == {"version": 2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"], "no temporary file left behind"
+
+
+def test_a_failed_checkpoint_write_leaves_the_old_file(tmp_path, monkeypatch):
+    import tfmlib.train as train
+
+    model = make_model()
+    path = save_checkpoint(tmp_path / "m.pt", model, config={"version": 1})
+    mode = path.stat().st_mode
+
+    def fail_half_way(obj, f, *args, **kwargs):
+        f.write(b"PK\x03\x04 half a zip")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(train.torch, "save", fail_half_way)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(path, model, config={"version": 2})
+    monkeypatch.undo()
+    assert load_checkpoint(path, make_model()).config == {"version": 1}, "the old checkpoint survives"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"], "the half-written file is removed"
+    save_checkpoint(path, model, config={"version": 3})
+    assert path.stat().st_mode == mode, "a replaced checkpoint keeps its file mode"
+
+
+@pytest.mark.parametrize("keep", [0, 10, 0.5, -1])
+def test_a_truncated_checkpoint_is_an_error_naming_the_file(tmp_path, keep):
+    model = make_model()
+    good = save_checkpoint(tmp_path / "good.pt", model).read_bytes()
+    cut = int(len(good) * keep) if isinstance(keep, float) else (keep if keep >= 0 else len(good) - 1)
+    bad = tmp_path / "truncated.pt"
+    bad.write_bytes(good[:cut])
+    with pytest.raises(CheckpointError, match=f"{bad}.* not a readable checkpoint"):
+        load_checkpoint(bad, model)

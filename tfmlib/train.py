@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import operator
 import os
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from tfmlib.data import Vocab
+from tfmlib.timing import synchronize
 
 INTRODUCED_IN = 1
 
@@ -87,6 +89,15 @@ def _token_count(n_tokens: Any, step: int) -> int:
     return count
 
 
+def _check_token_count(n_tokens: Any, step: int) -> int | torch.Tensor:
+    """``n_tokens`` as an int >= 0, or a 0-d integer tensor kept as it is (on its device: reading
+    it would wait for the device; it is read, and checked >= 0, with the losses)."""
+    if isinstance(n_tokens, torch.Tensor) and n_tokens.dim() == 0 and not (
+            n_tokens.is_floating_point() or n_tokens.is_complex() or n_tokens.dtype == torch.bool):
+        return n_tokens.detach()
+    return _token_count(n_tokens, step)
+
+
 def fit(
     model: nn.Module,
     loader: Any,
@@ -101,23 +112,33 @@ def fit(
     max_steps: int | None = None,
     time_budget_s: float | None = None,
     eval_every: int | None = None,
+    log_every: int = 50,
     desc: str = "train",
     verbose: bool = True,
 ) -> History:
     """Train ``model`` for ``epochs`` passes over ``loader``.
 
     ``loss_fn(model, batch)`` returns ``(loss, n_tokens)``: the mean loss of the batch (a scalar
-    tensor to back-propagate) and how many tokens it averaged over (to weight the epoch mean).
-    ``eval_fn(model)`` (called in ``eval`` mode under ``no_grad``) returns a dict of metrics to
-    record: after each epoch, or, with ``eval_every=N``, after every ``N`` optimiser steps and
-    after the last one (a learning curve in ``History.evals``). Evaluation time is not training
-    time: it is left out of every recorded ``seconds`` and does not count against
-    ``time_budget_s``. ``scheduler.step()`` is called after every optimiser step. ``clip_norm``
-    clips the global gradient norm (``None`` disables it). Training stops early after
-    ``max_steps`` steps or ``time_budget_s`` seconds of training, finishing the epoch's bookkeeping.
-    Raises ``ValueError`` for a non-positive ``epochs`` or ``eval_every``, an empty loader or a
-    non-finite loss, and ``TypeError`` when ``loss_fn`` does not return a scalar tensor and a
-    non-negative int.
+    tensor to back-propagate) and how many tokens it averaged over (to weight the epoch mean; an
+    int, or a 0-d integer tensor). ``eval_fn(model)`` (called in ``eval`` mode under ``no_grad``)
+    returns a dict of metrics to record: after each epoch, or, with ``eval_every=N``, after every
+    ``N`` optimiser steps and after the last one (a learning curve in ``History.evals``).
+    Evaluation time is not training time: it is left out of every recorded ``seconds`` and does
+    not count against ``time_budget_s``. ``scheduler.step()`` is called after every optimiser
+    step. ``clip_norm`` clips the global gradient norm (``None`` disables it). Training stops
+    early after ``max_steps`` steps or ``time_budget_s`` seconds of training, finishing the
+    epoch's bookkeeping.
+
+    The step losses stay on the device and are read back together every ``log_every`` steps and
+    at the end of each epoch (reading a value from a GPU makes the host wait for it; once a step
+    would halve the speed of a small model). ``History`` is the same as reading every step: only
+    the progress bar updates less often, and a non-finite loss is reported (with its step) up to
+    ``log_every - 1`` steps after it happened. The device is synchronised around evaluations and
+    at the end of each epoch, so recorded times hold the work they name.
+
+    Raises ``ValueError`` for a non-positive ``epochs``, ``eval_every`` or ``log_every``, an
+    empty loader or a non-finite loss, and ``TypeError`` when ``loss_fn`` does not return a
+    scalar tensor and a non-negative int.
     """
     if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
         raise ValueError(f"fit: epochs must be an int >= 1, got {epochs!r}")
@@ -128,18 +149,48 @@ def fit(
         raise ValueError(f"fit: eval_every must be an int >= 1 or None, got {eval_every!r}")
     if eval_every is not None and eval_fn is None:
         raise ValueError("fit: eval_every needs an eval_fn to call")
+    if not isinstance(log_every, int) or isinstance(log_every, bool) or log_every < 1:
+        raise ValueError(f"fit: log_every must be an int >= 1, got {log_every!r}")
+    device = torch.device(device)
     model.to(device)
     history = History()
     start, steps, stop = time.perf_counter(), 0, False
     eval_seconds = 0.0  # time spent in eval_fn, kept out of the training time
+    # losses (detached, on the device) and token counts of the steps not yet read back
+    pending_loss: list[torch.Tensor] = []
+    pending_tokens: list[int | torch.Tensor] = []
+    total_loss, total_tokens = 0.0, 0
+
+    def read_pending(bar: Any) -> None:
+        """Read the pending losses (and tensor token counts) in one transfer; check and record them."""
+        nonlocal total_loss, total_tokens
+        if not pending_loss:
+            return
+        first_step = steps - len(pending_loss) + 1
+        values = torch.stack(pending_loss).tolist()
+        tensor_counts = [n for n in pending_tokens if isinstance(n, torch.Tensor)]
+        read_counts = iter(torch.stack(tensor_counts).tolist() if tensor_counts else [])
+        counts = [next(read_counts) if isinstance(n, torch.Tensor) else n for n in pending_tokens]
+        pending_loss.clear()
+        pending_tokens.clear()
+        for k, (value, n_tokens) in enumerate(zip(values, counts, strict=True)):
+            if not math.isfinite(value):
+                raise ValueError(f"fit: loss became {value} at step {first_step + k}")
+            n_tokens = _token_count(n_tokens, first_step + k)
+            history.step_loss.append(value)
+            total_loss += value * n_tokens
+            total_tokens += n_tokens
+        bar.set_postfix(loss=f"{values[-1]:.3f}")
 
     def evaluate() -> dict[str, float]:
         nonlocal eval_seconds
+        synchronize(device)  # queued training work is training time, not evaluation time
         t_eval = time.perf_counter()
         model.eval()
         with torch.no_grad():
             metrics = dict(eval_fn(model))
         model.train()
+        synchronize(device)
         history.evals.append({"step": steps, "seconds": t_eval - start - eval_seconds, **metrics})
         eval_seconds += time.perf_counter() - t_eval
         return metrics
@@ -156,10 +207,8 @@ def fit(
                 got = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
                 raise TypeError(f"fit: loss_fn must return (scalar loss tensor, n_tokens); the loss "
                                 f"is {got} at step {steps + 1} (reduce it with .mean())")
-            n_tokens = _token_count(n_tokens, steps + 1)
-            loss_value = loss.item()
-            if not math.isfinite(loss_value):
-                raise ValueError(f"fit: loss became {loss_value} at step {steps + 1}")
+            pending_tokens.append(_check_token_count(n_tokens, steps + 1))
+            pending_loss.append(loss.detach())
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if clip_norm is not None:
@@ -168,10 +217,8 @@ def fit(
             if scheduler is not None:
                 scheduler.step()
             steps += 1
-            history.step_loss.append(loss_value)
-            total_loss += loss_value * n_tokens
-            total_tokens += n_tokens
-            bar.set_postfix(loss=f"{loss_value:.3f}")
+            if len(pending_loss) >= log_every:
+                read_pending(bar)
             if (max_steps is not None and steps >= max_steps) or (
                 time_budget_s is not None
                 and time.perf_counter() - start - eval_seconds >= time_budget_s
@@ -181,6 +228,8 @@ def fit(
                 evaluate()
             if stop:
                 break
+        read_pending(bar)
+        synchronize(device)
         if total_tokens == 0:
             raise ValueError("fit: the loader yielded no batches (or no tokens)")
         seconds = max(time.perf_counter() - t0 - (eval_seconds - eval_seconds_at_t0), 1e-9)
@@ -280,7 +329,12 @@ def save_checkpoint(
     config: Mapping[str, Any] | None = None,
 ) -> Path:
     """Save model and optimizer state, vocabularies (by name, e.g. ``{"src": v1, "tgt": v2}``)
-    and a plain-data ``config`` (what is needed to rebuild the model) in one file."""
+    and a plain-data ``config`` (what is needed to rebuild the model) in one file.
+
+    The file is written to a temporary file in the same folder and moved into place with
+    ``os.replace``: a reader never sees half a checkpoint, and a write that fails leaves an older
+    checkpoint at ``path`` intact. Tensors are saved from the device they are on;
+    :func:`load_checkpoint` maps them to ``map_location`` (the CPU by default)."""
     config = dict(config or {})
     _check_plain(config, "config")
     for name, v in (vocabs or {}).items():
@@ -296,7 +350,22 @@ def save_checkpoint(
     }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(payload, path)
+    # Write beside the target, then rename over it: os.replace is atomic within one file system, so
+    # a reader (another chapter running at the same time) sees the old file or the new one, never
+    # half of one; a failed write leaves the old file as it was.
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        # mkstemp makes the file private (0600); keep the mode an existing checkpoint had
+        os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 
