@@ -1,28 +1,66 @@
-"""Figures the book draws again and again: loss curves and labelled heatmaps.
+"""Figures the book draws again and again, on seaborn: one theme, curves, heatmaps, spreads, bars.
 
-Introduced in chapter 00 (preface). Every function draws on ``ax`` (a new figure when ``None``),
-always sets a title and axis labels, and returns the Axes so a cell can add to it.
+Introduced in chapter 00 (preface). :func:`book_theme` sets the book's one look (``setup()`` calls
+it). Every plotting function draws on ``ax`` (a new figure when ``None``), always sets a title and
+axis labels, and returns the Axes so a cell can add to it.
+
+- :func:`plot_curves`, :func:`plot_history`: one line per named curve (losses, norms, timings).
+- :func:`plot_heatmap`: a matrix with token labels (attention weights, gates, masks).
+- :func:`plot_over_seeds`: results of several seeds, their median (or mean) and their spread.
+- :func:`plot_grouped_bars`, :func:`plot_bleu_by_length`: one bar per model within each group.
 """
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
+import seaborn as sns
 import torch
+from matplotlib.patches import Rectangle
 
 if TYPE_CHECKING:  # avoid importing the training module (chapter 01) at run time
     from tfmlib.train import History
 
 INTRODUCED_IN = 0
 
+#: The book's seaborn theme: sized for a ~800 px text column (a 6-inch figure is drawn at
+#: 600 px, a 13-inch row of panels shrinks to ~0.6 of its size and keeps ~10 px text), a
+#: colour-blind-safe palette, a light grid behind the data, no top and right spines.
+BOOK_THEME: dict[str, Any] = dict(
+    context="notebook", style="whitegrid", palette="colorblind", font_scale=1.0,
+    rc={"figure.dpi": 100, "savefig.dpi": 100, "grid.color": "0.92", "grid.linewidth": 0.8,
+        "axes.spines.top": False, "axes.spines.right": False, "axes.titlesize": 12,
+        "legend.fontsize": 10, "legend.title_fontsize": 10,
+        "legend.framealpha": 0.85, "image.cmap": "viridis", "lines.markersize": 5},
+)
+
+_MAX_FAINT_SEEDS = 10  # plot_over_seeds draws each seed faintly up to this many seeds
+
+
+def book_theme() -> None:
+    """Set the book's one seaborn theme (:data:`BOOK_THEME`) on matplotlib's rcParams.
+
+    Idempotent: calling it again gives the same rcParams, whatever a cell changed in between
+    among the settings the theme names. ``tfmlib.config.setup()`` calls it.
+    """
+    sns.set_theme(**BOOK_THEME)
+
 
 def _axes(ax: plt.Axes | None, figsize: tuple[float, float]) -> plt.Axes:
     if ax is None:
         _, ax = plt.subplots(figsize=figsize)
     return ax
+
+
+def _as_array(values: Any) -> np.ndarray:
+    if isinstance(values, torch.Tensor):
+        values = values.detach().float().cpu().numpy()
+    return np.asarray(values, dtype=float)
 
 
 def plot_curves(
@@ -41,6 +79,7 @@ def plot_curves(
     ``x`` gives the positions of the points (at least ``n`` of them; ``1..n`` when ``None``).
     ``smooth`` > 1 draws a trailing moving average over that many points, each average drawn at
     the position of the last point of its window (so a smoothed curve stays aligned with ``x``).
+    Curves with at most 20 points get a marker at each point. Colours follow the theme's palette.
     """
     if not curves:
         raise ValueError("plot_curves: no curves given")
@@ -48,9 +87,7 @@ def plot_curves(
         raise ValueError(f"plot_curves: smooth must be an int >= 1, got {smooth!r}")
     ax = _axes(ax, (6, 3.5))
     for name, ys in curves.items():
-        if isinstance(ys, torch.Tensor):
-            ys = ys.detach().float().cpu().numpy()
-        ys = np.asarray(ys, dtype=float)
+        ys = _as_array(ys)
         if ys.ndim != 1 or len(ys) == 0:
             raise ValueError(f"plot_curves: curve {name!r} must be a non-empty 1-D sequence, "
                              f"got shape {ys.shape}")
@@ -62,11 +99,10 @@ def plot_curves(
         if smooth > 1 and len(ys) >= smooth:
             ys = np.convolve(ys, np.ones(smooth) / smooth, mode="valid")
             xs = xs[smooth - 1:]  # the average of points i-smooth+1..i is drawn at point i
-        ax.plot(xs, ys, label=name, marker="o" if len(ys) <= 20 else None)
+        ax.plot(xs, ys, label=name, marker="o" if len(ys) <= 20 else None, lw=1.6)
     if logy:
         ax.set_yscale("log")
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
-    ax.grid(alpha=0.3)
     if len(curves) > 1:
         ax.legend()
     return ax
@@ -83,7 +119,7 @@ def plot_history(history: History, *, title: str, ax: plt.Axes | None = None,
     if history.epochs and all("valid_loss" in e for e in history.epochs):
         steps_per_epoch = len(history.step_loss) / len(history.epochs)
         xs = [steps_per_epoch * e["epoch"] for e in history.epochs]
-        ax.plot(xs, history.metric("valid_loss"), "o-", label="valid (per epoch)")
+        ax.plot(xs, history.metric("valid_loss"), "o-", label="valid (per epoch)", lw=1.6)
         ax.legend()
     return ax
 
@@ -102,35 +138,195 @@ def plot_heatmap(
     vmax: float | None = None,
     annotate: bool = False,
     colorbar: bool = True,
+    fmt: str = ".2f",
+    cbar_label: str | None = None,
+    mask: Any = None,
+    center: float | None = None,
 ) -> plt.Axes:
-    """A 2-D array (rows = y, columns = x) as an image with token labels on the axes.
+    """A 2-D array (rows = y, columns = x) as a heatmap (``sns.heatmap``) with token labels.
 
-    Used for attention weights (rows: output positions, columns: input positions) and for gate
-    activations. ``matrix`` may be a tensor or an array of shape ``(rows, cols)``.
+    Used for attention weights (rows: output positions, columns: input positions), masks and gate
+    activations. ``matrix`` may be a tensor or an array of shape ``(rows, cols)``; ``x_labels``
+    (``cols`` of them) and ``y_labels`` (``rows``) label every column and row, integer positions
+    are shown when they are ``None``. ``annotate`` writes each cell's value with format ``fmt``.
+    Give side-by-side panels the same ``vmin``/``vmax`` so that one colour means one value in
+    all of them; ``center`` centres a diverging ``cmap`` (e.g. ``"RdBu"``) on a value.
+    ``mask`` (bool, shape ``(rows, cols)``, True = hidden) and non-finite entries (NaN, -inf, as
+    in masked scores) are drawn as grey hatched cells, outside the colour scale.
     """
-    if isinstance(matrix, torch.Tensor):
-        matrix = matrix.detach().float().cpu().numpy()
-    m = np.asarray(matrix, dtype=float)
+    m = _as_array(matrix)
     if m.ndim != 2 or 0 in m.shape:
         raise ValueError(f"plot_heatmap: matrix must be 2-D and non-empty, got shape {m.shape}")
     if x_labels is not None and len(x_labels) != m.shape[1]:
         raise ValueError(f"plot_heatmap: {len(x_labels)} x_labels for {m.shape[1]} columns")
     if y_labels is not None and len(y_labels) != m.shape[0]:
         raise ValueError(f"plot_heatmap: {len(y_labels)} y_labels for {m.shape[0]} rows")
+    hidden = ~np.isfinite(m)
+    if mask is not None:
+        mask_array = mask.detach().cpu().numpy() if isinstance(mask, torch.Tensor) else np.asarray(mask)
+        if mask_array.shape != m.shape:
+            raise ValueError(f"plot_heatmap: mask has shape {mask_array.shape}, the matrix {m.shape}")
+        hidden |= mask_array.astype(bool)
+    if hidden.all():
+        raise ValueError("plot_heatmap: every cell is masked or non-finite: nothing to draw")
     ax = _axes(ax, (max(4.0, 0.45 * m.shape[1] + 2), max(3.0, 0.35 * m.shape[0] + 1.5)))
-    im = ax.imshow(m, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
-    if x_labels is not None:
-        ax.set_xticks(range(m.shape[1]), x_labels, rotation=60, ha="right")
-    if y_labels is not None:
-        ax.set_yticks(range(m.shape[0]), y_labels)
-    if annotate:
-        for i in range(m.shape[0]):
-            for j in range(m.shape[1]):
-                ax.text(j, i, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=7,
-                        color="white" if m[i, j] < (np.nanmax(m) + np.nanmin(m)) / 2 else "black")
-    if colorbar:
-        ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    if hidden.any():  # masked cells show this hatched rectangle, which lies under the cells drawn
+        ax.add_patch(Rectangle((0, 0), m.shape[1], m.shape[0], facecolor="0.93", edgecolor="0.65",
+                               hatch="///", lw=0, zorder=0))
+    cbar_kws: dict[str, Any] = {"fraction": 0.046, "pad": 0.04}
+    if cbar_label is not None:
+        cbar_kws["label"] = cbar_label
+    sns.heatmap(np.where(hidden, np.nan, m), mask=hidden, ax=ax, cmap=cmap, vmin=vmin, vmax=vmax,
+                center=center, annot=annotate, fmt=fmt, cbar=colorbar, cbar_kws=cbar_kws,
+                annot_kws={"fontsize": 8 if max(m.shape) > 8 else 9},
+                xticklabels=list(x_labels) if x_labels is not None else "auto",
+                yticklabels=list(y_labels) if y_labels is not None else "auto")
+    ax.grid(False)
+    long_labels = x_labels is not None and max(len(str(s)) for s in x_labels) > 2
+    if long_labels or m.shape[1] > 12:
+        plt.setp(ax.get_xticklabels(), rotation=60, ha="right", rotation_mode="anchor")
+    else:
+        plt.setp(ax.get_xticklabels(), rotation=0)
+    plt.setp(ax.get_yticklabels(), rotation=0)
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    return ax
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def plot_over_seeds(
+    results: Mapping[str, Mapping[Any, Sequence[float]]],
+    *,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    ax: plt.Axes | None = None,
+    estimator: str = "median",
+    spread: str = "range",
+    show_seeds: bool | None = None,
+    logy: bool = False,
+) -> plt.Axes:
+    """Results of several seeds per point: a line through their ``estimator``, and their spread.
+
+    ``results`` maps a model's name to ``{x: values}``, one value per seed (list, array or
+    tensor), e.g. ``{"pre-LN": {6: [0.91, 0.88, 0.93], 12: [...]}, "post-LN": {...}}``; seed ``i``
+    is the ``i``-th value at every ``x``. ``estimator`` is ``"median"`` or ``"mean"``. ``spread``
+    is ``"range"`` (min to max of the seeds), ``"sd"`` (the estimate plus and minus the seeds'
+    standard deviation, ``ddof=1``) or ``"ci"`` (a 95% bootstrap interval of the estimator,
+    seeded, so it repeats). Numeric ``x`` give a line with a shaded band (``sns.lineplot``);
+    other ``x`` (names, configurations) are placed in their given order with error bars and no
+    connecting line, models side by side. Each seed is also drawn faintly (lines labelled
+    ``"_seed i of name"``) when ``show_seeds`` (default: when there are at most 10 seeds).
+    """
+    if not results:
+        raise ValueError("plot_over_seeds: results is empty: give {model: {x: [one value per seed]}}")
+    estimators = {"median": np.median, "mean": np.mean}
+    if estimator not in estimators:
+        raise ValueError(f"plot_over_seeds: estimator must be one of {sorted(estimators)}, got {estimator!r}")
+    errorbars = {"range": ("pi", 100), "sd": "sd", "ci": ("ci", 95)}
+    if spread not in errorbars:
+        raise ValueError(f"plot_over_seeds: spread must be one of {sorted(errorbars)}, got {spread!r}")
+    rows, xs_all = [], []
+    for name, per_x in results.items():
+        if not isinstance(per_x, Mapping) or not per_x:
+            raise ValueError(f"plot_over_seeds: results[{name!r}] must be a non-empty mapping "
+                             "{x: [one value per seed]}")
+        for xv, values in per_x.items():
+            vals = _as_array(values).reshape(-1) if not _is_number(values) else np.array([float(values)])
+            if len(vals) == 0:
+                raise ValueError(f"plot_over_seeds: results[{name!r}][{xv!r}] has no values")
+            rows += [{"model": name, "x": xv, "seed": i, "value": v} for i, v in enumerate(vals)]
+            if xv not in xs_all:
+                xs_all.append(xv)
+    data = pd.DataFrame(rows)
+    names = list(results)
+    colours = dict(zip(names, sns.color_palette(n_colors=len(names)), strict=True))
+    numeric = all(_is_number(xv) for xv in xs_all)
+    if show_seeds is None:
+        show_seeds = data["seed"].max() + 1 <= _MAX_FAINT_SEEDS
+    ax = _axes(ax, (6, 3.5))
+    if numeric:
+        data["pos"] = data["x"].astype(float)
+    else:  # categories in their given order, models side by side within each
+        width = 0.5 if len(names) > 1 else 0.0
+        offsets = {n: (i / max(1, len(names) - 1) - 0.5) * width for i, n in enumerate(names)}
+        data["pos"] = [xs_all.index(xv) + offsets[n] for xv, n in zip(data["x"], data["model"], strict=True)]
+    sns.lineplot(data=data, x="pos", y="value", hue="model", hue_order=names, palette=colours,
+                 estimator=estimators[estimator], errorbar=errorbars[spread], n_boot=1000, seed=0,
+                 err_style="band" if numeric else "bars", marker="o", sort=True, ax=ax,
+                 legend=len(names) > 1, linestyle="-" if numeric else "none",
+                 err_kws={"alpha": 0.2} if numeric else {"capsize": 4, "elinewidth": 1.5})
+    if show_seeds:
+        for (name, seed), seed_rows in data.sort_values("pos").groupby(["model", "seed"], sort=False):
+            style = "-" if numeric and len(seed_rows) > 1 else "none"
+            ax.plot(seed_rows["pos"], seed_rows["value"], linestyle=style, marker=".", lw=0.8,
+                    alpha=0.35, color=colours[name], zorder=1, label=f"_seed {seed} of {name}")
+    if not numeric:
+        ax.xaxis.grid(False)
+        ax.set_xticks(range(len(xs_all)), [str(xv) for xv in xs_all])
+        ax.set_xlim(-0.6, len(xs_all) - 0.4)
+    if logy:
+        ax.set_yscale("log")
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    if len(names) > 1:
+        ax.legend(title=None)
+    return ax
+
+
+def plot_grouped_bars(
+    values: Mapping[str, Mapping[str, float | Sequence[float]]],
+    *,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    ax: plt.Axes | None = None,
+    label_bars: bool | None = None,
+    fmt: str = "{:.1f}",
+) -> plt.Axes:
+    """Grouped bars (``sns.barplot``): a group per x category, one bar (and colour) per series.
+
+    ``values`` maps a series' name (a model) to ``{group: value}``; every series must give the
+    same groups, in the same order (the order on the x-axis). A value may also be several numbers
+    (one per seed): the bar is then their median and a black bar shows their range. With
+    ``label_bars`` (default: when every value is one number) each bar carries its value written
+    with ``fmt``.
+    """
+    if not values:
+        raise ValueError("plot_grouped_bars: values is empty: give {series: {group: value}}")
+    groups: list[str] | None = None
+    rows = []
+    for name, per_group in values.items():
+        if not isinstance(per_group, Mapping) or not per_group:
+            raise ValueError(f"plot_grouped_bars: values[{name!r}] must be a non-empty mapping "
+                             "{group: value}")
+        if groups is None:
+            groups = list(per_group)
+        elif list(per_group) != groups:
+            raise ValueError(f"plot_grouped_bars: values[{name!r}] has groups {list(per_group)}, "
+                             f"expected {groups}")
+        for group, v in per_group.items():
+            vals = np.array([float(v)]) if _is_number(v) else _as_array(v).reshape(-1)
+            if len(vals) == 0:
+                raise ValueError(f"plot_grouped_bars: values[{name!r}][{group!r}] has no values")
+            rows += [{"series": name, "group": str(group), "value": x} for x in vals]
+    data = pd.DataFrame(rows)
+    several = data.groupby(["series", "group"]).size().max() > 1
+    ax = _axes(ax, (max(6.0, 1.2 * len(groups) + 0.4 * len(values) + 2), 3.5))
+    sns.barplot(data=data, x="group", y="value", hue="series", order=[str(g) for g in groups],
+                hue_order=list(values), estimator=np.median, errorbar=("pi", 100) if several else None,
+                err_kws={"linewidth": 1.2, "color": "0.15"}, capsize=0.15 if several else 0,
+                ax=ax, legend=len(values) > 1, saturation=0.9)
+    if label_bars is None:
+        label_bars = not several
+    if label_bars:
+        for container in ax.containers:
+            ax.bar_label(container, fmt=fmt, fontsize=8, padding=2)
+        ax.margins(y=0.12)
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    if len(values) > 1:
+        ax.legend(title=None)
     return ax
 
 
@@ -142,29 +338,25 @@ def plot_bleu_by_length(
     ylabel: str = "BLEU",
     ax: plt.Axes | None = None,
 ) -> plt.Axes:
-    """BLEU (or another per-bucket ``metric``) against source-length bucket, one line per model.
+    """BLEU (or another per-bucket ``metric``) per source-length bucket: grouped bars, a colour per model.
 
     ``results`` maps a model's name to the rows of :func:`tfmlib.metrics.bleu_by_length`: dicts
     with ``bucket`` (a label such as ``"11-17"``), ``n`` and ``metric``. All models must share
-    the same buckets. The x-axis labels give each bucket's sentence count.
+    the same buckets. The x-axis labels give each bucket's sentence count; each bar its value.
     """
     if not results:
         raise ValueError("plot_bleu_by_length: no results given")
-    buckets = None
-    ax = _axes(ax, (6, 3.5))
+    buckets = counts = None
+    values: dict[str, dict[str, float]] = {}
     for name, rows in results.items():
         if not rows or any("bucket" not in r or metric not in r for r in rows):
             raise ValueError(f"plot_bleu_by_length: the rows of {name!r} need 'bucket' and {metric!r}")
         labels = [r["bucket"] for r in rows]
         if buckets is None:
-            buckets = labels
-            counts = [r.get("n") for r in rows]
+            buckets, counts = labels, [r.get("n") for r in rows]
         elif labels != buckets:
             raise ValueError(f"plot_bleu_by_length: {name!r} has buckets {labels}, expected {buckets}")
-        ax.plot(range(len(rows)), [r[metric] for r in rows], "o-", label=name)
-    ax.set_xticks(range(len(buckets)),
-                  [f"{b}\n(n={n})" if n is not None else b for b, n in zip(buckets, counts, strict=False)])
-    ax.set(title=title, xlabel="source length (tokens)", ylabel=ylabel)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    return ax
+        ticks = [f"{b}\n(n={n})" if n is not None else str(b) for b, n in zip(buckets, counts, strict=True)]
+        values[name] = {t: float(r[metric]) for t, r in zip(ticks, rows, strict=True)}
+    return plot_grouped_bars(values, title=title, xlabel="source length (tokens)", ylabel=ylabel, ax=ax)
+
