@@ -131,14 +131,6 @@ class Canvas:
             self.text(x, y, text, fs=fs, zorder=zorder + 0.5)
         return Node(x, y, r, r, round_=True)
 
-    def rect(self, x: float, y: float, w: float, h: float, kind: str = "op", lw: float = 1.0,
-             zorder: float = 2, ls: str = "-", alpha: float = 1.0) -> Node:
-        """A plain (square-cornered) rectangle centred at (x, y): cells of a tensor, frames."""
-        fill, edge = PALETTE[kind]
-        self.ax.add_patch(Rectangle((x - w / 2, y - h / 2), w, h, fc=fill, ec=edge, lw=lw,
-                                    zorder=zorder, ls=ls, alpha=alpha))
-        return Node(x, y, w / 2, h / 2)
-
     def frame(self, x: float, y: float, w: float, h: float, color: str = "#9a9a9a",
               ls: str | tuple = (0, (4, 3)), lw: float = 1.0, zorder: float = 1,
               fill: str = "none") -> Node:
@@ -170,15 +162,6 @@ class Canvas:
         self.ax.add_patch(FancyArrowPatch(path=path, arrowstyle=style, mutation_scale=11, color=color,
                                           lw=lw, ls=ls, zorder=zorder, joinstyle="miter",
                                           capstyle="butt"))
-
-    def curve(self, p: tuple[float, float], q: tuple[float, float], rad: float = 0.3,
-              color: str = LINE, lw: float = 1.3, ls: str = "-", head: bool = True,
-              zorder: float = 2.5) -> None:
-        """An arc from p to q (``rad`` > 0 bends to the left of the direction p -> q)."""
-        self.ax.add_patch(FancyArrowPatch(p, q, connectionstyle=f"arc3,rad={rad}",
-                                          arrowstyle="-|>" if head else "-", mutation_scale=11,
-                                          color=color, lw=lw, ls=ls, zorder=zorder,
-                                          shrinkA=0, shrinkB=0))
 
     def dot(self, x: float, y: float, r: float = 0.035, color: str = LINE) -> None:
         self.ax.add_patch(Circle((x, y), r, fc=color, ec=color, lw=0, zorder=4))
