@@ -129,6 +129,11 @@ def test_heatmap_labels_title_cells_and_colour_scale():
     colorbars = [a for a in ax.figure.axes if a is not ax]
     assert len(colorbars) == 1 and colorbars[0].get_ylabel() == "attention weight"
     assert len(ax.texts) == 0, "no annotations unless asked"
+    assert ax.get_xticklabels()[1].get_rotation() == 60, "word labels are slanted"
+    assert all(spine.get_visible() for spine in ax.spines.values()), "a heatmap keeps a frame"
+    ax = plot_heatmap(torch.rand(2, 3), **KW)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "1", "2"], "no labels: positions"
+    assert ax.get_xticklabels()[0].get_rotation() == 0, "few positions stay level"
 
 
 def test_heatmap_annotations_and_no_colorbar():

@@ -22,6 +22,7 @@ import pandas as pd
 import seaborn as sns
 import torch
 from matplotlib.patches import Rectangle
+from seaborn.utils import axis_ticklabels_overlap
 
 if TYPE_CHECKING:  # avoid importing the training module (chapter 01) at run time
     from tfmlib.train import History
@@ -182,11 +183,14 @@ def plot_heatmap(
                 xticklabels=list(x_labels) if x_labels is not None else "auto",
                 yticklabels=list(y_labels) if y_labels is not None else "auto")
     ax.grid(False)
-    long_labels = x_labels is not None and max(len(str(s)) for s in x_labels) > 2
-    if long_labels or m.shape[1] > 12:
+    for spine in ax.spines.values():  # a thin frame, so white cells do not melt into the page
+        spine.set(visible=True, color="0.75", linewidth=0.8)
+    if x_labels is not None and max(len(str(s)) for s in x_labels) > 2:  # words: slanted
         plt.setp(ax.get_xticklabels(), rotation=60, ha="right", rotation_mode="anchor")
-    else:
+    else:  # positions and short tokens stay level unless they would overlap
         plt.setp(ax.get_xticklabels(), rotation=0)
+        if axis_ticklabels_overlap(ax.get_xticklabels()):
+            plt.setp(ax.get_xticklabels(), rotation=90)
     plt.setp(ax.get_yticklabels(), rotation=0)
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     return ax
