@@ -7,7 +7,8 @@
 #   bash run.sh lab            set up, open JupyterLab on notebooks/
 #
 # PROFILE is smoke, cpu or gpu (default: $TFM_PROFILE, else gpu when CUDA is available, else cpu).
-# TFM_TORCH names the torch to install when .venv has none (default: torch==2.13.0).
+# TFM_TORCH names the torch to install when .venv has none (default: torch==2.13.0, the CPU build on a
+# Linux x86-64 machine without an NVIDIA GPU).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")"
@@ -17,13 +18,26 @@ PY="$VENV/bin/python"
 STAMP="$VENV/.tfm-installed"
 
 usage() {
-    sed -n '2,10s/^# \{0,1\}//p' "$0"
+    sed -n '2,11s/^# \{0,1\}//p' "$0"
 }
 
 stamp_value() {
     # The installed state is current while pyproject.toml and the torch request are unchanged.
     { cat pyproject.toml; echo "torch=${TFM_TORCH:-}"; } | "$PY" -c \
         'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())'
+}
+
+TORCH_PIN="torch==2.13.0"
+
+default_torch() {
+    # On Linux x86-64 pip's default torch is a CUDA build with several GB of NVIDIA libraries;
+    # a machine without an NVIDIA GPU gets the CPU build (a few hundred MB) instead.
+    if [ "$(uname -s)" = Linux ] && [ "$(uname -m)" = x86_64 ] \
+        && ! command -v nvidia-smi >/dev/null 2>&1 && [ ! -e /proc/driver/nvidia/version ]; then
+        echo "$TORCH_PIN --index-url https://download.pytorch.org/whl/cpu"
+    else
+        echo "$TORCH_PIN"
+    fi
 }
 
 setup() {
@@ -41,11 +55,14 @@ setup() {
         return 0
     fi
     if ! "$PY" -c 'import torch' >/dev/null 2>&1; then
-        # A pinned torch keeps pip from pulling whatever is newest; TFM_TORCH picks the build
-        # (e.g. TFM_TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"; see README).
-        echo "run.sh: installing ${TFM_TORCH:-torch==2.13.0}"
-        # shellcheck disable=SC2086  # TFM_TORCH may carry pip options on purpose
-        "$PY" -m pip install -q ${TFM_TORCH:-torch==2.13.0}
+        # A pinned torch keeps pip from pulling whatever is newest; TFM_TORCH picks the build.
+        local want="${TFM_TORCH:-$(default_torch)}"
+        echo "run.sh: installing $want"
+        # shellcheck disable=SC2086  # the request may carry pip options on purpose
+        if ! "$PY" -m pip install -q --retries 1 $want && [ -z "${TFM_TORCH:-}" ] && [ "$want" != "$TORCH_PIN" ]; then
+            echo "run.sh: that failed; installing pip's default build, $TORCH_PIN"
+            "$PY" -m pip install -q "$TORCH_PIN"
+        fi
     fi
     echo "run.sh: installing tfmlib and the book's tools into $VENV"
     "$PY" -m pip install -q -e ".[book]"
