@@ -46,7 +46,15 @@ RC = {
     "font.size": 11,
     "path.simplify": False,
 }
-METADATA = {"Date": None, "Creator": "tools/figures.py (matplotlib)"}
+# The matplotlib version goes into every SVG: byte-for-byte equality only holds for the version
+# that drew them, and tests/test_figures.py reads it back to know whether to compare bytes.
+METADATA = {"Date": None, "Creator": f"tools/figures.py (matplotlib {matplotlib.__version__})"}
+
+
+def drawn_with(svg: Path) -> str | None:
+    """The matplotlib version recorded in an SVG this script wrote, or None."""
+    found = re.search(r"tools/figures\.py \(matplotlib ([^)\s]+)\)", svg.read_text(encoding="utf-8"))
+    return found.group(1) if found else None
 FONT_STACK = b"font-family: 'DejaVu Sans', 'Helvetica', 'Arial', 'Liberation Sans', sans-serif"
 
 # kind -> (fill, edge). Light fills, saturated edges; text is always near-black.
