@@ -501,7 +501,8 @@ def cmd_build(args: argparse.Namespace) -> int:
           f"device {device}")
     mathjax_dir = install_mathjax(html_dir)
     if (notebooks_dir / FIGURES).is_dir():  # diagrams, linked from the Markdown as figures/...
-        shutil.copytree(notebooks_dir / FIGURES, html_dir / FIGURES, dirs_exist_ok=True)
+        for d in (copies_dir, html_dir):  # the pages, and the executed copies opened in Jupyter
+            shutil.copytree(notebooks_dir / FIGURES, d / FIGURES, dirs_exist_ok=True)
 
     pages = [
         Page(kind, src, sub, notebook_title(nbformat.read(src, as_version=4), src.stem))
