@@ -24,27 +24,30 @@
 # and keep a decoder from reading the future. Then it checks that our code computes what
 # PyTorch's own modules compute, and measures two claims of the Transformer paper: that the
 # scale $1/\sqrt{d_k}$ is needed, and that attention removes the recurrent network's sequential
-# bottleneck (at a price in memory that we measure too).
+# bottleneck (at a price in arithmetic and, for the explicit version, memory, both measured).
 #
 # **This chapter builds**
 #
 # 1. self-attention in matrix form: $Q$, $K$ and $V$ from one sequence,
 #    $\operatorname{softmax}(QK^\top/\sqrt{d_k})\,V$, checked against a loop over positions;
-# 2. why the scale: the variance of $q \cdot k$ as $d_k$ grows, the softmax saturating and its
-#    gradient vanishing, measured with and without the scale;
+# 2. why the scale: the variance of $q \cdot k$ as $d_k$ grows, the softmax saturating, and the
+#    gradient that reaches the scores and the queries, measured with and without the scale, and
+#    at the initialisation of a real layer;
 # 3. masks (padding, causal, both), and why a query that may see nothing must give zeros, not
 #    NaN; the explicit attention that returns its weights, and the fast one on
-#    `F.scaled_dot_product_attention`, equal to it forward and backward;
+#    `F.scaled_dot_product_attention`, equal to it forward and backward, with the backends
+#    PyTorch can choose for it;
 # 4. multi-head attention with the heads as a batch axis (a reshape, no loop), the output
 #    projection, and a gradient test that no position reads the future;
 # 5. the layer checked against `nn.MultiheadAttention` with copied weights, forward and
-#    backward, with masks (and PyTorch's opposite mask convention);
+#    backward, with masks (PyTorch's opposite bool convention, and additive float masks);
 # 6. the parallelism claim measured: a GRU layer against an attention layer as the sequence
-#    grows, and the memory of the attention matrix, read against Vaswani et al.'s Table 1;
+#    grows, in time and in the memory each keeps for the backward pass, read against Vaswani et
+#    al.'s Table 1;
 # 7. attention heads on sentences: a model that must find the subject of a sentence, and one
 #    that must decide what *it* refers to (*the cat did not cross the street because it was
 #    too tired / too congested*), trained several times to see which parts of the famous
-#    picture every run shares.
+#    picture every run shares; and the same model with 1, 2, 4 and 8 heads.
 #
 # **It assumes** chapter 03 (the dot score, the masked softmax), chapter 04 (self-attention
 # derived from the GRU), chapter 01 (the GRU), and that the variance of a sum of independent
@@ -57,14 +60,17 @@ from __future__ import annotations  # lets the classes below name themselves in 
 import math
 import random
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm.auto import tqdm
 
 from tfmlib import exercises
@@ -124,13 +130,17 @@ run = setup(
 #
 # with the softmax taken along each row of the $T \times T$ score matrix. No step depends on
 # another position's result, so all $T$ outputs are computed at once: that is the parallelism
-# that section 6 measures. First, the matrix form against the per-position formulas:
+# that section 6 measures. First, the matrix form against the per-position formulas. The
+# projections are drawn with entries of variance $1/d_{\text{model}}$, so that $Q$ and $K$ have
+# entries of variance about 1 for inputs of variance 1 (with unit-variance weights the entries
+# would have variance $d_{\text{model}}$, and the softmax would already be close to one-hot:
+# section 2 is about exactly that):
 
 # %%
 torch.manual_seed(run.seed)
 T, d_model, d_k, d_v = 5, 8, 4, 6
 X = torch.randn(T, d_model)
-W_q, W_k, W_v = torch.randn(d_model, d_k), torch.randn(d_model, d_k), torch.randn(d_model, d_v)
+W_q, W_k, W_v = (torch.randn(d_model, width) / math.sqrt(d_model) for width in (d_k, d_k, d_v))
 
 Q, K, V = X @ W_q, X @ W_k, X @ W_v                     # (T, d_k), (T, d_k), (T, d_v)
 A = torch.softmax(Q @ K.T / math.sqrt(d_k), dim=-1)     # (T, T): row t says where position t looks
@@ -142,6 +152,7 @@ for t in range(T):
     alpha = torch.exp(e) / torch.exp(e).sum()
     Z_loop[t] = sum(alpha[s] * V[s] for s in range(T))
 print("attention weights (rows sum to 1):\n", A.numpy().round(3))
+print(f"variance of the entries of Q: {Q.var().item():.2f}; largest weight in any row: {A.max().item():.2f}")
 print(f"max |matrix form - loop| = {(Z - Z_loop).abs().max().item():.1e}")
 assert torch.allclose(Z, Z_loop, atol=1e-5), "the matrix form must equal the per-position formulas"
 assert torch.allclose(A.sum(-1), torch.ones(T)), "each row of weights is a distribution over positions"
@@ -167,12 +178,21 @@ assert torch.allclose(A.sum(-1), torch.ones(T)), "each row of weights is a distr
 # $$\frac{\partial \alpha_s}{\partial e_{s'}} = \alpha_s(\delta_{ss'} - \alpha_{s'}),
 #   \qquad J = \operatorname{diag}(\alpha) - \alpha\alpha^\top,$$
 #
-# is zero at a one-hot $\alpha$: a saturated softmax passes no gradient back to the scores, so
-# the queries and keys (and $W^Q$, $W^K$) stop learning where to look. Three measurements, for
+# is zero at a one-hot $\alpha$: a saturated softmax passes no gradient back to the scores.
+# That is not yet the gradient that reaches the *query*: the score $e_s = q \cdot k_s / c$ (with
+# $c = 1$ unscaled, $c = \sqrt{d_k}$ scaled) has $\partial e_s / \partial q = k_s / c$, so
+#
+# $$\frac{\partial L}{\partial q} = \frac{1}{c} \sum_s \frac{\partial L}{\partial e_s}\, k_s ,$$
+#
+# and without the scale this factor is $\sqrt{d_k}$ times larger, which works against the
+# flatter gradient of the softmax. Which effect wins is a measurement. Four measurements, for
 # $d_k$ from 2 to about a thousand, each with and without the scale: the variance of $q \cdot k$;
 # how peaked the weights of one query over a fixed number of random keys become (the largest
-# weight, and the entropy, whose maximum is $\ln S$ for $S$ keys); and the size of the softmax's
-# Jacobian $\lVert J \rVert_F$, the factor by which gradients reach the scores.
+# weight, and the entropy, whose maximum is $\ln S$ for $S$ keys); the size of the softmax's
+# Jacobian $\lVert J \rVert_F$, the factor by which gradients reach the scores; and the gradient
+# that reaches the query itself, $\lVert \partial L / \partial q \rVert$, for random values and a
+# random upstream gradient $\partial L / \partial z$ (the same draws with and without the scale;
+# the table gives the median over queries of the ratio unscaled / scaled).
 
 # %%
 
@@ -194,26 +214,35 @@ for d in run.dims:
     # Jacobian's entries are far below float32's resolution next to 1
     queries = torch.randn(run.softmax_queries, 1, d, generator=g, dtype=torch.double)
     keys = torch.randn(run.softmax_queries, run.keys, d, generator=g, dtype=torch.double)
+    values = torch.randn(run.softmax_queries, run.keys, d, generator=g, dtype=torch.double)
+    upstream = torch.randn(run.softmax_queries, 1, d, generator=g, dtype=torch.double)   # dL/dz, one per query
+    queries.requires_grad_()
     scores = (queries * keys).sum(-1)                                    # (n, S)
+    grad_q = {}
     for suffix, s in (("", scores), ("_scaled", scores / math.sqrt(d))):
         w = torch.softmax(s, dim=-1)
-        J = softmax_jacobian_norm(w)
+        J = softmax_jacobian_norm(w.detach())
+        (dq,) = torch.autograd.grad(w[:, None] @ values, queries, upstream, retain_graph=True)
+        grad_q[suffix] = dq.flatten(1).norm(dim=-1)                      # ||dL/dq|| per query
+        w = w.detach()
         for key, value in (("max_weight", w.max(-1).values.mean()), ("saturated", (w.max(-1).values > 0.99).double().mean()),
                            ("entropy", -(w * torch.log(w.clamp_min(1e-300))).sum(-1).mean()),
                            ("jacobian_median", J.median()), ("jacobian_mean", J.mean())):
             scaling.setdefault(key + suffix, []).append(value.item())
+    scaling.setdefault("grad_q_ratio", []).append((grad_q[""] / grad_q["_scaled"]).median().item())
 
 print(f"{'':>5} {'Var(q.k)':>17} | {'largest weight':>14} | {'weight > 0.99':>14} | {'entropy':>12} | "
-      f"{'median ||J||':>18} | {'mean ||J||':>12}")
+      f"{'median ||J||':>18} | {'mean ||J||':>12} | {'||dL/dq||':>10}")
 print(f"{'d_k':>5} {'unscaled':>8} {'scaled':>8} | " + " | ".join(
     [f"{'unscaled':>8} {'scaled':>5}"] * 2 + [f"{'unscaled':>8} {'sc.':>3}"] + [f"{'unscaled':>9} {'scaled':>8}"]
-    + [f"{'unscaled':>8} {'sc.':>3}"]))
+    + [f"{'unscaled':>8} {'sc.':>3}"] + [f"{'uns./sc.':>10}"]))
 for i, d in enumerate(run.dims):
     v = {key: values[i] for key, values in scaling.items()}
     print(f"{d:>5} {v['variance']:>8.1f} {v['variance_scaled']:>8.2f} | {v['max_weight']:>8.3f} "
           f"{v['max_weight_scaled']:>5.3f} | {v['saturated']:>8.0%} {v['saturated_scaled']:>5.0%} | "
           f"{v['entropy']:>8.2f} {v['entropy_scaled']:>3.1f} | {v['jacobian_median']:>9.1e} "
-          f"{v['jacobian_median_scaled']:>8.3f} | {v['jacobian_mean']:>8.3f} {v['jacobian_mean_scaled']:>3.2f}")
+          f"{v['jacobian_median_scaled']:>8.3f} | {v['jacobian_mean']:>8.3f} {v['jacobian_mean_scaled']:>3.2f} | "
+          f"{v['grad_q_ratio']:>10.3g}")
 print(f"(S = {run.keys} keys: uniform weights would have largest weight {1 / run.keys:.3f}, entropy "
       f"ln S = {math.log(run.keys):.2f} and ||J|| = {math.sqrt(1 / run.keys - 1 / run.keys**2):.3f}; a one-hot "
       "softmax has entropy 0 and ||J|| = 0)")
@@ -231,10 +260,12 @@ plot_curves({"largest weight, unscaled": scaling["max_weight"], "largest weight,
             x=run.dims, ax=axes[1], title=f"Without the scale the softmax saturates ({run.keys} keys)",
             xlabel="d_k", ylabel="mean weight, or entropy / its maximum")
 axes[1].set_xscale("log", base=2)
-plot_curves({"median, unscaled": np.maximum(scaling["jacobian_median"], 1e-20),
-             "mean, unscaled": scaling["jacobian_mean"], "median, scaled": scaling["jacobian_median_scaled"]},
-            x=run.dims, ax=axes[2], title="...and passes (almost) no gradient", xlabel="d_k",
-            ylabel="||diag(a) - a a^T||_F over queries", logy=True)
+plot_curves({"||J||, median, unscaled": np.maximum(scaling["jacobian_median"], 1e-20),
+             "||J||, mean, unscaled": scaling["jacobian_mean"], "||J||, median, scaled": scaling["jacobian_median_scaled"],
+             "||dL/dq|| unscaled / scaled (median)": scaling["grad_q_ratio"]},
+            x=run.dims, ax=axes[2], title="Gradient to the scores, and to the query", xlabel="d_k",
+            ylabel="||diag(a) - a a^T||_F, or a ratio", logy=True)
+axes[2].axhline(1, color="gray", linewidth=0.8, linestyle=":")
 axes[2].set_xscale("log", base=2)
 fig.tight_layout()
 plt.show()
@@ -249,39 +280,94 @@ if run.profile != "smoke":
         "scaled, no query should saturate"
     assert scaling["jacobian_median"][-1] < 1e-3 * scaling["jacobian_median_scaled"][-1], \
         "unscaled, the typical query's softmax should pass at least 1000x less gradient at the largest d_k"
+    assert scaling["grad_q_ratio"][-1] < 0.1, \
+        "unscaled, the typical query should get at least 10x less gradient at the largest d_k"
+    assert scaling["grad_q_ratio"][run.dims.index(64)] > 1, \
+        "at d_k = 64 the unscaled query gets MORE gradient (the sqrt(d_k) larger dq = k outweighs the flatter softmax)"
     assert scaling["jacobian_mean"][-1] < 0.5 * scaling["jacobian_mean_scaled"][-1], \
         "unscaled, even the mean Jacobian should shrink"
     assert max(scaling["max_weight_scaled"]) - min(scaling["max_weight_scaled"]) < 0.05, \
         "with the scale, the weights should look the same at every d_k"
     i64 = run.dims.index(64)
     print(f"at d_k = 64 (the Transformer's heads), unscaled: largest weight {scaling['max_weight'][i64]:.2f} on "
-          f"average, {scaling['saturated'][i64]:.0%} of the queries put more than 99% on one key")
+          f"average, {scaling['saturated'][i64]:.0%} of the queries put more than 99% on one key; the query's "
+          f"gradient is {scaling['grad_q_ratio'][i64]:.1f}x the scaled one")
+orders = math.log10(scaling["jacobian_median_scaled"][-1] / scaling["jacobian_median"][-1])
+print(f"at d_k = {run.dims[-1]}: the median ||J|| falls {orders:.1f} orders of magnitude without the scale, the "
+      f"median ||dL/dq|| {math.log10(1 / scaling['grad_q_ratio'][-1]):.1f}")
 
 # %% [markdown]
-# The table and the figure say the same thing three times. The variance of $q \cdot k$ is
-# $d_k$ (left, on the line), and after dividing by $\sqrt{d_k}$ it is 1 at every width. Without
-# the scale, a query over random keys goes from spread-out weights at $d_k = 2$ to a nearly
-# one-hot choice at $d_k$ in the hundreds (middle): the largest weight climbs towards 1, the
-# entropy falls towards 0, and a growing share of the queries puts more than 99% of its weight on
-# a single key (the table). With the scale, the weights look the same at every width. The
-# gradient that reaches the scores (right, a log scale) tells the same story with a twist: for a
-# typical query (the median) it falls by many orders of magnitude, while the *mean* falls only a
-# few times, carried by the minority of queries whose two best keys happen to score almost the
-# same. Learning where to look then rests on a few lucky queries. (At moderate widths the
-# unscaled Jacobian is even a little larger than the scaled one: a softmax torn between two keys
-# is more sensitive than a nearly uniform one.) The Transformer's heads have $d_k = 64$; the
-# line under the figure shows what unscaled random scores do there.
+# The table and the figure. The variance of $q \cdot k$ is $d_k$ (left, on the line), and after
+# dividing by $\sqrt{d_k}$ it is 1 at every width. Without the scale, a query over random keys
+# goes from spread-out weights at $d_k = 2$ to a nearly one-hot choice at $d_k$ in the hundreds
+# (middle): the largest weight climbs towards 1, the entropy falls towards 0, and a growing share
+# of the queries puts more than 99% of its weight on a single key (the table). With the scale,
+# the weights look the same at every width. The gradient that reaches the scores (right, a log
+# scale) collapses for a typical query (the median, by the number of orders of magnitude printed
+# under the figure), while the *mean* falls only a few times, carried by the minority of queries
+# whose two best keys happen to score almost the same. (At moderate widths the unscaled Jacobian
+# is even a little larger than the scaled one: a softmax torn between two keys is more sensitive
+# than a nearly uniform one.)
+#
+# **But the gradient that reaches the query tells a different story at moderate widths** (the
+# last column, and the ratio curve on the right). Unscaled, $\partial e_s/\partial q = k_s$ is
+# $\sqrt{d_k}$ times larger than scaled, and at $d_k = 64$ this wins: the unscaled query gets
+# *more* gradient than the scaled one (the printed factor), not less. Only from a few hundred
+# dimensions does the saturation win, and then quickly. So "without the scale the queries stop
+# learning" is true only for wide heads. What goes wrong at the Transformer's $d_k = 64$ is
+# different: the scores have a spread that grows like $\sqrt{d_k}$, so the softmax's
+# *temperature* depends on the width. Unscaled, a freshly initialised head is already sharp, at
+# random (a fifth of the queries above put more than 99% on one key), and a change of $d_k$
+# changes how sharp every head starts. The scale makes the starting point the same at every
+# width: spread-out weights and a useful gradient to every key.
+#
+# All of this assumes unit-variance entries of $q$ and $k$. Whether a real layer has them depends
+# on its initialisation. `nn.Linear`, which section 4's `MultiHeadAttention` uses, draws its
+# weights from $U(-1/\sqrt{d}, 1/\sqrt{d})$, of variance $1/(3d)$: on inputs of variance 1
+# (after a LayerNorm) the query entries have variance about $1/3$, and $\operatorname{Var}(q
+# \cdot k) \approx d_k/9$. Xavier (Glorot) initialisation, which chapter 07's Transformer uses as
+# `nn.Transformer` does, has variance $2/(d + d) = 1/d$ for a square matrix, and gives the unit
+# variance assumed above. Both, measured on one layer of width 512 with 8 heads ($d_k = 64$):
+
+# %%
+torch.manual_seed(run.seed)
+width, n_heads, S_ = 512, 8, run.keys
+x_ln = F.layer_norm(torch.randn(64, S_, width), (width,))             # LayerNorm'd inputs, variance 1
+init_rows = {}
+for init in ("nn.Linear default", "Xavier uniform"):
+    q_lin, k_lin = nn.Linear(width, width), nn.Linear(width, width)
+    if init == "Xavier uniform":
+        for lin in (q_lin, k_lin):
+            nn.init.xavier_uniform_(lin.weight)
+    with torch.no_grad():
+        q_heads = q_lin(x_ln).view(64, S_, n_heads, -1).transpose(1, 2)   # (B, h, S, d_k)
+        k_heads = k_lin(x_ln).view(64, S_, n_heads, -1).transpose(1, 2)
+        for scale in (1.0, 1 / math.sqrt(width // n_heads)):
+            w = torch.softmax(q_heads @ k_heads.transpose(-2, -1) * scale, dim=-1)
+            top = w.max(-1).values
+            init_rows[(init, scale == 1.0)] = (q_heads.var().item(), top.mean().item(), (top > 0.99).float().mean().item())
+print(f"d_model {width}, {n_heads} heads (d_k = {width // n_heads}), {S_} keys; at initialisation:")
+print(f"{'init':>18} {'Var(q entries)':>15} {'scale':>9} {'largest weight':>15} {'weight > 0.99':>14}")
+for (init, unscaled), (var_q, top, sat) in init_rows.items():
+    print(f"{init:>18} {var_q:>15.2f} {'none' if unscaled else '1/sqrt(d_k)':>11} {top:>13.3f} {sat:>14.1%}")
+if run.profile != "smoke":
+    assert abs(init_rows[("nn.Linear default", True)][0] - 1 / 3) < 0.05, "nn.Linear's default init gives Var(q) ~ 1/3"
+    assert abs(init_rows[("Xavier uniform", True)][0] - 1) < 0.1, "Xavier init gives Var(q) ~ 1"
+    assert init_rows[("Xavier uniform", True)][2] > 10 * init_rows[("nn.Linear default", True)][2], \
+        "unscaled, Xavier-initialised heads saturate far more often than default-initialised ones"
+
+# %% [markdown]
+# With `nn.Linear`'s default, unscaled heads start much less sharp than the unit-variance
+# table promised (compare the two unscaled rows with the $d_k = 64$ row above); with Xavier, the
+# table's numbers come back. Either way the scaled heads start spread out. The scale fixes the
+# dependence on $d_k$, not every constant; the rest is the initialisation's job.
 #
 # Two remarks. The scale is not a new ability: dividing $W^Q$ by $\sqrt{d_k}$ gives the same
-# set of functions. It is a better starting point. At initialisation the network has no reason
-# to be sure where to look, and an unscaled dot product makes it sure anyway, at random, with
-# no gradient to correct itself. And the argument assumes unit-variance entries; in a real layer
-# the entries have whatever variance the inputs and weights give them (LayerNorm, chapter 07,
-# keeps the inputs near unit variance), so the scale fixes the dependence on $d_k$, not every
-# constant. Luong's unscaled dot score still trained well in chapter 03, at a width of 128 and
-# with a network that can learn to shrink its vectors; the trouble grows with the width. Britz
-# et al. (2017, §4.5) found unscaled multiplicative attention falling behind additive attention
-# as the width grew, which is the observation Vaswani et al. cite for their scale.
+# set of functions. It is a better starting point. Luong's unscaled dot score still trained well
+# in chapter 03, at a width of 128 and with a network that can learn to shrink its vectors; the
+# trouble grows with the width. Britz et al. (2017, §4.5) found unscaled multiplicative attention
+# falling behind additive attention as the width grew, which is the observation Vaswani et al.
+# cite for their scale.
 #
 # ## 3. Masks
 #
@@ -308,20 +394,28 @@ def padding_mask(token_mask: Tensor) -> Tensor:
 
 # %%
 # tfmlib-source: tfmlib.attention.causal_mask
-def causal_mask(T: int, S: int | None = None, device: torch.device | str | None = None) -> Tensor:
-    """``(T, S)`` bool mask, ``True`` where query ``t`` may attend to key ``s``: ``s <= t + S - T``.
+def causal_mask(T: int, S: int | None = None, device: torch.device | str | None = None, *,
+                align: str = "bottom_right") -> Tensor:
+    """``(T, S)`` bool mask, ``True`` where query ``t`` may attend to key ``s``.
 
     With ``S == T`` (the default) this is the lower triangle: position ``t`` sees positions
-    ``0..t``. With ``S > T`` the ``T`` queries are the *last* ``T`` of ``S`` positions (a decoder
-    that has cached the keys of earlier steps), so the last query sees every key.
+    ``0..t``. With ``S > T`` the default ``align="bottom_right"`` makes the ``T`` queries the
+    *last* ``T`` of ``S`` positions (``s <= t + S - T``: a decoder that has cached the keys of
+    earlier steps), so the last query sees every key; this is what ``causal=True`` means
+    everywhere in the package. ``align="top_left"`` makes them the *first* ``T`` positions
+    (``s <= t``), which is what PyTorch's ``is_causal=True`` computes: use it to port code that
+    relies on that.
     """
     S = T if S is None else S
     for name, v in (("T", T), ("S", S)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"causal_mask: {name} must be a positive int, got {v!r}")
+    if align not in ("bottom_right", "top_left"):
+        raise ValueError(f"causal_mask: align must be 'bottom_right' or 'top_left', got {align!r}")
     if S < T:
         raise ValueError(f"causal_mask: S={S} keys for T={T} queries; a causal mask needs S >= T")
-    return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=S - T)
+    diagonal = S - T if align == "bottom_right" else 0
+    return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=diagonal)
 
 
 # %% [markdown]
@@ -400,20 +494,27 @@ assert torch.isfinite(loss) and torch.isfinite(W1.grad).all() and torch.all(h1[0
 # %%
 # tfmlib-source: tfmlib.attention.check_mask
 def check_mask(mask: Tensor | None, scores_shape: tuple[int, ...], who: str) -> Tensor | None:
-    """Return ``mask`` as a bool tensor that broadcasts to ``scores_shape`` ``(B, h, T, S)``.
+    """Return ``mask`` as a tensor that broadcasts to ``scores_shape`` ``(B, h, T, S)``.
 
-    Accepts ``(T, S)``, ``(B, T, S)`` (made ``(B, 1, T, S)``) and 4-D masks such as
-    :func:`padding_mask`'s ``(B, 1, 1, S)``; raises ``TypeError`` for a non-bool mask and
-    ``ValueError``, naming both shapes, for one that does not broadcast.
+    ``mask`` is ``bool`` (``True`` = may attend) or floating (added to the scores: ``0`` /
+    ``-inf``, or real-valued biases). Accepts ``(T, S)`` (or any 2-D shape that broadcasts to it,
+    such as ``(1, S)``), ``(B, T, S)`` (made ``(B, 1, T, S)``) and 4-D masks such as
+    :func:`padding_mask`'s ``(B, 1, 1, S)``; raises ``TypeError`` for a mask that is neither bool
+    nor floating and ``ValueError``, naming both shapes, for one that does not broadcast.
     """
     if mask is None:
         return None
-    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+    if not isinstance(mask, Tensor) or not (mask.dtype == torch.bool or mask.is_floating_point()):
         got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
-        raise TypeError(f"{who}: mask must be a bool tensor (True = may attend), got {got}")
+        raise TypeError(f"{who}: mask must be a bool tensor (True = may attend) or a floating tensor "
+                        f"added to the scores (0 = may attend, -inf = may not), got {got}")
     B, h, T, S = scores_shape
     if mask.dim() == 2:
-        if tuple(mask.shape) != (T, S):
+        try:
+            fits = torch.broadcast_shapes(mask.shape, (T, S)) == torch.Size((T, S))
+        except RuntimeError:
+            fits = False
+        if not fits:
             raise ValueError(f"{who}: a 2-D mask must be (queries, keys) = {(T, S)}, got "
                              f"{tuple(mask.shape)}; "
                              "for a (batch, keys) token mask use padding_mask()")
@@ -462,18 +563,31 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor, who: str) -> None:
 # %%
 # tfmlib-source: tfmlib.attention.scaled_dot_product_attention
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
-                                 dropout_p: float = 0.0) -> tuple[Tensor, Tensor]:
-    """Attention written out: ``softmax(Q K^T / sqrt(d_k)) V``, with the weights returned.
+                                 dropout_p: float = 0.0, *, causal: bool = False) -> tuple[Tensor, Tensor]:
+    """Attention written out: ``softmax(Q K^T / sqrt(d_k) + bias) V``, with the weights returned.
 
-    ``q`` ``(B, h, T, d_k)``, ``k`` ``(B, h, S, d_k)``, ``v`` ``(B, h, S, d_v)``; ``mask`` bool,
-    broadcasting to ``(B, h, T, S)`` (``True`` = may attend). Returns ``(out (B, h, T, d_v),
-    weights (B, h, T, S))``; each row of ``weights`` sums to 1 over the keys a query may see, and
-    is all zeros for a query that may see none. ``dropout_p`` drops weights (training only; the
-    returned weights are those before dropout).
+    ``q`` ``(B, h, T, d_k)``, ``k`` ``(B, h, S, d_k)``, ``v`` ``(B, h, S, d_v)``; ``mask``
+    broadcasting to ``(B, h, T, S)``: bool (``True`` = may attend) or floating (added to the
+    scores; ``-inf`` = may not attend). ``causal=True`` adds :func:`causal_mask` (bottom-right
+    aligned when ``T < S``). Returns ``(out (B, h, T, d_v), weights (B, h, T, S))``; each row of
+    ``weights`` sums to 1 over the keys a query may see, and is all zeros for a query that may
+    see none. ``dropout_p`` drops weights (training only; the returned weights are those before
+    dropout).
+
+    ``q`` is scaled *before* the product: ``(Q / sqrt(d_k)) K^T`` is the same number as
+    ``Q K^T / sqrt(d_k)``, but its intermediate is ``sqrt(d_k)`` times smaller, so float16 (whose
+    largest number is 65504) does not overflow to ``inf`` where the scaled score is finite.
     """
     _check_qkv(q, k, v, "scaled_dot_product_attention")
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])            # (B, h, T, S)
+    scores = (q / math.sqrt(q.shape[-1])) @ k.transpose(-2, -1)          # (B, h, T, S)
     mask = check_mask(mask, tuple(scores.shape), "scaled_dot_product_attention")
+    if causal:
+        keep = causal_mask(q.shape[-2], k.shape[-2], device=q.device)
+        mask = keep if mask is None else (mask & keep if mask.dtype == torch.bool
+                                          else torch.where(keep, mask, -math.inf))
+    if mask is not None and mask.is_floating_point():  # additive: add it, then mask the -inf keys
+        scores = scores + mask.to(scores.dtype)
+        mask = mask != -math.inf
     weights = torch.softmax(scores, dim=-1) if mask is None else masked_softmax(scores, mask)
     dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
     return dropped @ v, weights
@@ -485,7 +599,8 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
 
 # %%
 out, weights = scaled_dot_product_attention(Q[None, None], K[None, None], V[None, None])
-assert torch.allclose(out[0, 0], Z, atol=1e-6) and torch.allclose(weights[0, 0], A, atol=1e-6)
+assert torch.allclose(out[0, 0], Z, atol=1e-6) and torch.allclose(weights[0, 0], A, atol=1e-6), \
+    "the package's attention must give section 1's output and weights"
 
 torch.manual_seed(run.seed)
 B, h, L, d = 3, 2, 5, 4
@@ -511,16 +626,29 @@ assert torch.allclose(weights.sum(-1)[visible_rows], torch.ones(int(visible_rows
 
 # %% [markdown]
 # **The fast attention.** The explicit attention materialises the score matrix, `(B, h, T, S)`
-# numbers, and then the weights, another tensor of the same size, both kept for the backward
-# pass. The models of later chapters need no weights, only the output, and PyTorch's
-# `F.scaled_dot_product_attention` computes the same output with fused kernels: on a GPU,
-# FlashAttention (Dao et al. 2022), which never stores the $T \times S$ matrix but walks over
-# blocks of keys with a running maximum and a running sum of the softmax, and recomputes the
-# blocks in the backward pass; on a CPU, a blocked kernel of the same idea. It reads a `bool`
-# mask the way we do (`True` = may take part). Its answer for a query that may see nothing
-# has changed between versions and backends, so the package sets that row to zero itself, with
-# the same trick as `masked_softmax`: let such a row attend to everything, which is finite, and
-# zero its output, which zeroes every gradient through it.
+# numbers, and then the weights, another tensor of the same size, and keeps the weights for the
+# backward pass (section 6 measures what it keeps). The models of later chapters need no
+# weights, only the output, and PyTorch's `F.scaled_dot_product_attention` computes the same
+# output with one of several *backends* (`torch.nn.attention.SDPBackend`): `MATH`, the formula
+# written out (any device, dtype and mask); `FLASH_ATTENTION`, Dao et al.'s (2022) tiling, which
+# never stores the $T \times S$ matrix but walks over blocks of keys with a running maximum and a
+# running sum of the softmax (question 7), and recomputes the blocks in the backward pass;
+# `EFFICIENT_ATTENTION`, the memory-efficient kernel of the same idea from xFormers; and
+# `CUDNN_ATTENTION`, NVIDIA's. PyTorch takes the first backend whose input constraints the call
+# meets (the documentation of `F.scaled_dot_product_attention`: "each of the fused kernels has
+# specific input limitations"), and `torch.nn.attention.sdpa_kernel` restricts the choice, which
+# is how one finds out what runs. It reads a `bool` mask the way we do (`True` = may take part),
+# and also accepts a floating mask that it adds to the scores (section 5). Its answer for a query
+# that may see nothing has changed between versions and backends, so the package sets that row
+# to zero itself, with the same trick as `masked_softmax`: let such a row attend to everything,
+# which is finite, and zero its output, which zeroes every gradient through it.
+#
+# One more detail of the code below: it passes `is_causal=True` only when $T = S$. PyTorch's
+# `is_causal` aligns the causal triangle with the top-left corner (query $t$ sees keys
+# $0 \dots t$), the book's `causal_mask` with the bottom-right one (query $t$ sees keys
+# $0 \dots t + S - T$: the $T$ queries are the *last* $T$ positions, which is what a decoder
+# reading a cache of earlier keys needs, chapter 09). The two agree only when $T = S$; the cell
+# after the next one measures the difference.
 
 # %%
 # tfmlib-source: tfmlib.attention.fast_attention
@@ -528,9 +656,13 @@ def fast_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, 
                    dropout_p: float = 0.0) -> Tensor:
     """The output of :func:`scaled_dot_product_attention`, computed by ``F.scaled_dot_product_attention``.
 
-    Same shapes and mask convention; ``causal=True`` adds :func:`causal_mask` (and lets PyTorch use
-    its causal kernels when there is no other mask). A fully masked query row gives zeros (PyTorch's
-    own result for such a row depends on its version and backend, so it is set here).
+    Same shapes and masks (bool keep-mask, or floating mask added to the scores). ``causal=True``
+    adds :func:`causal_mask`, and lets PyTorch use its causal kernels when there is no other mask
+    and ``T == S``. With ``T < S`` it aligns the queries with the *last* ``T`` keys
+    (bottom-right), unlike PyTorch's ``is_causal=True`` (top-left: the first ``T``); pass
+    ``mask=causal_mask(T, S, align="top_left")`` for PyTorch's behaviour. A fully masked query row
+    gives zeros (PyTorch's own result for such a row depends on its version and backend, so it is
+    set here).
     """
     _check_qkv(q, k, v, "fast_attention")
     T, S = q.shape[-2], k.shape[-2]
@@ -542,11 +674,17 @@ def fast_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, 
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
         mask = causal_mask(T, S, device=q.device)
     elif causal:
-        mask = mask & causal_mask(T, S, device=q.device)
+        keep = causal_mask(T, S, device=q.device)
+        mask = mask & keep if mask.dtype == torch.bool else torch.where(keep, mask, -math.inf)
     # A row that may attend to nothing is let attend to everything (finite, no NaN in either pass),
     # and its output is then zeroed, which also zeroes every gradient through it.
-    sees_something = mask.any(dim=-1, keepdim=True)                       # (..., T, 1)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~sees_something, dropout_p=dropout_p)
+    if mask.dtype == torch.bool:
+        sees_something = mask.any(dim=-1, keepdim=True)                   # (..., T, 1)
+        attn_mask = mask | ~sees_something
+    else:
+        sees_something = (mask != -math.inf).any(dim=-1, keepdim=True)
+        attn_mask = mask.to(q.dtype).masked_fill(~sees_something, 0.0)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
     return out.masked_fill(~sees_something, 0.0)
 
 
@@ -580,6 +718,56 @@ for name, (mask, causal) in cases.items():
     assert all(torch.isfinite(t).all() for t in (*grads_f, out_f)), f"NaN in the fast attention ({name})"
 
 # %% [markdown]
+# Which backends run here? Each call below is tried with one backend allowed at a time
+# (`sdpa_kernel`); a backend that cannot take the call is refused with an error. Then the two
+# causal alignments, with 2 queries and 5 keys:
+
+# %%
+q, k, v = (torch.randn(2, 4, 16, 32, device=run.device) for _ in range(3))
+keep16 = causal_mask(16, device=run.device)
+calls = {"no mask": {}, "bool mask": dict(attn_mask=keep16), "is_causal=True": dict(is_causal=True),
+         "float mask": dict(attn_mask=torch.zeros(16, 16, device=run.device).masked_fill(~keep16, -math.inf)),
+         "dropout 0.1": dict(dropout_p=0.1)}
+backends = [SDPBackend.MATH, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
+runs_on = {}
+for backend in backends:
+    for call, kwargs in calls.items():
+        try:
+            with sdpa_kernel(backend), warnings.catch_warnings():
+                warnings.simplefilter("ignore")              # PyTorch warns about why a kernel refused
+                F.scaled_dot_product_attention(q, k, v, **kwargs)
+            runs_on[backend.name, call] = "runs"
+        except RuntimeError:
+            runs_on[backend.name, call] = "refused"
+print(f"float32 on {run.device.type} (torch {torch.__version__}):")
+print(f"{'backend':>20} " + " ".join(f"{call:>15}" for call in calls))
+for backend in backends:
+    print(f"{backend.name:>20} " + " ".join(f"{runs_on[backend.name, call]:>15}" for call in calls))
+
+q2, k2, v2 = (torch.randn(1, 1, n, 4) for n in (2, 5, 5))
+torch_causal = F.scaled_dot_product_attention(q2, k2, v2, is_causal=True)
+for align in ("top_left", "bottom_right"):
+    book = F.scaled_dot_product_attention(q2, k2, v2, attn_mask=causal_mask(2, 5, align=align))
+    print(f"is_causal=True vs causal_mask(2, 5, align={align!r}) {causal_mask(2, 5, align=align).int().tolist()}: "
+          f"max |difference| {(torch_causal - book).abs().max().item():.2g}")
+assert torch.allclose(torch_causal, F.scaled_dot_product_attention(q2, k2, v2, attn_mask=causal_mask(2, 5, align="top_left"))), \
+    "PyTorch's is_causal aligns top-left"
+assert runs_on["MATH", "bool mask"] == "runs", "the math backend takes every call"
+
+# %% [markdown]
+# The math backend takes every call. On a CPU the flash backend is a blocked kernel written for
+# the CPU, and it took float32 and both kinds of mask here, but not dropout (in the version
+# printed); the efficient and cuDNN backends exist only for CUDA. On CUDA the picture is
+# different, and it matters for this book: there the flash kernel takes only float16 and
+# bfloat16 and no `attn_mask` (`is_causal=True` is fine), while the memory-efficient kernel also
+# takes float32 and a mask. Every call in this chapter is float32, and `fast_attention` passes a
+# mask whenever it has one, so on a GPU it runs the memory-efficient kernel (or the math one),
+# not FlashAttention; to get flash on CUDA, use half precision and `is_causal` (or no mask). The
+# table is what one checks on a new machine: run this cell there. And the alignment check shows
+# why `fast_attention` hands `is_causal=True` to PyTorch only when $T = S$: with 2 queries and 5
+# keys, PyTorch's result is the top-left triangle, not the book's.
+
+# %% [markdown]
 # ## 4. Multi-head attention
 #
 # One softmax gives each query one distribution over the positions: one place to look, or a
@@ -592,9 +780,12 @@ for name, (mask, causal) in cases.items():
 # with $W_i^Q, W_i^K, W_i^V \in \mathbb{R}^{d_{\text{model}} \times d_k}$,
 # $d_k = d_v = d_{\text{model}}/h$, and the output projection
 # $W^O \in \mathbb{R}^{h d_v \times d_{\text{model}}}$, which mixes what the heads found. Because
-# $d_k = d_{\text{model}}/h$, the $h$ heads together cost the same parameters and about the same
-# arithmetic as one head of full width; what they add is $h$ distributions per query instead of
-# one.
+# $d_k = d_{\text{model}}/h$, the $h$ heads together cost the same parameters as one head of full
+# width, and the same multiply-adds for the projections, for $QK^\top$ and for the weighted sum
+# ($h \cdot n^2 \cdot d_{\text{model}}/h = n^2 d_{\text{model}}$). What grows with $h$ is the
+# score and weight tensors, $B \cdot h \cdot T \cdot S$ numbers each, and the softmax over
+# them: $h$ times those of one head. What the heads add is $h$ distributions per query instead
+# of one; section 7 measures whether that helps.
 #
 # Nothing here needs a loop over heads. Put the $h$ matrices $W_i^Q$ side by side and they form
 # one $d_{\text{model}} \times d_{\text{model}}$ matrix: one `nn.Linear` computes all heads'
@@ -629,7 +820,8 @@ x = (100 * torch.arange(3)[:, None] + torch.arange(8)[None, :]).float()[None]   
 right, wrong = split_heads(x, heads=4), x.view(1, 4, 3, 2)
 print("head 1, split_heads (position*100 + feature):\n", right[0, 1].int().tolist())
 print("head 1, x.view(B, h, L, d):\n", wrong[0, 1].int().tolist())
-assert torch.equal(right[0, 1], x[0, :, 2:4]) and not torch.equal(wrong[0, 1], x[0, :, 2:4])
+assert torch.equal(right[0, 1], x[0, :, 2:4]) and not torch.equal(wrong[0, 1], x[0, :, 2:4]), \
+    "head 1 must hold features 2 and 3 of every position, and the plain view must not"
 assert torch.equal(merge_heads(right), x), "merge_heads must undo split_heads"
 
 # %% [markdown]
@@ -649,15 +841,23 @@ class MultiHeadAttention(nn.Module):
     into ``h`` slices of ``d_k = d_model / h``, so every head is computed at once.
 
     ``forward(query (B, T, d_model), key (B, S, d_model) = query, value (B, S, d_model) = key, *,
-    mask=None, causal=False, need_weights=False) -> (out (B, T, d_model), weights (B, h, T, S) or
-    None)``. With ``need_weights`` the explicit :func:`scaled_dot_product_attention` runs and its
-    weights are returned; otherwise :func:`fast_attention`. ``rotary`` (chapter 06) is a module
-    ``(q, k) -> (q, k)`` applied to the split heads before the scores, for rotary position
-    embeddings.
+    mask=None, causal=False, need_weights=False, q_positions=None, k_positions=None) -> (out (B, T,
+    d_model), weights (B, h, T, S) or None)``. ``mask`` is a bool keep-mask or a floating mask added
+    to the scores (see the module docstring), broadcasting to ``(B, h, T, S)``. With
+    ``need_weights`` the explicit :func:`scaled_dot_product_attention` runs and its weights are
+    returned; otherwise :func:`fast_attention`.
+
+    ``rotary`` (chapter 06) is a module ``(q, k) -> (q, k)`` applied to the split heads before the
+    scores, for rotary position embeddings (:class:`~tfmlib.positional.RotaryEmbedding`).
+    ``q_positions`` and ``k_positions`` (``(T,)`` and ``(S,)``, or ``(B, T)`` and ``(B, S)``,
+    integer) are the positions it rotates by, passed on as
+    ``rotary(q, k, q_positions=..., k_positions=...)``: needed when the queries are not the keys'
+    positions ``0 .. S - 1`` (a decoder step after ``S - T`` cached keys, left padding, packed
+    sequences). Without them ``RotaryEmbedding`` refuses ``T != S`` rather than guess.
     """
 
     def __init__(self, d_model: int, heads: int, *, dropout: float = 0.0, bias: bool = True,
-                 rotary: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None):
+                 rotary: Callable[..., tuple[Tensor, Tensor]] | None = None):
         super().__init__()
         for name, v in (("d_model", d_model), ("heads", heads)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -680,7 +880,7 @@ class MultiHeadAttention(nn.Module):
                 got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
                 raise ValueError(f"MultiHeadAttention: {name} must be (batch, length, "
                                  f"d_model={self.d_model}), "
-                                 f"got {got}")
+                                 f"got {got} (batch first; no unbatched input)")
         if query.shape[0] == 0 or query.shape[1] == 0 or key.shape[1] == 0:
             raise ValueError(f"MultiHeadAttention: empty input (query {tuple(query.shape)}, "
                              f"key {tuple(key.shape)})")
@@ -692,8 +892,9 @@ class MultiHeadAttention(nn.Module):
                              f"{key.shape[1]} and {value.shape[1]}")
 
     def forward(self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None, *,
-                mask: Tensor | None = None, causal: bool = False,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+                mask: Tensor | None = None, causal: bool = False, need_weights: bool = False,
+                q_positions: Tensor | None = None,
+                k_positions: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         key = query if key is None else key
         value = key if value is None else value
         self._check_inputs(query, key, value)
@@ -701,15 +902,16 @@ class MultiHeadAttention(nn.Module):
         k = split_heads(self.k_proj(key), self.heads)                     # (B, h, S, d_k)
         v = split_heads(self.v_proj(value), self.heads)                   # (B, h, S, d_k)
         if self.rotary is not None:
-            q, k = self.rotary(q, k)
+            if q_positions is None and k_positions is None:
+                q, k = self.rotary(q, k)
+            else:
+                q, k = self.rotary(q, k, q_positions=q_positions, k_positions=k_positions)
+        elif q_positions is not None or k_positions is not None:
+            raise ValueError("MultiHeadAttention: q_positions/k_positions are the positions a rotary "
+                             "embedding rotates by, but this module has no rotary=")
         dropout_p = self.dropout if self.training else 0.0
         if need_weights:
-            T, S = q.shape[-2], k.shape[-2]
-            mask = check_mask(mask, (q.shape[0], self.heads, T, S), "MultiHeadAttention")
-            if causal:
-                c = causal_mask(T, S, device=q.device)
-                mask = c if mask is None else mask & c
-            out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p)
+            out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p, causal=causal)
         else:
             out, weights = fast_attention(q, k, v, mask, causal, dropout_p), None
         return self.out_proj(merge_heads(out)), weights
@@ -773,7 +975,7 @@ with torch.no_grad():
                                 "loop over heads": lambda: heads_by_loop(wide, x_wide)}, repeats=20)
 for name, seconds in heads_times.items():
     print(f"{name:>16}: {1e3 * seconds:.3f} ms per call (median of 20)")
-if run.profile != "smoke":
+if run.profile != "smoke" and run.device.type == "cpu":
     assert heads_times["batched heads"] < heads_times["loop over heads"], "the batch axis should beat the loop"
 
 # %% [markdown]
@@ -804,10 +1006,11 @@ G = {"causal=True": dependence(layer, x, causal=True), "no mask": dependence(lay
      "causal=True, explicit": dependence(layer, x, causal=True, need_weights=True)}
 future = torch.ones(8, 8, dtype=torch.bool).triu(diagonal=1)
 fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+top = max(G["causal=True"].max().item(), G["no mask"].max().item())      # one colour scale for both panels
 for ax, name in zip(axes, ("causal=True", "no mask"), strict=True):
     plot_heatmap(G[name], ax=ax, title=f"||d out_t / d x_s||, {name}", xlabel="input position s",
                  ylabel="output position t", x_labels=[str(i) for i in range(8)],
-                 y_labels=[str(i) for i in range(8)])
+                 y_labels=[str(i) for i in range(8)], vmin=0, vmax=top)
 fig.tight_layout()
 plt.show()
 for name, g in G.items():
@@ -819,8 +1022,9 @@ assert torch.all(G["causal=True"][~future] > 0), "an output must depend on every
 assert G["no mask"][future].min() > 0, "without the mask every output depends on every input (the test can fail)"
 
 # %% [markdown]
-# Both paths (the fast one used in training and the explicit one used for plots) have exactly
-# zero dependence above the diagonal, and a non-zero one on and below it. The same test, with a
+# (The two panels share one colour scale, so their colours compare.) Both paths (the fast one
+# used in training and the explicit one used for plots) have exactly zero dependence above the
+# diagonal, and a non-zero one on and below it. The same test, with a
 # padding mask, shows that padding cannot leak into real positions: the outputs at the real
 # positions of a padded sentence do not depend on the padded inputs at all.
 
@@ -842,10 +1046,14 @@ assert torch.all(G_pad[:5, :5] > 0), "every real position depends on every real 
 # %%
 # tfmlib-source: tfmlib.attention.copy_from_torch_mha
 def copy_from_torch_mha(src: nn.MultiheadAttention, dst: MultiHeadAttention) -> MultiHeadAttention:
-    """Copy an ``nn.MultiheadAttention``'s weights into ``dst`` (same ``d_model``, heads and bias).
+    """Copy an ``nn.MultiheadAttention``'s weights into ``dst`` (same ``d_model``, heads, bias and
+    dropout).
 
     PyTorch packs the three input projections into ``in_proj_weight`` ``(3 d_model, d_model)`` in
     the order query, key, value; each block is one of ``dst``'s ``q_proj``/``k_proj``/``v_proj``.
+    A module that computes something ``dst`` cannot (separate ``kdim``/``vdim``, ``add_bias_kv``,
+    ``add_zero_attn``) is refused, so that a copy always computes what ``src`` does.
+    ``batch_first`` does not matter here (it only changes how ``src`` is called).
     """
     if not isinstance(src, nn.MultiheadAttention):
         raise TypeError(f"copy_from_torch_mha: src must be nn.MultiheadAttention, got {type(src).__name__}")
@@ -854,8 +1062,16 @@ def copy_from_torch_mha(src: nn.MultiheadAttention, dst: MultiHeadAttention) -> 
                          f"dst has {(dst.d_model, dst.heads)}")
     if src.in_proj_weight is None:
         raise ValueError("copy_from_torch_mha: src has separate key/value sizes (kdim/vdim); not supported")
+    if src.bias_k is not None or src.bias_v is not None:
+        raise ValueError("copy_from_torch_mha: src has add_bias_kv=True (a learned extra key and value); "
+                         "MultiHeadAttention has no such parameters")
+    if src.add_zero_attn:
+        raise ValueError("copy_from_torch_mha: src has add_zero_attn=True (an extra all-zero key and value); "
+                         "MultiHeadAttention does not add one")
     if (src.in_proj_bias is None) != (dst.q_proj.bias is None):
         raise ValueError("copy_from_torch_mha: src and dst must both have biases or both not")
+    if src.dropout != dst.dropout:
+        raise ValueError(f"copy_from_torch_mha: src has dropout={src.dropout}, dst has dropout={dst.dropout}")
     with torch.no_grad():
         for i, proj in enumerate((dst.q_proj, dst.k_proj, dst.v_proj)):
             proj.weight.copy_(src.in_proj_weight.chunk(3)[i])
@@ -880,6 +1096,9 @@ def copy_from_torch_mha(src: nn.MultiheadAttention, dst: MultiHeadAttention) -> 
 torch.manual_seed(run.seed)
 B, T, S, D, H = 3, 6, 7, 16, 4
 reference = nn.MultiheadAttention(D, H, batch_first=True)
+with torch.no_grad():                      # PyTorch starts the biases at zero: make them visible to the comparison
+    reference.in_proj_bias.normal_(std=0.1)
+    reference.out_proj.bias.normal_(std=0.1)
 ours = copy_from_torch_mha(reference, MultiHeadAttention(D, H))
 comparison = {}
 for case in ("self", "self + padding", "causal", "causal + padding", "cross + padding"):
@@ -950,15 +1169,78 @@ assert torch.allclose(ours_out[:, 0], ours.out_proj.bias.detach().expand(B, D)),
 # the bias of $W^O$), while `nn.MultiheadAttention` in the version printed returns NaN. That
 # difference is deliberate: the book's layer never produces NaN.
 #
+# **A third convention: additive float masks.** `F.scaled_dot_product_attention`,
+# `nn.MultiheadAttention` and `nn.Transformer.generate_square_subsequent_mask` also take a
+# *floating* mask, which is not a yes/no but a number *added* to the scores before the softmax:
+# $0$ where a query may attend and $-\infty$ where it may not, since
+# $\exp(e + (-\infty)) = 0$. A bool keep-mask $m$ and the float mask "$0$ where $m$, $-\infty$
+# elsewhere" must give the same attention; and because the float mask is added, it can carry any
+# real bias, not only $0$ and $-\infty$ (chapter 06's ALiBi adds $-m\,|t - s|$). The package's
+# attention takes both kinds. Three checks, then the trap of the usual finite fill value:
+
+# %%
+T = 5
+float_causal = nn.Transformer.generate_square_subsequent_mask(T)            # PyTorch's own causal mask
+print("nn.Transformer.generate_square_subsequent_mask(5):\n", float_causal)
+as_float = torch.zeros(T, T).masked_fill(~causal_mask(T), -math.inf)        # the book's bool mask, made additive
+assert torch.equal(float_causal, as_float), "PyTorch's float causal mask is 0 on and below the diagonal, -inf above"
+x = torch.randn(B, T, D)
+with torch.no_grad():
+    book_bool, _ = ours(x, mask=causal_mask(T))
+    book_float, _ = ours(x, mask=float_causal)
+    torch_float, _ = reference(x, x, x, attn_mask=float_causal)             # a float mask means the same to both
+    bias = torch.randn(T, T)                                                # any real bias, e.g. a distance penalty
+    ours_bias, _ = ours(x, mask=bias)
+    torch_bias, _ = reference(x, x, x, attn_mask=bias)
+float_diffs = {"ours: bool vs float mask": (book_bool - book_float).abs().max().item(),
+               "ours vs nn.MultiheadAttention, float mask": (book_float - torch_float).abs().max().item(),
+               "ours vs nn.MultiheadAttention, random bias": (ours_bias - torch_bias).abs().max().item()}
+for name, diff in float_diffs.items():
+    print(f"{name:>44}: max |difference| {diff:.1e}")
+assert max(float_diffs.values()) < 1e-5, "a float mask must mean the same in our layer and PyTorch's"
+
+fill = -1e9                                                        # a common finite fill in tutorials' code
+scores16 = torch.tensor([[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]], dtype=torch.float16)
+hide16 = torch.tensor([[False, True, True], [True, True, True]])   # row 2: a query that may see nothing
+print(f"\nfloat16: largest finite number {torch.finfo(torch.float16).max:,.0f}; -1e9 becomes "
+      f"{torch.tensor(fill).half().item()}")
+try:
+    scores16.masked_fill(hide16, fill)
+    print("masked_fill(-1e9) on float16 scores: accepted")
+except RuntimeError as error:
+    print(f"masked_fill(-1e9) on float16 scores: RuntimeError: {error}")
+added = torch.softmax(scores16 + torch.zeros(2, 3).masked_fill(hide16, fill).half(), dim=-1)
+print(f"softmax(scores + (-1e9 mask).half()): {added.tolist()}")
+print(f"masked_softmax (fill finfo.min = {torch.finfo(torch.float16).min:,.0f}, then x mask): "
+      f"{masked_softmax(scores16, ~hide16).tolist()}")
+assert torch.isnan(added[1]).all() and not torch.isnan(masked_softmax(scores16, ~hide16)).any(), \
+    "in float16 a -1e9 fill is -inf (NaN for a row that sees nothing); masked_softmax gives no NaN"
+
+# %% [markdown]
+# All three differences are float32 rounding: PyTorch's float causal mask is exactly the book's
+# bool mask made additive, and a real-valued bias means the same to both layers. The last lines
+# are the trap. Code written for float32 often fills hidden scores with $-10^9$ instead of
+# $-\infty$, to keep a fully hidden row finite. In float16, whose largest number is 65,504,
+# $-10^9$ *is* $-\infty$: `masked_fill` refuses it outright, and a float mask cast to half turns
+# it into $-\infty$, so a query that may see nothing gets NaN again, exactly the trap of section
+# 3. The safe fill is the dtype's own most negative number, `torch.finfo(dtype).min`, which is
+# what chapter 03's `masked_softmax` uses, followed by the multiplication by the mask.
+#
 # ## 6. Why attention won: the parallelism, measured
 #
-# Vaswani et al. (2017, §4 and Table 1) compare a self-attention layer with a recurrent layer on
-# three counts, for a sequence of length $n$ and width $d$:
+# Vaswani et al. (2017, §4 and Table 1) compare a self-attention layer with a recurrent and a
+# convolutional layer on three counts, for a sequence of length $n$ and width $d$ (kernel width
+# $k$; $r$ the size of the neighbourhood of a *restricted* self-attention, which looks only at
+# the $r$ positions around each query):
 #
 # | layer | operations per layer | sequential operations | longest path between two positions |
 # |---|---|---|---|
 # | self-attention | $O(n^2 \cdot d)$ | $O(1)$ | $O(1)$ |
 # | recurrent | $O(n \cdot d^2)$ | $O(n)$ | $O(n)$ |
+# | convolutional | $O(k \cdot n \cdot d^2)$ | $O(1)$ | $O(\log_k n)$ (dilated), $O(n/k)$ (contiguous) |
+# | self-attention, restricted | $O(r \cdot n \cdot d)$ | $O(1)$ | $O(n/r)$ |
+#
+# This section measures the first two rows.
 #
 # The recurrent layer must take its $n$ steps one after the other, because $h_t$ needs
 # $h_{t-1}$; the attention layer does all its work in a handful of large matrix products, with
@@ -1017,31 +1299,75 @@ for i, n in enumerate(lengths):
     print(f"{n:>6} " + " ".join(cells) + f" {flop_ratio:>20.2f}")
 
 # %% [markdown]
-# The memory side of the same trade: the explicit attention keeps the weights, $B \cdot h \cdot
-# n^2$ numbers, for the backward pass (and the scores, as many again), while a recurrent layer
-# keeps $O(B \cdot n \cdot d)$ numbers, its states and gates. The formula first, checked against
-# the tensor the explicit attention actually returns, then both costs against $n$, with the times:
+# The memory side of the same trade. For the backward pass, every layer keeps some of the
+# tensors of its forward pass. How many bytes is a measurement too:
+# `torch.autograd.graph.saved_tensors_hooks` sees every tensor that autograd saves, on any
+# device, and we add up their sizes (each storage counted once, the layer's own parameters left
+# out). For the explicit attention we also count, at its longest length, the saved tensors of
+# shape `(..., n, n)`, in units of $B h n^2$ floats: how many score-sized tensors it keeps,
+# without and with a causal mask.
 
 # %%
+
+
+def saved_for_backward(fn: Callable[[], object], params: list[Tensor], n: int) -> tuple[int, int]:
+    """Bytes autograd saves while ``fn()`` runs (each storage once, ``params`` left out), and the bytes
+    of the saved tensors whose last two dimensions are ``(n, n)``."""
+    skip = {p.untyped_storage().data_ptr() for p in params}
+    storages: dict[int, int] = {}
+    square = 0
+
+    def pack(t: Tensor) -> Tensor:
+        nonlocal square
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in skip and storage.data_ptr() not in storages:
+            storages[storage.data_ptr()] = storage.nbytes()
+            if tuple(t.shape[-2:]) == (n, n):
+                square += storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(storages.values()), square
+
+
 B_, h_, d_ = cfg["batch"], cfg["heads"], cfg["d_model"]
-x = torch.randn(B_, int(lengths[0]), d_, device=run.device)
-with torch.no_grad():
-    _, w = attention(x, need_weights=True)
-weight_bytes = w.numel() * w.element_size()
-print(f"n = {lengths[0]}: the weights tensor has shape {tuple(w.shape)}, {weight_bytes:,} bytes "
-      f"= B*h*n*n*4 = {B_ * h_ * int(lengths[0]) ** 2 * 4:,}")
-assert weight_bytes == B_ * h_ * int(lengths[0]) ** 2 * 4, "the attention matrix holds B*h*n^2 floats"
-attention_matrix_mb = B_ * h_ * lengths.astype(float) ** 2 * 4 / 2**20
-gru_states_mb = B_ * lengths * d_ * 4 / 2**20
+memory: dict[str, list[float]] = {}
+score_tensors: dict[str, float] = {}
+for n in (int(n) for n in lengths):
+    x = torch.randn(B_, n, d_, device=run.device, requires_grad=True)
+    layers = {"GRU": (gru, {}), "attention (fast)": (attention, {})}
+    if n <= cfg["explicit_max"]:
+        layers["attention (explicit)"] = (attention, dict(need_weights=True))
+        layers["explicit, causal"] = (attention, dict(causal=True, need_weights=True))
+    for name, (layer, kwargs) in layers.items():
+        total, square = saved_for_backward(partial(layer, x, **kwargs), list(layer.parameters()), n)
+        memory.setdefault(name, []).append(total / 2**20)
+        score_tensors[name] = square / (B_ * h_ * n**2 * 4)     # kept from the longest length each layer ran
+
+print(f"saved for the backward pass, MiB (batch {B_}, width {d_}, {h_} heads, float32):")
+print(f"{'n':>6} " + " ".join(f"{name:>21}" for name in memory) + f" {'B*h*n^2 floats':>15}")
+for i, n in enumerate(lengths):
+    cells = [f"{memory[name][i]:>21.2f}" if i < len(memory[name]) else f"{'-':>21}" for name in memory]
+    print(f"{n:>6} " + " ".join(cells) + f" {B_ * h_ * int(n) ** 2 * 4 / 2**20:>15.2f}")
+n_long = min(cfg["explicit_max"], int(lengths[-1]))
+print(f"(n, n) tensors saved at n = {n_long}, in units of B*h*n^2 floats (a bool tensor counts 1/4): "
+      + ", ".join(f"{name} {score_tensors[name]:.2f}" for name in ("attention (explicit)", "explicit, causal"))
+      + f"; at n = {lengths[-1]}: attention (fast) {score_tensors['attention (fast)']:.2f}")
+per_unit = {name: memory[name][-1] * 2**20 / (4 * B_ * int(lengths[-1]) * d_) for name in ("GRU", "attention (fast)")}
+crossover = (per_unit["GRU"] - per_unit["attention (fast)"]) * d_ / h_
+print(f"floats kept per position and unit (B*n*d): GRU {per_unit['GRU']:.2f}, attention (fast) "
+      f"{per_unit['attention (fast)']:.2f}; so the explicit attention's B*h*n^2 weights should make it pass the GRU "
+      f"near n = (difference) * d/h = {crossover:.0f}")
 
 fig, axes = plt.subplots(1, 2, figsize=(14, 4.5))
 plot_curves({name: 1e3 * np.array(t) for name, t in timings.items()}, x=lengths, ax=axes[0], logy=True,
             title=f"One layer, batch {B_}, width {d_}, on {run.device.type}", xlabel="sequence length n",
             ylabel="milliseconds (median)")
 axes[0].set_xscale("log", base=2)
-plot_curves({f"attention matrix, B*h*n^2 floats (h={h_})": attention_matrix_mb,
-             f"GRU hidden states, B*n*d floats (d={d_})": gru_states_mb}, x=lengths, ax=axes[1], logy=True,
-            title="Memory of one layer's activations", xlabel="sequence length n", ylabel="MiB (float32)")
+plot_curves({name: values + [np.nan] * (len(lengths) - len(values)) for name, values in memory.items()},
+            x=lengths, ax=axes[1], logy=True, title="Memory saved for the backward pass (measured)",
+            xlabel="sequence length n", ylabel="MiB")
 axes[1].set_xscale("log", base=2)
 fig.tight_layout()
 plt.show()
@@ -1060,24 +1386,46 @@ per_position = 1e3 * np.array(timings["GRU forward"]) / lengths
 print(f"GRU forward, milliseconds per position: {dict(zip(lengths.tolist(), per_position.round(3).tolist(), strict=True))}")
 print(f"growth on the longest lengths, time ~ n^p: GRU p = {slope('GRU forward'):.2f}, "
       f"attention p = {slope('attention forward'):.2f}")
-print("attention is slower than the GRU from n = " + (str(slower[0]) if slower else "(never, up to the longest n)")
-      + f"; at n = {lengths[-1]} the attention matrix alone needs {attention_matrix_mb[-1]:,.0f} MiB, the GRU's "
-      f"states {gru_states_mb[-1]:,.1f} MiB")
+ratio_fb = np.array(timings["attention forward+backward"]) / np.array(timings["GRU forward+backward"])
+print(f"forward+backward, attention time / GRU time: "
+      f"{dict(zip(lengths.tolist(), ratio_fb.round(2).tolist(), strict=True))}")
+print(f"forward+backward, time ~ n^p: GRU p = {slope('GRU forward+backward'):.2f}, "
+      f"attention p = {slope('attention forward+backward'):.2f}")
+memory_slope = {name: float(np.polyfit(np.log(lengths[len(v) - 3:len(v)]), np.log(v[-3:]), 1)[0])
+                for name, v in memory.items()}
+print("saved memory ~ n^p on each layer's three longest lengths: "
+      + ", ".join(f"{name} p = {p:.2f}" for name, p in memory_slope.items()))
+print("forward: attention/GRU above 1 at n = " + (", ".join(map(str, slower)) if slower else "none")
+      + f" (the longest n has {cfg['repeats']} rounds; ratios within about 10% of 1 are within timing noise here)")
 if run.profile != "smoke":
-    gru_growth = timings["GRU forward"][-1] / timings["GRU forward"][0]
-    assert gru_growth > 0.25 * lengths[-1] / lengths[0], \
-        f"the GRU's n sequential steps should make its time grow about linearly in n (grew {gru_growth:.1f}x)"
-    assert ratio[0] < 1, "at the shortest length, attention (a few big products) should beat n GRU steps"
-    explicit = timings["explicit attention forward"]
-    assert explicit[-1] > 1.5 * timings["attention forward"][len(explicit) - 1], \
-        "at its longest length the explicit attention, which stores the weights, should be far slower than the fast one"
-    if run.device.type == "cpu":
+    if run.device.type == "cpu":                      # wall-clock claims: asserted on the CPU, printed everywhere
+        gru_growth = timings["GRU forward"][-1] / timings["GRU forward"][0]
+        assert gru_growth > 0.25 * lengths[-1] / lengths[0], \
+            f"the GRU's n sequential steps should make its time grow about linearly in n (grew {gru_growth:.1f}x)"
+        assert ratio[0] < 1, "at the shortest length, attention (a few big products) should beat n GRU steps"
+        explicit = timings["explicit attention forward"]
+        assert explicit[-1] > 1.5 * timings["attention forward"][len(explicit) - 1], \
+            "at its longest length the explicit attention, which stores the weights, should be far slower than the fast one"
         att_growth = timings["attention forward"][-1] / timings["attention forward"][0]
         assert att_growth > gru_growth and ratio[-1] > ratio[0], \
             "on a CPU, attention's time should grow faster than the GRU's, so its advantage shrinks with n"
+        assert slope("attention forward") > slope("GRU forward") + 0.2, \
+            "on a CPU, attention's fitted time exponent should exceed the GRU's"
+        assert ratio_fb[-1] > ratio_fb[0], "forward+backward too, attention's advantage should shrink with n"
+    assert memory_slope["attention (explicit)"] > 1.6 and memory_slope["GRU"] < 1.3, \
+        "saved memory: quadratic for the explicit attention, linear for the GRU"
+    first_over = next(int(n) for n, e, g in zip(lengths, memory["attention (explicit)"], memory["GRU"], strict=False)
+                      if e > g)
+    assert first_over / 2 < crossover <= first_over, \
+        f"the predicted crossover {crossover:.0f} should fall in the measured interval ({first_over // 2}, {first_over}]"
+    assert 0.9 < score_tensors["attention (explicit)"] < 1.1 and score_tensors["explicit, causal"] > 1.9, \
+        "the explicit attention keeps one score-sized tensor unmasked, two or more with a mask"
+    if run.device.type in ("cpu", "cuda"):   # where F.scaled_dot_product_attention has a fused kernel for this call
+        assert score_tensors["attention (fast)"] == 0 and memory_slope["attention (fast)"] < 1.3, \
+            "the fast path keeps no (n, n) tensor: its saved memory is linear in n"
 
 # %% [markdown]
-# What the run shows (read the table for your machine):
+# What the run shows (read the tables for your machine):
 #
 # * **The GRU's time grows with $n$, step by step**: its time per position (printed) stays
 #   within a small range from the shortest to the longest sequence, because it takes $n$ small
@@ -1087,22 +1435,34 @@ if run.profile != "smoke":
 #   instead of $n$ small steps, so the sequential overhead disappears. This is the regime of
 #   sentences, where Vaswani et al. argued ($n < d$).
 # * **As $n$ grows, attention's advantage shrinks.** On a CPU its time grows faster than the
-#   GRU's (compare the growth of the two columns, and the fitted exponents), because its
-#   $n^2 d$ term takes over: the FLOP column shows it doing more arithmetic than the GRU once $n$
-#   is past $d$, and two cores have little parallel hardware to absorb the extra work. Whether it
-#   overtakes the GRU within the lengths measured depends on the machine, the batch and the
-#   width; the line "attention is slower than the GRU from n = ..." says where it happened in
-#   your run, if it did. On a GPU, whose thousands of cores sit mostly idle during each small GRU
-#   step, attention should stay ahead to much longer sequences: run this notebook in the `gpu`
-#   profile to measure it.
-# * **Forward plus backward shows the same pattern**, with the GRU's backward pass again a loop
-#   over $n$ steps.
-# * **Memory is attention's real limit.** The weights alone are $B h n^2$ floats: quadratic in
-#   $n$, while the GRU's states grow linearly (right panel). The explicit version stores them,
-#   and at long lengths it falls far behind the fast path (the table), which computes the same
-#   output without ever holding the whole matrix. That is why the models of the following
-#   chapters train with the fast path and keep the explicit one for pictures. FlashAttention
-#   (Dao et al. 2022) made this the default on GPUs; chapter 10 measures it there.
+#   GRU's: compare the fitted exponents, where the GRU's is close to 1 and attention's clearly
+#   above, because its $n^2 d$ term takes over (the FLOP column shows it doing more arithmetic
+#   than the GRU once $n$ is past $d$, and two cores have little parallel hardware to absorb the
+#   extra work). Whether it overtakes the GRU within the lengths measured depends on the machine,
+#   the batch and the width, and a ratio near 1, measured over a few rounds on a shared machine,
+#   does not settle it either way; the growth exponents are the robust part of the measurement.
+#   On a GPU, whose thousands of cores sit mostly idle during each small GRU step, attention
+#   should stay ahead to much longer sequences: run this notebook in the `gpu` profile to
+#   measure it.
+# * **Forward plus backward**: attention's advantage shrinks in the same way (its ratio rises
+#   with $n$, its fitted exponent is the larger; the GRU's backward pass is again a loop over $n$
+#   steps). Where, if anywhere, the ratio passes 1 is again a matter of the machine and of the
+#   load on it: read the printed ratios of your run, and trust the exponents more than a single
+#   ratio near 1.
+# * **Memory, measured.** The explicit attention keeps one score-sized tensor for the backward
+#   pass, the weights, $B h n^2$ floats (the softmax saves its output; the scores themselves are
+#   freed), and with a causal mask two of them plus a boolean copy of the expanded mask (the
+#   printed counts). Its saved memory grows quadratically (the fitted exponent), and it overtakes
+#   the GRU's between $n = 64$ and $n = 128$ here (the table, and the right panel). Why there:
+#   the GRU keeps a fixed number of floats per position and unit, $c\,B n d$, and the attention's
+#   linear part, which is what its fast path keeps, is $c'\,B n d$ (both printed); the weights'
+#   $B h n^2$ make up the difference at $n = (c - c')\,d/h$, the printed prediction. The
+#   crossover is a multiple of $d/h$, the width of one head. The fast path keeps no score-sized tensor
+#   at all on this machine: only its inputs, its output and one number per query (the softmax's
+#   log-normaliser), so its saved memory grows linearly, like the GRU's. At the lengths measured
+#   here, time, not memory, is what grows faster than linearly for the attention the models use;
+#   memory becomes the limit for the explicit version, which is why the models of the following
+#   chapters train with the fast path and keep the explicit one for pictures.
 #
 # Table 1's third column is the one that matters for learning: in attention, any two positions
 # are one step apart, so a gradient between them passes through one softmax, not through $n$
@@ -1307,13 +1667,19 @@ plt.show()
 # puts, on average, many times more weight on the subject's noun than uniform weights would (the
 # printed level), and that noun is the head's single largest weight in a large share of the
 # sentences (the printed shares), although the subject sits at a different position in each
-# sentence and nouns of both genders follow it. The other heads may do the same, less sharply,
-# or look at a neighbour of the noun (the shares: often `the`, or an adjective before the noun).
-# After one layer of attention a neighbour's vector may already carry the noun's gender, so
-# looking there is not a mistake. That is a first reason to read the heatmaps of deeper layers
-# with care: a position's vector is no longer just its word. How the work is shared between the
-# heads can change from one training run to another (section 7b trains several); that the best
-# head finds the subject is what the asserts check.
+# sentence and nouns of both genders follow it. Where a head's largest weight is not on the
+# subject, read the shares: it falls mostly on a neighbour of the noun, and for the heads that
+# miss the subject most often, more often on the word *after* it (usually the verb, or the
+# *that* of a relative clause; the figure shows such a head on the verb) than on the word
+# before it. Does reading a neighbour help? Not in the first layer: there every key and value is
+# its word's embedding plus its position and nothing else, so the vector of the word after the
+# noun carries nothing of the noun's gender, and a first-layer head that reads it reads no
+# gender there. In the second layer, a position's vector is its word *plus* what the first layer
+# wrote into it, so a neighbour may by then carry the noun's gender; the shares cannot say
+# whether it does. That is a first reason to read the heatmaps of deeper layers with care: a
+# position's vector is no longer just its word. How the work is shared between the heads can
+# change from one training run to another (section 7b trains several); that the best head finds
+# the subject is what the asserts check.
 #
 # ### 7b. What does *it* refer to?
 #
@@ -1479,6 +1845,22 @@ if run.profile != "smoke":
         "every run: tired cat -> il, congested street -> elle"
 
 # %% [markdown]
+# One more fact the reading below needs: where *it* stands. Its position depends on the template
+# (the animal first, *... did not cross ...*, or the place first, *... was not crossed by ...*)
+# and on the optional adjectives, so the test sentences put it at a few different positions:
+
+# %%
+it_positions = Counter((e["where"], "animal first" if e["animal"] < e["place"] else "place first") for e in coref_test)
+print(f"{'position of it':>15} {'animal first':>13} {'place first':>12} {'share':>7}")
+for where in sorted({w for w, _ in it_positions}):
+    a, p = it_positions[(where, "animal first")], it_positions[(where, "place first")]
+    print(f"{where:>15} {a:>13,} {p:>12,} {(a + p) / len(coref_test):>7.0%}")
+only_one = [w for w in sorted({w for w, _ in it_positions})
+            if 0 in (it_positions[(w, "animal first")], it_positions[(w, "place first")])]
+print(f"positions that occur in one template only: {only_one}")
+assert len({w for w, _ in it_positions}) > 1, "'it' stands at more than one position"
+
+# %% [markdown]
 # What the runs show. The asserts check the first two points on any machine; the rest is for
 # you to read in the tables and the figure, and may look different in your run:
 #
@@ -1496,21 +1878,95 @@ if run.profile != "smoke":
 #   because another head has already read that one: a default and an override. Or no single head
 #   may point clearly, the lookup being spread over several heads, or done in the first layer.
 # * **Even the first layer can choose.** Its query at *it* is made from the word *it* and its
-#   position only: the same query in every sentence. Its weights still change with the sentence,
-#   because the keys do. A query that matches the keys of place adjectives strongly, and those of
-#   animals less, reads the adjective when it is a place's and the animal otherwise: the softmax
-#   makes the positions compete, and that competition is already a conditional lookup. The
-#   second layer's query at *it* can hold the adjective itself and choose directly. The column
-#   `meant - other` shows, run by run, which layer did the choosing.
+#   position only. That is not one query for every sentence: *it* stands at several positions
+#   (the table above), and some of them occur in one template only, so the position alone tells
+#   the first layer something about the word order (for example, whether the animal came first).
+#   Still, the query does not see the adjective that decides. Its weights change with the
+#   sentence because the keys do: a query that matches the keys of place adjectives strongly, and
+#   those of animals less, reads the adjective when it is a place's and the animal otherwise: the
+#   softmax makes the positions compete, and that competition is already a conditional lookup.
+#   The second layer's query at *it* can hold the adjective itself and choose directly. The
+#   column `meant - other` shows, run by run, which layer did the choosing.
 # * **So a heatmap shows where one layer of one run read, not how the model decided.** The two
 #   sentences get the same answer from every run, with pictures that need not agree. Jain and
 #   Wallace (2019) showed that different weights can give the same prediction, and Michel et al.
 #   (2019) that many heads of a trained Transformer can be removed at test time with little loss.
-#   And heads find whatever the training data make useful: had every training sentence paired
-#   nouns of different genders, a head could look at the *other* noun and the classifier answer
-#   with the opposite gender, with the same accuracy (question 8). That is why this data set mixes
-#   all gender combinations and the accuracy is reported on the sentences where such a shortcut
-#   would fail.
+#   And heads find whatever the training data make useful, which need not be the referent:
+#   this data set mixes all gender combinations, and the accuracy is reported separately on the
+#   sentences whose nouns differ in gender, for a reason question 8 asks you to work out.
+#
+# ### 7c. How many heads?
+#
+# Section 4 claimed that heads give each query several distributions at the price of one wide
+# head's parameters. Does that buy anything on this task? Vaswani et al. (2017, Table 3, rows A)
+# varied the number of heads at a fixed model width: one head was 0.9 BLEU worse than eight, and
+# 16 or 32 heads were worse too. Here is the same experiment, small: the model of section 7b
+# trained with 1, 2, 4 and 8 heads at the same width (so each head is narrower as $h$ grows), the
+# same seeds, data and steps, scored by the accuracy and the cross-entropy on the test
+# sentences. The runs with the heads of section 7b are reused.
+
+# %%
+
+
+@torch.no_grad()
+def test_loss_and_accuracy(model: AttentionClassifier, examples: list[dict]) -> tuple[float, float]:
+    """Mean cross-entropy and accuracy on ``examples``."""
+    loss, correct = 0.0, 0
+    for src, token_mask, where, label in batches(examples, 256, False):
+        logits, _ = model(src.to(run.device), token_mask.to(run.device), where.to(run.device))
+        loss += F.cross_entropy(logits, label.to(run.device), reduction="sum").item()
+        correct += int((logits.argmax(-1).cpu() == label).sum())
+    return loss / len(examples), correct / len(examples)
+
+
+head_counts = [h for h in (1, 2, 4, 8) if run.coref["d_model"] % h == 0]
+by_heads: dict[int, list[tuple[float, float, float]]] = {}
+for h in head_counts:
+    for seed in coref_seeds:
+        start = time.perf_counter()
+        model = coref_models[seed] if h == run.coref["heads"] else train_classifier(
+            len(coref_vocab), coref_train, dict(run.coref, heads=h), max_len=20, seed=seed)
+        seconds = time.perf_counter() - start if h != run.coref["heads"] else float("nan")
+        by_heads.setdefault(h, []).append((*test_loss_and_accuracy(model, coref_test), seconds))
+print(f"d_model {run.coref['d_model']}, {run.coref['layers']} layers, {run.coref['epochs']} epochs, "
+      f"seeds {coref_seeds}; per head count: every run's test accuracy and test loss")
+print(f"{'heads':>5} {'d_k':>4} {'accuracy (each run)':>28} {'test loss (each run)':>30} {'median loss':>12} "
+      f"{'weights per sentence':>21}")
+for h, rows in by_heads.items():
+    accs = " ".join(f"{a:.2%}" for _, a, _ in rows)
+    losses = " ".join(f"{loss:.4f}" for loss, _, _ in rows)
+    print(f"{h:>5} {run.coref['d_model'] // h:>4} {accs:>28} {losses:>30} {np.median([r[0] for r in rows]):>12.4f} "
+          f"{h * 20 * 20:>21,}")
+train_seconds = {h: np.nanmedian([r[2] for r in rows]) for h, rows in by_heads.items() if h != run.coref["heads"]}
+print("median training time per run (s): " + ", ".join(f"{h} head(s) {t:.1f}" for h, t in train_seconds.items()))
+median_loss = {h: float(np.median([r[0] for r in rows])) for h, rows in by_heads.items()}
+if run.profile == "cpu":
+    assert median_loss[1] > 5 * max(median_loss[h] for h in head_counts if h > 1), \
+        "in the cpu profile, one head should end with a clearly higher test loss than any larger number of heads"
+    assert all(a > 0.999 for h in head_counts if h > 1 for _, a, _ in by_heads[h]), \
+        "in the cpu profile, every run with two or more heads should solve the task"
+
+fig, ax = plt.subplots(figsize=(7, 4))
+for h, rows in by_heads.items():
+    ax.scatter([h] * len(rows), [r[0] for r in rows], color="C0")
+ax.plot(list(median_loss), list(median_loss.values()), color="C0", label="median over runs")
+ax.set(xscale="log", yscale="log", xlabel="heads (same d_model)", ylabel="test cross-entropy",
+       title="What 'it' refers to: test loss by number of heads, every run")
+ax.set_xticks(head_counts, [str(h) for h in head_counts])
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# Read the table and the figure, run by run. With one head the model may still solve the task in
+# some runs, but not in every run within the same number of steps, and its test loss is the
+# highest; from two heads on, every run solves it and the losses are much lower. More heads than
+# that do not improve further here: the task needs a query at *it* to find a couple of words,
+# and two heads per layer already give it two distributions. The cost that grows with $h$ is
+# the weights tensor (the last column counts the weights of one sentence of 20 tokens) and its
+# softmax; the training times printed show what that costs on this machine. That is the shape
+# of Vaswani et al.'s Table 3(A) on a much smaller scale: too few heads hurt, and beyond some
+# number more heads do not help. (Three runs per setting are few; question 8 asks how to find
+# which heads a trained model actually uses.)
 #
 # ## Summary
 #
@@ -1519,25 +1975,37 @@ if run.profile != "smoke":
 #   same sequence: $z_t = \sum_s \alpha_{ts} v_s$, a weighted sum over the key index $s$
 #   (checked against a loop).
 # * **The scale**: for unit-variance entries $\operatorname{Var}(q \cdot k) = d_k$ (measured);
-#   unscaled scores saturate the softmax (largest weight towards 1, entropy towards 0) and its
-#   Jacobian, and so the gradient to queries and keys, shrinks by orders of magnitude as $d_k$
-#   grows. Dividing by $\sqrt{d_k}$ makes all of it independent of $d_k$ (section 2's figure).
+#   unscaled scores saturate the softmax (largest weight towards 1, entropy towards 0), and the
+#   gradient reaching the scores collapses as $d_k$ grows. The gradient reaching the *queries*
+#   falls only for wide heads: at $d_k = 64$ the unscaled query gets more gradient, because
+#   $\partial e/\partial q = k$ is $\sqrt{d_k}$ times larger. What the scale fixes at that width
+#   is the temperature: without it a fresh head starts sharp, at random, and how sharp depends on
+#   $d_k$. How sharp a real layer starts also depends on its initialisation (`nn.Linear`'s
+#   default gives query entries of variance about 1/3, Xavier about 1; measured).
 # * **Masks** are `bool`, `True` = may attend, broadcast against `(B, h, T, S)`: padding
-#   `(B, 1, 1, S)`, causal `(T, S)`, combined with `&`. Filling with $-\infty$ turns a query that
-#   may see nothing into NaN, which spreads to every output and every gradient; the package's
-#   masked softmax returns zeros. The causal mask was verified by the Jacobian: exactly zero
-#   dependence on later inputs, and on padded ones.
+#   `(B, 1, 1, S)`, causal `(T, S)`, combined with `&`; or floating, added to the scores
+#   ($0$ / $-\infty$, or any bias), the third convention, which PyTorch's functions share.
+#   Filling with $-\infty$ turns a query that may see nothing into NaN, which spreads to every
+#   output and every gradient, and in float16 the popular $-10^9$ fill *is* $-\infty$; the
+#   package's masked softmax returns zeros. The causal mask was verified by the Jacobian: exactly
+#   zero dependence on later inputs, and on padded ones.
 # * **Multi-head** attention is one projection per kind, cut into $h$ slices and made a batch
 #   axis by a reshape and a transpose: equal to a loop over heads, faster, and with
-#   $4(d^2_{\text{model}} + d_{\text{model}})$ parameters whatever $h$.
+#   $4(d^2_{\text{model}} + d_{\text{model}})$ parameters whatever $h$; the weights tensor and its
+#   softmax grow with $h$. On the *it* task, one head did worst and two or more heads did better,
+#   with no further gain beyond two (section 7c, every run printed).
 # * The **fast** attention (`F.scaled_dot_product_attention`) equals the explicit one, and our
 #   layer equals `nn.MultiheadAttention` with copied weights, forward and backward, under every
 #   mask, to float32 rounding; PyTorch's layer reads `bool` masks the opposite way (`True` =
-#   hidden), and returns NaN where ours returns zeros.
-# * **GRU against attention** (section 6's table): the GRU's time grows with $n$, its $n$
-#   sequential steps; attention is faster on short sequences, and on a CPU its advantage shrinks
-#   as $n$ grows, because of its $n^2 d$ arithmetic; its weights, $B h n^2$ floats, grow
-#   quadratically in memory. Table 1 of Vaswani et al. in numbers, measured on this machine.
+#   hidden), and returns NaN where ours returns zeros. Which kernel runs is PyTorch's choice
+#   among its backends (`sdpa_kernel` shows it): on CUDA, FlashAttention needs half precision and
+#   no mask, so this book's float32 calls would run the memory-efficient kernel there.
+# * **GRU against attention** (section 6's tables): the GRU's time grows about linearly with
+#   $n$, its $n$ sequential steps; attention is faster on short sequences, and on a CPU its
+#   advantage shrinks as $n$ grows (its time exponent is the larger), because of its $n^2 d$
+#   arithmetic. Memory, measured with `saved_tensors_hooks`: the explicit attention keeps
+#   $B h n^2$ floats for the backward pass (twice that and a bool copy with a mask), quadratic in
+#   $n$; the fast path and the GRU keep memory linear in $n$.
 # * **Heads on sentences**: the `<bos>` heads found the subject whose gender decides a French
 #   article. For *it*, every run resolved the referent, and the heads at *it*, taken together,
 #   looked more at the noun meant than at the other; which head does it, in which layer, and how
@@ -1550,9 +2018,9 @@ if run.profile != "smoke":
 #
 # 1. Suppose the entries of $q$ have variance $\sigma_q^2$ and those of $k$ variance $\sigma_k^2$
 #    (still independent, mean 0). What is $\operatorname{Var}(q \cdot k)$, and which scale makes it
-#    1? Compute $\sigma_q^2$ for `MultiHeadAttention` at initialisation on unit-variance inputs
-#    (`nn.Linear` draws its weights from $U(-1/\sqrt{d}, 1/\sqrt{d})$). Why is the $\sqrt{d_k}$ still
-#    the right *dependence* on the width?
+#    1? Section 2 measured query entries of variance about 1/3 for `nn.Linear`'s default
+#    initialisation on unit-variance inputs: derive that number from $U(-1/\sqrt{d}, 1/\sqrt{d})$.
+#    Why is $\sqrt{d_k}$ still the right *dependence* on the width?
 # 2. The scale could be learned (a "temperature" per head), or folded into $W^Q$. Why do both give
 #    the same set of functions as the fixed scale, and why does the fixed scale still help?
 # 3. $h$ heads of width $d_{\text{model}}/h$ have the same parameters as one head of width
@@ -1580,40 +2048,53 @@ if run.profile != "smoke":
 # or, while the stub still raises `NotImplementedError`, gives a hint. Solutions are in
 # `notebooks/solutions/05_scaled_dot_product_and_multihead_solutions.ipynb`.
 #
-# **1. Scaled dot-product attention with a mask.** `q` is `(B, h, T, d_k)`, `k` is
-# `(B, h, S, d_k)`, `v` is `(B, h, S, d_v)`, `mask` is a `bool` tensor `(B, 1, T, S)`, `True` where
-# a query may attend. Return `(out, weights)`, shapes `(B, h, T, d_v)` and `(B, h, T, S)`; a query
-# row that may attend to nothing must give zero weights and a zero output, not NaN.
+# **1. Two blocks of keys, merged exactly (question 7 as code).** A kernel that never stores the
+# whole row of scores processes the keys one block at a time. For one block and each query row
+# it keeps three things: `m`, the largest score in the block, `(R,)`; `l`, the sum of
+# $\exp(e_s - m)$ over the block's keys, `(R,)`; and `o`, the block's own attention output
+# $\sum_s \exp(e_s - m)\, v_s / l$, `(R, d_v)`. A block whose keys are all hidden from a row has
+# `m = -inf`, `l = 0` and `o = 0` there. Given the triples of two blocks, return the triple of
+# the two blocks together, so that its `o` is exactly softmax attention over all their keys.
+# It must work in float32 when the two blocks' scores are hundreds apart.
 
 # %%
-def attention_exercise(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+def merge_blocks(m1: Tensor, l1: Tensor, o1: Tensor,
+                 m2: Tensor, l2: Tensor, o2: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     raise NotImplementedError  # your code here
 
 
-exercises.check("05.attention", attention_exercise)
+exercises.check("05.merge_blocks", merge_blocks)
 
 # %% [markdown]
-# **2. Heads as a batch axis.** `x` is `(B, L, heads * d)`. Return `(B, heads, L, d)` where head
-# `i` holds features `i*d` to `(i+1)*d - 1` of every position.
+# **2. Find the leak.** `future_leaks(layer, T, d)` gets a layer that maps one sequence
+# `(1, T, d)` to `(1, T, d)` and is meant to be causal. Return a `bool` tensor `(T, T)` that is
+# `True` at `(t, s)` exactly where the output at position `t` depends on the input at a *later*
+# position `s > t`. The checker hands you a correct layer and several with planted bugs, some of
+# which have attention weights that are exactly zero above the diagonal.
 
 # %%
-def split_heads_exercise(x: Tensor, heads: int) -> Tensor:
+def future_leaks(layer: Callable[[Tensor], Tensor], T: int, d: int) -> Tensor:
     raise NotImplementedError  # your code here
 
 
-exercises.check("05.split_heads", split_heads_exercise)
+exercises.check("05.find_the_leak", future_leaks)
 
 # %% [markdown]
-# **3. A causal mask for cached keys.** Return a `bool` tensor `(T, S)`, `S >= T`, that is `True`
-# where query `t` may attend to key `s`, when the `T` queries are the *last* `T` of `S` positions
-# (a decoder that has kept the keys of the `S - T` positions it wrote before, chapter 09).
+# **3. A left-padded causal batch.** Decoders often pad a batch on the *left*, so that every
+# sentence ends in the last column and the next word of all of them is written in the same
+# place. `token_mask` is `(B, T)`, `False` at the pads (on the left) and `True` at the real
+# tokens. Return `(mask, positions)`: `mask`, a `bool` tensor `(B, 1, T, T)`, `True` where a
+# query may attend to a key (a real query sees the real keys up to itself; a padded query sees
+# nothing); and `positions`, an integer tensor `(B, T)` of position indices for a table of
+# learned positions, chosen so that every sentence gets the same outputs as it would alone,
+# unpadded (pads get 0).
 
 # %%
-def causal_mask_exercise(T: int, S: int) -> Tensor:
+def left_padded_causal(token_mask: Tensor) -> tuple[Tensor, Tensor]:
     raise NotImplementedError  # your code here
 
 
-exercises.check("05.causal_mask", causal_mask_exercise)
+exercises.check("05.left_padded_causal", left_padded_causal)
 
 # %% [markdown]
 # ## References
@@ -1631,6 +2112,14 @@ exercises.check("05.causal_mask", causal_mask_exercise)
 # * D. Britz, A. Goldie, M.-T. Luong, Q. Le (2017). *Massive exploration of neural machine
 #   translation architectures.* EMNLP. Additive against multiplicative attention at several
 #   widths (§4.5).
+# * M. N. Rabe, C. Staats (2021). *Self-attention does not need $O(n^2)$ memory.* arXiv:2112.05682.
+#   Attention over chunks of keys with a running maximum (§2, §3); the idea behind the
+#   memory-efficient kernels.
+# * PyTorch documentation: `torch.nn.functional.scaled_dot_product_attention` (the backends and
+#   their input limitations, and the reference code whose `is_causal` is the top-left triangle),
+#   `torch.nn.attention.sdpa_kernel` and `SDPBackend`, `torch.nn.attention.bias.causal_lower_right`
+#   (the bottom-right alignment), `torch.autograd.graph.saved_tensors_hooks` (what section 6 uses
+#   to measure memory).
 # * T. Dao, D. Y. Fu, S. Ermon, A. Rudra, C. Ré (2022). *FlashAttention: fast and memory-efficient
 #   exact attention with IO-awareness.* NeurIPS. Tiling and recomputation with a running softmax
 #   (§3.1, Algorithm 1), its memory traffic (§3.2).

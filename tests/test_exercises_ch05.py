@@ -1,16 +1,17 @@
-"""Chapter 05 exercise checkers accept the reference solutions (and the package's own functions) and
-reject typical wrong answers."""
+"""Chapter 05 exercise checkers accept the reference solutions and reject typical wrong answers, each
+with a message that names the mistake; their hints say where to look without giving the code."""
+
+import math
 
 import pytest
 import torch
-from test_exercises import _accepts, _rejects, _stub  # the helpers of chapter 01's checker tests
+from test_exercises import _accepts, _hint_gives_no_code, _rejects, _stub  # chapter 01's checker-test helpers
 
 from tfmlib import exercises
-from tfmlib.attention import causal_mask, scaled_dot_product_attention, split_heads
 
 
 def test_check_api_never_raises_without_must_pass(capsys):
-    assert exercises.names(5) == ["05.attention", "05.causal_mask", "05.split_heads"]
+    assert exercises.names(5) == ["05.find_the_leak", "05.left_padded_causal", "05.merge_blocks"]
     for name in exercises.names(5):
         assert not exercises.check(name, _stub)
         out = capsys.readouterr().out
@@ -19,120 +20,221 @@ def test_check_api_never_raises_without_must_pass(capsys):
         assert "ZeroDivisionError" in capsys.readouterr().out
 
 
-# ----------------------------------------------------------------------------- 05.attention
+def _message(name, answer, capsys):
+    assert not exercises.check(name, answer)
+    return capsys.readouterr().out
 
 
-def attention_ref(q, k, v, mask):
-    scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
-    filled = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    weights = torch.softmax(filled, dim=-1) * mask
-    return weights @ v, weights
+# ----------------------------------------------------------------------------- 05.merge_blocks
 
 
-def _scores(q, k, scale):
-    return q @ k.transpose(-2, -1) * scale
+def merge_ref(m1, l1, o1, m2, l2, o2):
+    m = torch.maximum(m1, m2)
+    a1, a2 = l1 * torch.exp(m1 - m), l2 * torch.exp(m2 - m)
+    l = a1 + a2
+    return m, l, (a1[:, None] * o1 + a2[:, None] * o2) / l[:, None]
 
 
-def _masked(scores, mask):
-    return (torch.softmax(scores.masked_fill(~mask, torch.finfo(scores.dtype).min), -1) * mask)
+def _average(m1, l1, o1, m2, l2, o2):
+    m, l, _ = merge_ref(m1, l1, o1, m2, l2, o2)
+    return m, l, (o1 + o2) / 2
 
 
-def _unscaled(q, k, v, mask):
-    w = _masked(_scores(q, k, 1.0), mask)
-    return w @ v, w
+def _no_rescale(m1, l1, o1, m2, l2, o2):
+    m, _, _ = merge_ref(m1, l1, o1, m2, l2, o2)
+    return m, l1 + l2, (l1[:, None] * o1 + l2[:, None] * o2) / (l1 + l2)[:, None]
 
 
-def _scaled_by_d(q, k, v, mask):
-    w = _masked(_scores(q, k, 1.0 / q.shape[-1]), mask)
-    return w @ v, w
+def _first_max(m1, l1, o1, m2, l2, o2):           # exact in real numbers, overflows in float32
+    a2 = l2 * torch.exp(m2 - m1)
+    l = l1 + a2
+    return m1, l, (l1[:, None] * o1 + a2[:, None] * o2) / l[:, None]
 
 
-def _naive_inf(q, k, v, mask):
-    w = torch.softmax(_scores(q, k, q.shape[-1] ** -0.5).masked_fill(~mask, float("-inf")), -1)
-    return w @ v, w
+def _raw_exp(m1, l1, o1, m2, l2, o2):             # exp(m) itself: over- and underflows
+    a1, a2 = l1 * torch.exp(m1), l2 * torch.exp(m2)
+    return torch.maximum(m1, m2), a1 + a2, (a1[:, None] * o1 + a2[:, None] * o2) / (a1 + a2)[:, None]
 
 
-def _ignores_mask(q, k, v, mask):
-    w = torch.softmax(_scores(q, k, q.shape[-1] ** -0.5), -1)
-    return w @ v, w
+def _unnormalised(m1, l1, o1, m2, l2, o2):
+    m = torch.maximum(m1, m2)
+    a1, a2 = l1 * torch.exp(m1 - m), l2 * torch.exp(m2 - m)
+    return m, a1 + a2, a1[:, None] * o1 + a2[:, None] * o2
 
 
-def _mask_after_softmax(q, k, v, mask):
-    w = torch.softmax(_scores(q, k, q.shape[-1] ** -0.5), -1) * mask
-    return w @ v, w
+@pytest.mark.parametrize("wrong, message", [
+    (_average, "plain average"), (_no_rescale, "different maxima"), (_first_max, "overflow"),
+    (_raw_exp, "overflow"), (_unnormalised, "wrong values"),
+], ids=["average", "no-rescale", "first-max", "raw-exp", "unnormalised"])
+def test_05_merge_blocks(wrong, message, capsys):
+    _accepts("05.merge_blocks", merge_ref)
+    _rejects("05.merge_blocks", wrong)
+    assert message in _message("05.merge_blocks", wrong, capsys)
 
 
-def _softmax_over_queries(q, k, v, mask):
-    s = _scores(q, k, q.shape[-1] ** -0.5).masked_fill(~mask, torch.finfo(q.dtype).min)
-    w = torch.softmax(s, -2) * mask
-    return w @ v, w
+def test_05_merge_blocks_equals_attention_over_many_blocks():
+    """The merge, folded over blocks of keys, is softmax attention over all of them (the checker's claim)."""
+    g = torch.Generator().manual_seed(0)
+    scores, values = 5 * torch.randn(4, 12, generator=g), torch.randn(12, 3, generator=g)
+    m, l, o = None, None, None
+    for block in range(0, 12, 3):
+        e, v = scores[:, block:block + 3], values[block:block + 3]
+        mb = e.max(-1).values
+        p = torch.exp(e - mb[:, None])
+        lb, ob = p.sum(-1), (p @ v) / p.sum(-1)[:, None]
+        m, l, o = (mb, lb, ob) if m is None else merge_ref(m, l, o, mb, lb, ob)
+    assert torch.allclose(o, torch.softmax(scores, -1) @ values, atol=1e-6)
 
 
-def _out_only(q, k, v, mask):
-    return attention_ref(q, k, v, mask)[0]
+# ----------------------------------------------------------------------------- 05.find_the_leak
 
 
-@pytest.mark.parametrize("wrong", [_unscaled, _scaled_by_d, _naive_inf, _ignores_mask, _mask_after_softmax,
-                                   _softmax_over_queries, _out_only],
-                         ids=["unscaled", "scaled-by-d", "nan-row", "no-mask", "mask-after-softmax",
-                              "softmax-over-queries", "out-only"])
-def test_05_attention(wrong):
-    _accepts("05.attention", attention_ref)
-    _rejects("05.attention", wrong)
+def leaks_ref(layer, T, d):
+    x = torch.randn(1, T, d, dtype=torch.double)
+    J = torch.autograd.functional.jacobian(layer, x)[0, :, :, 0]           # (T, d, T, d)
+    return (J.abs().sum(dim=(1, 3)) > 0) & torch.ones(T, T, dtype=torch.bool).triu(1)
 
 
-def test_05_attention_accepts_the_package_and_names_the_mistakes(capsys):
-    _accepts("05.attention", scaled_dot_product_attention)
-    for wrong, message in [(_unscaled, "did not scale"), (_scaled_by_d, "not by d_k"), (_naive_inf, "NaN"),
-                           (_ignores_mask, "hidden key")]:
-        exercises.check("05.attention", wrong)
-        assert message in capsys.readouterr().out
+def _none_found(layer, T, d):
+    return torch.zeros(T, T, dtype=torch.bool)
 
 
-# ----------------------------------------------------------------------------- 05.split_heads
+def _whole_dependence(layer, T, d):
+    x = torch.randn(1, T, d, dtype=torch.double)
+    return torch.autograd.functional.jacobian(layer, x)[0, :, :, 0].abs().sum(dim=(1, 3)) > 0
 
 
-def split_ref(x, heads):
-    B, L, D = x.shape
-    return x.view(B, L, heads, D // heads).transpose(1, 2)
+def _transposed(layer, T, d):
+    return leaks_ref(layer, T, d).T
 
 
-@pytest.mark.parametrize("wrong", [
-    lambda x, h: x.reshape(x.shape[0], h, x.shape[1], x.shape[2] // h),                      # no transpose
-    lambda x, h: x.view(x.shape[0], x.shape[1], x.shape[2] // h, h).permute(0, 3, 1, 2),     # interleaved
-    lambda x, h: x.view(x.shape[0], x.shape[1], h, x.shape[2] // h),                         # heads after L
-    lambda x, h: x.view(x.shape[0], x.shape[1], h, x.shape[2] // h).transpose(1, 2).flip(1),  # heads reversed
-], ids=["reshape-no-transpose", "interleaved", "no-transpose", "reversed"])
-def test_05_split_heads(wrong):
-    _accepts("05.split_heads", split_ref)
-    _accepts("05.split_heads", split_heads)
-    _rejects("05.split_heads", wrong)
+def _next_only(layer, T, d):                      # looks only one step ahead
+    return leaks_ref(layer, T, d) & torch.ones(T, T, dtype=torch.bool).triu(1).tril(1)
 
 
-def test_05_split_heads_names_the_reshape_mistake(capsys):
-    exercises.check("05.split_heads", lambda x, h: x.reshape(x.shape[0], h, x.shape[1], x.shape[2] // h))
-    assert "mix positions" in capsys.readouterr().out
+def _float32_threshold(layer, T, d):              # a loose threshold hides small leaks as "zero"
+    x = torch.randn(1, T, d, dtype=torch.double)
+    J = torch.autograd.functional.jacobian(layer, x)[0, :, :, 0].abs().sum(dim=(1, 3))
+    return (J > 0.5 * J.max()) & torch.ones(T, T, dtype=torch.bool).triu(1)
 
 
-# ----------------------------------------------------------------------------- 05.causal_mask
+@pytest.mark.parametrize("wrong, message", [
+    (_none_found, "found none"), (_whole_dependence, "LATER input"), (_transposed, "transposed"),
+    (_next_only, "every later input"), (_float32_threshold, "exact zero"),
+], ids=["none", "whole", "transposed", "next-only", "threshold"])
+def test_05_find_the_leak(wrong, message, capsys):
+    _accepts("05.find_the_leak", leaks_ref)
+    _rejects("05.find_the_leak", wrong)
+    assert message in _message("05.find_the_leak", wrong, capsys)
 
 
-@pytest.mark.parametrize("wrong", [
-    lambda T, S: torch.ones(T, S, dtype=torch.bool).tril(),                                  # no offset
-    lambda T, S: ~torch.ones(T, S, dtype=torch.bool).tril(S - T),                            # PyTorch's way
-    lambda T, S: torch.ones(T, S, dtype=torch.bool).tril(S - T - 1),                         # not itself
-    lambda T, S: torch.ones(T, S).tril(S - T),                                               # float
-    lambda T, S: torch.ones(T, S, dtype=torch.bool).triu(S - T),                             # upper
-    lambda T, S: torch.ones(S, T, dtype=torch.bool).tril(),                                  # transposed
-], ids=["no-offset", "inverted", "no-diagonal", "float", "upper", "transposed"])
-def test_05_causal_mask(wrong):
-    _accepts("05.causal_mask", lambda T, S: torch.ones(T, S, dtype=torch.bool).tril(diagonal=S - T))
-    _accepts("05.causal_mask", causal_mask)
-    _rejects("05.causal_mask", wrong)
+def test_05_find_the_leak_layers_are_what_they_claim():
+    """Every planted bug leaks, the correct layer does not, and the value bug has zero weights above the
+    diagonal (the bug that question 4 asks for)."""
+    from tfmlib.exercises.ch05 import _CH05_BUGS, _ch05_true_leaks, _Ch05Layer
+    for i, bug in enumerate(_CH05_BUGS):
+        leaks = _ch05_true_leaks(_Ch05Layer(4, bug, seed=i), 6, 4)
+        assert leaks.any() == (bug is not None), bug
+    layer = _Ch05Layer(4, "values", seed=0)
+    assert _ch05_true_leaks(layer, 6, 4).sum() == 5                        # out_t reads x_{t+1}, t = 0..4
+    with pytest.raises(ValueError, match=r"\(1, T, d\)"):
+        layer(torch.randn(2, 3, 4))
 
 
-def test_05_causal_mask_explains_the_offset_and_the_convention(capsys):
-    exercises.check("05.causal_mask", lambda T, S: torch.ones(T, S, dtype=torch.bool).tril())
-    assert "LAST T positions" in capsys.readouterr().out
-    exercises.check("05.causal_mask", lambda T, S: ~torch.ones(T, S, dtype=torch.bool).tril(S - T))
-    assert "NOT allowed" in capsys.readouterr().out
+# ----------------------------------------------------------------------------- 05.left_padded_causal
+
+
+def left_padded_ref(token_mask):
+    T = token_mask.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    mask = token_mask[:, None, None, :] & token_mask[:, None, :, None] & causal
+    return mask, (token_mask.long().cumsum(-1) - 1).clamp_min(0)
+
+
+def _arange_positions(token_mask):
+    mask, _ = left_padded_ref(token_mask)
+    return mask, torch.arange(token_mask.shape[1]).expand(token_mask.shape)
+
+
+def _negative_pads(token_mask):
+    mask, _ = left_padded_ref(token_mask)
+    return mask, token_mask.long().cumsum(-1) - 1
+
+
+def _no_padding_mask(token_mask):
+    T = token_mask.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool).tril().expand(token_mask.shape[0], 1, T, T)
+    return causal, left_padded_ref(token_mask)[1]
+
+
+def _not_causal(token_mask):
+    mask = token_mask[:, None, None, :] & token_mask[:, None, :, None]
+    return mask, left_padded_ref(token_mask)[1]
+
+
+def _inverted(token_mask):
+    mask, positions = left_padded_ref(token_mask)
+    return ~mask, positions
+
+
+def _pad_queries_see(token_mask):                 # pad keys hidden, but every query also sees itself
+    T = token_mask.shape[1]
+    mask = token_mask[:, None, None, :] | torch.eye(T, dtype=torch.bool)
+    return mask & torch.ones(T, T, dtype=torch.bool).tril(), left_padded_ref(token_mask)[1]
+
+
+def _sees_nothing(token_mask):                    # hides everything: no leak, and no attention either
+    mask, positions = left_padded_ref(token_mask)
+    return torch.zeros_like(mask), positions
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (_arange_positions, "Number the real tokens from 0"), (_negative_pads, "position 0"),
+    (_no_padding_mask, "attend to a pad"), (_not_causal, "later key"), (_inverted, "NOT allowed"),
+    (_pad_queries_see, "padded query must see nothing"), (_sees_nothing, "every real key"),
+], ids=["arange", "negative-pads", "no-padding", "not-causal", "inverted", "pad-queries", "empty"])
+def test_05_left_padded_causal(wrong, message, capsys):
+    _accepts("05.left_padded_causal", left_padded_ref)
+    _rejects("05.left_padded_causal", wrong)
+    assert message in _message("05.left_padded_causal", wrong, capsys)
+
+
+def test_05_left_padded_batch_equals_the_unpadded_sentences():
+    """With the reference mask and positions, attention over a left-padded batch gives each sentence the
+    output it gets alone: what the exercise's answer is for."""
+    from tfmlib.attention import MultiHeadAttention
+    torch.manual_seed(0)
+    d, T = 8, 5
+    table, layer = torch.randn(T, d), MultiHeadAttention(d, 2)
+    sentences = [torch.randn(n, d) for n in (5, 3, 1)]
+    token_mask = torch.arange(T)[None, :] >= (T - torch.tensor([5, 3, 1]))[:, None]
+    x = torch.zeros(3, T, d)
+    for b, s in enumerate(sentences):
+        x[b, T - len(s):] = s
+    mask, positions = left_padded_ref(token_mask)
+    out, _ = layer(x + table[positions], mask=mask)
+    for b, s in enumerate(sentences):
+        alone, _ = layer((s + table[: len(s)])[None], causal=True)
+        assert torch.allclose(out[b, T - len(s):], alone[0], atol=1e-6)
+    assert torch.isfinite(out).all()
+
+
+# ----------------------------------------------------------------------------- hints
+
+
+def test_05_hints_give_no_code():
+    _hint_gives_no_code("05.merge_blocks",
+                        ["torch.maximum", "torch.exp(", "exp(m1 - m)", "max(m1, m2)", "l1 *"])
+    _hint_gives_no_code("05.find_the_leak", ["jacobian(", "autograd", ".triu(", "torch.", "abs().sum"])
+    _hint_gives_no_code("05.left_padded_causal", ["cumsum", "clamp", ".tril(", "torch.", "[:, None"])
+    for name in exercises.names(5):
+        assert len(exercises.hint(name)) > 80, f"{name}'s hint should say where to look"
+        assert not any(c in exercises.hint(name) for c in ("()", "==", "[:,")), \
+            f"{name}'s hint reads like code"
+
+
+def test_05_merge_of_hidden_block_is_the_other_block():
+    """A fully hidden block (m = -inf, l = 0) leaves the other block's result unchanged."""
+    m2, l2, o2 = torch.tensor([1.5]), torch.tensor([2.0]), torch.tensor([[0.3, -0.2]])
+    m, l, o = merge_ref(torch.tensor([-math.inf]), torch.tensor([0.0]), torch.zeros(1, 2), m2, l2, o2)
+    assert torch.equal(m, m2) and torch.equal(l, l2) and torch.allclose(o, o2)

@@ -17,83 +17,325 @@
 # # 05 · Solutions: scaled dot-product and multi-head attention
 #
 # Worked solutions to the coding exercises of chapter 05, each followed by its checker with
-# `must_pass=True`, so this notebook fails loudly if a solution (or a checker) breaks. Each
-# solution is also compared with the package's implementation in `tfmlib.attention`, which the
-# chapter showed and tested against PyTorch. Try the exercises in the chapter first.
+# `must_pass=True`, so this notebook fails loudly if a solution (or a checker) breaks, and then
+# answers to the chapter's eight questions, with a measurement wherever the answer is a
+# measurable fact. Try the exercises in the chapter first.
 
 # %%
+import math
+import time
+
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from tfmlib import exercises
-from tfmlib.attention import causal_mask, fast_attention, scaled_dot_product_attention, split_heads
+from tfmlib.attention import MultiHeadAttention, causal_mask, padding_mask
 
 # %% [markdown]
 # ## Coding exercises
 #
-# **1. Scaled dot-product attention with a mask.** Three details make it right. The scale is
-# $1/\sqrt{d_k}$ with $d_k$ the width of the queries and keys (`q.shape[-1]`). The softmax runs
-# over the keys, the last axis. And the mask is applied twice: before the softmax, as a very
-# negative but *finite* score (with $-\infty$ a row that may see nothing is $0/0$ = NaN), and
-# after it, as a multiplication that turns such a row into zeros and leaves the others as they
-# are (their hidden entries are already exactly 0).
+# **1. Two blocks of keys, merged exactly.** Block $i$'s sum $l_i = \sum_{s \in i} \exp(e_s - m_i)$
+# is measured against its own maximum $m_i$. Against the common maximum $m = \max(m_1, m_2)$ the
+# same sum is $l_i\, e^{m_i - m}$, so the sum over both blocks is
+#
+# $$l = l_1 e^{m_1 - m} + l_2 e^{m_2 - m},$$
+#
+# and since $o_i$ is block $i$'s weighted sum divided by $l_i$, the output over both blocks is the
+# average of the two outputs weighted by their shares of the denominator:
+#
+# $$o = \frac{l_1 e^{m_1 - m}\, o_1 + l_2 e^{m_2 - m}\, o_2}{l}.$$
+#
+# Both exponents are $\le 0$, so nothing overflows, whatever the distance between the blocks; a
+# hidden block ($m_i = -\infty$, $l_i = 0$) gets $e^{-\infty} = 0$ and drops out. Using $m_1$ as
+# the common maximum is exact in real numbers and overflows in float32 as soon as
+# $m_2 - m_1 > 88$; the checker's first row has its blocks 300 apart.
 
 # %%
-def attention_exercise(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-    scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5                  # (B, h, T, S)
-    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)      # hidden keys: as low as possible
-    weights = torch.softmax(scores, dim=-1) * mask                         # a row that sees nothing -> zeros
-    return weights @ v, weights
+def merge_blocks(m1: Tensor, l1: Tensor, o1: Tensor,
+                 m2: Tensor, l2: Tensor, o2: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    m = torch.maximum(m1, m2)                      # the running maximum
+    a1, a2 = l1 * torch.exp(m1 - m), l2 * torch.exp(m2 - m)
+    l = a1 + a2                                    # noqa: E741  (the name of the formula)
+    return m, l, (a1[:, None] * o1 + a2[:, None] * o2) / l[:, None]
 
 
-exercises.check("05.attention", attention_exercise, must_pass=True)
+exercises.check("05.merge_blocks", merge_blocks, must_pass=True)
 
 # %% [markdown]
-# The same computation as the package's explicit and fast attentions, on a padded batch with a
-# causal mask in which the padded queries see nothing:
+# Folded over many blocks, the merge is attention over all keys: the loop below walks over the
+# keys four at a time, never holding more than one block's scores, and gives PyTorch's answer.
 
 # %%
 torch.manual_seed(0)
-B, h, T, d = 3, 2, 6, 4
-q, k, v = (torch.randn(B, h, T, d) for _ in range(3))
-keep = torch.arange(T)[None, :] < torch.tensor([6, 4, 1])[:, None]
-mask = keep[:, None, None, :] & causal_mask(T) & keep[:, None, :, None]   # (B, 1, T, T)
-mine, my_weights = attention_exercise(q, k, v, mask)
-package, package_weights = scaled_dot_product_attention(q, k, v, mask)
-fast = fast_attention(q, k, v, mask)
-print(f"max |solution - package explicit| = {(mine - package).abs().max().item():.1e}, "
-      f"|solution - package fast| = {(mine - fast).abs().max().item():.1e}")
-assert torch.allclose(mine, package, atol=1e-6) and torch.allclose(my_weights, package_weights, atol=1e-6)
-assert torch.allclose(mine, fast, atol=1e-5), "the solution must match tfmlib's fast attention"
+q, k, v = torch.randn(6, 16), torch.randn(40, 16), torch.randn(40, 8)
+running = None
+for start in range(0, 40, 4):
+    e = q @ k[start:start + 4].T / 4.0                          # (R, 4): this block's scores only
+    m_b = e.max(-1).values
+    p = torch.exp(e - m_b[:, None])
+    block = (m_b, p.sum(-1), p @ v[start:start + 4] / p.sum(-1)[:, None])
+    running = block if running is None else merge_blocks(*running, *block)
+reference = F.scaled_dot_product_attention(q[None], k[None], v[None])[0]
+print(f"10 blocks of 4 keys, merged: max |difference| from F.scaled_dot_product_attention = "
+      f"{(running[2] - reference).abs().max().item():.1e}")
+assert torch.allclose(running[2], reference, atol=1e-5), "merging blocks must give attention over all keys"
 
 # %% [markdown]
-# **2. Heads as a batch axis.** `view(B, L, heads, d)` keeps the features of one position
-# together and cuts them into `heads` slices of `d`; `transpose(1, 2)` then moves the heads in
-# front of the positions. The result is a view with unusual strides (no copy); the matrix
-# products that follow accept it as it is.
+# **2. Find the leak.** The test of the chapter's section 4: compute the full Jacobian of the
+# layer at a random input, in float64 (so that no dependence means exactly 0, not a rounding
+# error), reduce it to one number per pair (output $t$, input $s$), and keep the pairs above the
+# diagonal. Looking at the attention weights is not enough: one of the checker's layers has
+# weights that are exactly zero above the diagonal and still leaks, because each *value* is made
+# from its own input and the next one.
 
 # %%
-def split_heads_exercise(x: Tensor, heads: int) -> Tensor:
-    B, L, D = x.shape
-    return x.view(B, L, heads, D // heads).transpose(1, 2)
+def future_leaks(layer, T: int, d: int) -> Tensor:
+    x = torch.randn(1, T, d, dtype=torch.double)
+    J = torch.autograd.functional.jacobian(layer, x)[0, :, :, 0]         # (T, d, T, d): d out_t / d x_s
+    depends = J.abs().sum(dim=(1, 3)) > 0                                 # (T, T)
+    return depends & torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)
 
 
-exercises.check("05.split_heads", split_heads_exercise, must_pass=True)
-x = torch.randn(2, 5, 12)
-assert torch.equal(split_heads_exercise(x, 3), split_heads(x, 3)), "the solution must match tfmlib's split_heads"
-print("matches tfmlib.attention.split_heads; contiguous:", split_heads_exercise(x, 3).is_contiguous())
+exercises.check("05.find_the_leak", future_leaks, must_pass=True)
 
 # %% [markdown]
-# **3. A causal mask for cached keys.** Query $t$ is position $t + S - T$ of the whole sequence,
-# so it may see keys $0, \dots, t + S - T$: the lower triangle shifted right by $S - T$, which
-# is `tril`'s `diagonal` argument. With $S = T$ it is the usual lower triangle.
+# The same function on the package's layer with `causal=True` (no leak), and on a layer whose
+# weights are causal but whose values look one step ahead (question 4's bug):
 
 # %%
-def causal_mask_exercise(T: int, S: int) -> Tensor:
-    return torch.ones(T, S, dtype=torch.bool).tril(diagonal=S - T)
+torch.manual_seed(0)
+mha = MultiHeadAttention(8, 2).double()
+look_ahead = nn.Linear(8, 8).double()
 
 
-exercises.check("05.causal_mask", causal_mask_exercise, must_pass=True)
-for T, S in [(3, 3), (2, 5)]:
-    assert torch.equal(causal_mask_exercise(T, S), causal_mask(T, S)), "the solution must match tfmlib's"
-print(causal_mask_exercise(2, 5).int())
+def leaky_values(x: Tensor) -> Tensor:
+    """Causal weights, but each position's input is mixed with the next one's before the layer."""
+    ahead = torch.cat([x[:, 1:], torch.zeros_like(x[:, :1])], dim=1)
+    out, weights = mha(x + look_ahead(ahead), causal=True, need_weights=True)
+    leaky_values.weights = weights
+    return out
+
+
+print("package layer, causal=True: leaking pairs", int(future_leaks(lambda x: mha(x, causal=True)[0], 6, 8).sum()))
+leaks = future_leaks(leaky_values, 6, 8)
+above = torch.ones(6, 6, dtype=torch.bool).triu(1)
+print(f"values that look ahead: leaking pairs {int(leaks.sum())}, largest attention weight above the diagonal "
+      f"{leaky_values.weights[0][:, above].max().item():.1f}")
+assert leaks.sum() > 0 and leaky_values.weights[0][:, above].max() == 0, \
+    "the look-ahead layer leaks although its weights above the diagonal are exactly zero"
+
+# %% [markdown]
+# **3. A left-padded causal batch.** The mask is the chapter's three ingredients: the key is
+# real, the query is real, and $s \le t$. In a left-padded batch the padded queries come first,
+# so no real key stands at or before them and their rows are all `False` either way; asking for
+# the query to be real says so explicitly. The positions are the real part of the exercise: the
+# first real token must get position 0, as it would alone, so the positions count real tokens
+# (a cumulative sum of the token mask, minus one), with 0 at the pads. Numbering the columns
+# instead would give a sentence's first word the position $T - \text{length}$, which depends on
+# the longest sentence in the batch.
+
+# %%
+def left_padded_causal(token_mask: Tensor) -> tuple[Tensor, Tensor]:
+    T = token_mask.shape[1]
+    mask = padding_mask(token_mask) & token_mask[:, None, :, None] & causal_mask(T, device=token_mask.device)
+    positions = (token_mask.long().cumsum(-1) - 1).clamp_min(0)
+    return mask, positions
+
+
+exercises.check("05.left_padded_causal", left_padded_causal, must_pass=True)
+
+# %% [markdown]
+# What it is for: a layer with learned positions gives each sentence of a left-padded batch the
+# same outputs as the sentence alone, and numbering the columns does not.
+
+# %%
+torch.manual_seed(0)
+d, T = 8, 6
+table, layer = nn.Embedding(T, d), MultiHeadAttention(d, 2)
+sentences = [torch.randn(n, d) for n in (6, 4, 1)]
+token_mask = torch.arange(T)[None, :] >= torch.tensor([T - len(s) for s in sentences])[:, None]
+x = torch.zeros(len(sentences), T, d)
+for b, s in enumerate(sentences):
+    x[b, T - len(s):] = s
+mask, positions = left_padded_causal(token_mask)
+with torch.no_grad():
+    for name, pos in (("positions from the exercise", positions), ("column numbers", torch.arange(T).expand(3, T))):
+        out, _ = layer(x + table(pos), mask=mask)
+        worst = max((out[b, T - len(s):] - layer((s + table.weight[: len(s)])[None], causal=True)[0][0]).abs().max()
+                    for b, s in enumerate(sentences)).item()
+        print(f"{name:>28}: max |padded batch - each sentence alone| = {worst:.1e}; NaN: {bool(out.isnan().any())}")
+        if name.startswith("positions"):
+            assert worst < 1e-5, "left padding with the right mask and positions must not change any output"
+
+# %% [markdown]
+# ## Questions
+#
+# **1. Other variances.** With independent entries of mean 0, $\operatorname{Var}(q_i k_i) =
+# \sigma_q^2 \sigma_k^2$ and $\operatorname{Var}(q \cdot k) = d_k\, \sigma_q^2 \sigma_k^2$, so the
+# scale that makes it 1 is $1/(\sigma_q \sigma_k \sqrt{d_k})$. For `nn.Linear(d, d)` the weights
+# are uniform on $(-1/\sqrt{d}, 1/\sqrt{d})$, of variance $(2/\sqrt{d})^2/12 = 1/(3d)$; a query
+# entry is a sum of $d$ products of a weight and an input of variance 1, so $\sigma_q^2 = d \cdot
+# 1/(3d) = 1/3$ (the bias adds another $1/(3d)$, negligible), and $\operatorname{Var}(q \cdot k)
+# = d_k/9$. Measured:
+
+# %%
+torch.manual_seed(0)
+for width in (64, 512):
+    lin_q, lin_k = nn.Linear(width, width), nn.Linear(width, width)
+    x = torch.randn(4096, width)
+    with torch.no_grad():
+        q, k = lin_q(x)[:, :64], lin_k(x)[:, :64]                       # one head of d_k = 64
+        print(f"d = {width}: Var(q entries) = {q.var().item():.3f} (theory 1/3 + 1/(3d) = {1 / 3 + 1 / (3 * width):.3f}); "
+              f"Var(q.k) over d_k = 64: {(q * k).sum(-1).var().item():.2f} (theory 64/9 = {64 / 9:.2f})")
+        assert abs(q.var().item() - (1 / 3 + 1 / (3 * width))) < 0.02, "Var(q entries) should be 1/3 + 1/(3d)"
+
+# %% [markdown]
+# The constants depend on the initialisation and on what comes before the layer (LayerNorm,
+# residual streams that grow with depth), and no fixed scale can know them. What $\sqrt{d_k}$
+# gets right is the *dependence on the width*: whatever the entries' variances, the variance of a
+# sum of $d_k$ products grows linearly in $d_k$, and dividing by $\sqrt{d_k}$ removes exactly
+# that growth, so changing the width of the heads does not change how sharp they start.
+#
+# **2. A learned temperature, or the scale folded into $W^Q$.** $q \cdot k / \tau =
+# (W^{Q\top} x / \tau) \cdot k$: dividing by any constant is the same as dividing $W^Q$ (and its
+# bias) by it, so a fixed scale, a learned temperature per head, and no scale at all with
+# $W^Q/\sqrt{d_k}$ all describe the same set of functions. A check:
+
+# %%
+torch.manual_seed(0)
+layer = MultiHeadAttention(32, 4)
+folded = MultiHeadAttention(32, 4)
+folded.load_state_dict(layer.state_dict())
+with torch.no_grad():
+    folded.q_proj.weight /= math.sqrt(8)
+    folded.q_proj.bias /= math.sqrt(8)
+    x = torch.randn(2, 7, 32)
+    _, w_scaled = layer(x, need_weights=True)
+    q, k = (p(x).view(2, 7, 4, 8).transpose(1, 2) for p in (folded.q_proj, folded.k_proj))
+    w_folded = torch.softmax(q @ k.transpose(-2, -1), dim=-1)            # no scale: it is inside W^Q
+print(f"weights with the scale vs the scale folded into W^Q: max |difference| {(w_scaled - w_folded).abs().max().item():.1e}")
+assert torch.allclose(w_scaled, w_folded, atol=1e-6), "the scale folded into W^Q gives the same weights"
+
+# %% [markdown]
+# Why the fixed scale still helps: it sets the *starting point* and the geometry the optimiser
+# sees. With it, a freshly initialised head has scores of variance about 1 at every width (the
+# chapter's section 2), so it starts spread out and the gradient reaches every key; the optimiser
+# then only has to learn a temperature if the task wants one. Without it, each width starts at
+# its own temperature, wide heads already sharp at random, and the optimiser first has to shrink
+# $W^Q$ and $W^K$ by a width-dependent factor. A learned temperature is harmless (some models use
+# one), but it needs the right starting value, which is $1/\sqrt{d_k}$ again.
+#
+# **3. Many narrow heads or one wide head.** One softmax gives each query one distribution; its
+# output is a convex combination of the values. A query that needs two words (the subject *and*
+# the adjective of section 7b; a verb's subject and object) can only blur them into one average
+# with one head, while two heads can each put nearly all their weight on one word and the output
+# projection can combine both, unblurred. What one wide head can do that narrow heads cannot is
+# a score of high rank: head $i$'s score is $x_t^\top W_i^Q {W_i^K}^\top x_s$, a bilinear form of
+# rank at most $d_k = d_{\text{model}}/h$, while one head of full width has rank up to
+# $d_{\text{model}}$ (Bhojanapalli et al. 2020 call this the low-rank bottleneck of many heads).
+# Measured on random initial weights:
+
+# %%
+torch.manual_seed(0)
+for h in (1, 4, 16):
+    layer = MultiHeadAttention(64, h)
+    Wq, Wk = layer.q_proj.weight.detach().double(), layer.k_proj.weight.detach().double()
+    d_k = 64 // h
+    rank = torch.linalg.matrix_rank(Wq[:d_k].T @ Wk[:d_k]).item()        # head 0's (d_model, d_model) bilinear form
+    print(f"{h:>2} head(s) of width {d_k:>2}: rank of W_0^Q W_0^K^T = {rank}")
+    assert rank == d_k, f"a head of width {d_k} has a score of rank {d_k}"
+
+# %% [markdown]
+# **4. Why test causality with gradients.** Zero weights above the diagonal only say that the
+# softmax does not *look* at later positions. A leak can enter anywhere else: a value (or a key,
+# or a query) built from a later input, as in exercise 2's planted bug and the look-ahead layer
+# above, whose weights above the diagonal are exactly 0 while two of its outputs read the next
+# input; a normalisation over the time axis (subtracting the mean over all positions, a batch
+# norm over time) that mixes every position into every other before the attention; a
+# convolution or a shift with the wrong padding side; a positional table indexed by the
+# sentence's length. The gradient test checks the whole layer, input to output, whatever the
+# path.
+#
+# **5. A query that sees nothing returns zeros.** It is the only output that claims nothing: a
+# weighted average over an empty set has no natural value, and zero adds no information and no
+# gradient to anything upstream. In a Transformer the attention output is added to the residual
+# stream, so $x + \operatorname{MHA}(x)$ returns $x$ plus the output projection's bias: the
+# position keeps its own vector, as if the layer had been skipped. Measured:
+
+# %%
+torch.manual_seed(0)
+layer = MultiHeadAttention(16, 4)
+with torch.no_grad():
+    layer.out_proj.bias.normal_(std=0.1)
+    x = torch.randn(1, 5, 16)
+    sees = torch.ones(5, 5, dtype=torch.bool)
+    sees[2] = False                                                          # query 2 sees nothing
+    out, _ = layer(x, mask=sees)
+    residual = x + out
+print(f"query 2: |x + MHA(x) - (x + b_O)| = {(residual[0, 2] - x[0, 2] - layer.out_proj.bias).abs().max().item():.1e}")
+assert torch.allclose(residual[0, 2], x[0, 2] + layer.out_proj.bias, atol=1e-6), \
+    "a query that sees nothing: the residual passes x on, plus the output projection's bias"
+
+# %% [markdown]
+# **6. The crossover length.** In arithmetic, attention passes the GRU at $n = d$ (the FLOP
+# ratio $(4d + 2n)/(6d)$ is 1 there), so doubling $d_{\text{model}}$ doubles that crossover: the
+# GRU's $n d^2$ grows four times, attention's $n^2 d$ only twice. On a GPU the crossover in
+# *time* moves much further out, because the GRU's $n$ small sequential steps leave most of the
+# GPU idle while attention's few large products fill it. A small measurement on this machine
+# (forward only, batch 8, medians of 5; timings jump about on a shared machine, so read them as
+# a direction, not a number):
+
+# %%
+torch.manual_seed(0)
+
+
+def median_ms(fn, repeats: int = 5) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e3 * sorted(times)[len(times) // 2]
+
+
+with torch.no_grad():
+    for width in (64, 128):
+        gru, mha = nn.GRU(width, width, batch_first=True), MultiHeadAttention(width, 4)
+        ratios = {}
+        for n in (32, 256):
+            x = torch.randn(8, n, width)
+            ratios[n] = median_ms(lambda: mha(x)) / median_ms(lambda: gru(x))   # noqa: B023 (called at once)
+        print(f"d_model {width}: attention / GRU time at n = 32: {ratios[32]:.2f}, at n = 256: {ratios[256]:.2f}; "
+              f"FLOP ratio at n = 256: {(4 * width + 2 * 256) / (6 * width):.2f}")
+
+# %% [markdown]
+# **7. FlashAttention's running softmax.** Exercise 1 is the proof in code: after a block, keep
+# $m$ (the running maximum), $\ell = \sum \exp(e - m)$ and the normalised output; a new block is
+# merged by rescaling both sums to the new maximum, $\ell \leftarrow \ell\, e^{m - m'} +
+# \ell_{\text{new}}\, e^{m_{\text{new}} - m'}$, and the outputs in proportion. Every step is exact
+# (no approximation), and the merge is associative, so blocks can be processed in any grouping;
+# the loop after exercise 1 matched PyTorch to float32 rounding. What the explicit version gives
+# that the fused one cannot: the weights themselves, every $\alpha_{ts}$, for heatmaps (section
+# 7), for analysis (which head reads what), or for anything that changes the weights after the
+# softmax. The fused kernel never holds them; to return them it would have to store the
+# $T \times S$ matrix it was built to avoid.
+#
+# **8. A shortcut through the other noun.** Trained only on sentences whose two nouns differ in
+# gender, the answer (the referent's gender) is always the *opposite* of the other noun's gender.
+# A last-layer head can then point at the noun that is *not* meant, and the classifier can
+# output the opposite of its gender: a rule that is right on every training sentence and every
+# test sentence of the same kind, so the accuracy cannot tell it from real resolution, and the
+# heatmap would even look like a head "pointing at the wrong noun". The sentences that reveal it
+# are those whose two nouns have the *same* gender: there "the opposite of the other noun" gives
+# the wrong pronoun every time, so a shortcut model scores near 0% on them where a resolving
+# model scores near 100% (the chapter reports the accuracy on the differing-gender sentences
+# separately for this reason, and trains on all combinations). To measure which heads the
+# classifier needs, in the style of Michel et al. (2019): for each layer and head, zero that
+# head's slice of the concatenated head outputs before $W^O$ (a mask of ones with zeros at
+# features $i d_k$ to $(i+1) d_k - 1$ of `merge_heads`' output), keep everything else, and
+# measure the test accuracy (or loss) on both kinds of sentences; the drop is the head's
+# importance. A head whose removal costs nothing is not needed, whatever its heatmap shows; a
+# head whose removal costs the same-gender sentences but not the others is the one that carries
+# the shortcut.

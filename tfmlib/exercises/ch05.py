@@ -1,121 +1,225 @@
 """Checkers for chapter 05 (scaled dot-product and multi-head attention).
 
 Registered on import by ``tfmlib.exercises``; a reader calls ``exercises.check("05.name", answer)``.
+The three exercises ask for what the chapter does not write out: merging two blocks of keys of a
+softmax exactly (the step FlashAttention repeats, question 7), finding a causal layer's leaks with
+the Jacobian test of section 4, and the mask and positions of a left-padded causal batch.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
+from torch import Tensor
 
 from .core import Wrong, checker, expect_close
 
+# ----------------------------------------------------------------------------- 05.merge_blocks
 
-def _ch05_attention_case(seed: int) -> tuple[torch.Tensor, ...]:
-    """Random ``q, k, v`` and a ``(B, 1, T, S)`` mask: padded keys, and (in most cases) one query
-    row that may attend to nothing. ``T != S`` and ``d_k != d_v``, so transposes do not fit."""
+
+def _ch05_block(scores: Tensor, values: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(m, l, o)`` of one block: row maxima ``(R,)``, ``sum exp(e - m)`` ``(R,)`` and the block's own
+    softmax-weighted values ``(R, d_v)``; a row whose scores are all ``-inf`` gets ``(-inf, 0, 0)``."""
+    m = scores.max(dim=-1).values
+    safe_m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    p = torch.exp(scores - safe_m[:, None])                                 # exp(-inf) = 0 for hidden keys
+    total = p.sum(-1)
+    o = (p @ values) / total.clamp_min(torch.finfo(total.dtype).tiny)[:, None]
+    return m, total, o
+
+
+def _ch05_merge_case(seed: int) -> tuple[Tensor, Tensor, int]:
+    """Scores ``(R, S)`` with a wide spread, values ``(S, d_v)`` and the split point between the blocks.
+
+    Row 0 has its two blocks 300 apart (exp of the difference overflows float32), row 1 has its
+    first block hidden (all ``-inf``), the rest are ordinary."""
     g = torch.Generator().manual_seed(seed)
-    B, h = 2 + seed % 2, 1 + seed % 3
-    T, S = 3 + seed % 3, 5 + seed % 2
-    d_k, d_v = 4 + seed % 2, 3
-    q, k = torch.randn(B, h, T, d_k, generator=g), torch.randn(B, h, S, d_k, generator=g)
-    v = torch.randn(B, h, S, d_v, generator=g)
-    lengths = torch.randint(1, S + 1, (B,), generator=g)
-    lengths[0] = S
-    mask = (torch.arange(S)[None, :] < lengths[:, None])[:, None, None, :].expand(B, 1, T, S).clone()
-    if seed % 4 != 3:
-        mask[-1, 0, T - 1] = False  # the last query of the last sentence may see nothing
-    return q * 2, k * 2, v, mask  # scores with a spread large enough for scale mistakes to show
+    R, S, d_v = 6, 7 + seed % 4, 3 + seed % 2
+    split = 2 + seed % 3
+    scores = 4 * torch.randn(R, S, generator=g)
+    scores[0, split:] += 300.0
+    scores[1, :split] = -math.inf
+    scores[2] -= 200.0
+    return scores, torch.randn(S, d_v, generator=g), split
 
 
-def _ch05_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                              scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    scores = (q @ k.transpose(-2, -1) * scale).masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a row of -inf gives NaN: make it zeros
-    return weights @ v, weights
+@checker("05.merge_blocks", hint="Section 3 and question 7: exp(e - m1) and exp(e - m2) are measured against "
+         "different maxima, so bring both blocks to one common maximum before adding their sums; each "
+         "block's output is already divided by its own sum. Check a row whose blocks are 300 apart in "
+         "float32, and a block that is fully hidden (m = -inf, l = 0).")
+def _check_merge_blocks(merge: Callable[..., tuple[Tensor, Tensor, Tensor]]) -> None:
+    for seed in range(5):
+        scores, values, split = _ch05_merge_case(seed)
+        b1 = _ch05_block(scores[:, :split], values[:split])
+        b2 = _ch05_block(scores[:, split:], values[split:])
+        want_m, want_l, want_o = _ch05_block(scores, values)
+        got = merge(*(t.clone() for t in (*b1, *b2)))
+        if not isinstance(got, tuple) or len(got) != 3:
+            raise Wrong("return the merged triple (m, l, o)")
+        m, total, o = got
+        if isinstance(o, Tensor) and o.shape == want_o.shape and not torch.isfinite(o).all():
+            raise Wrong("inf or NaN in o: exp of a difference of maxima overflowed (row 0's blocks are 300 "
+                        "apart), or a hidden block (m = -inf) gave -inf - (-inf); subtract the larger "
+                        "maximum, so every exponent is <= 0")
+        expect_close(m, want_m, "m, the running maximum of each row (R,)", atol=0, rtol=0)
+        if isinstance(o, Tensor) and o.shape == want_o.shape:
+            if torch.allclose(o, (b1[2] + b2[2]) / 2, atol=1e-4):
+                raise Wrong("o is the plain average of the two blocks' outputs: each block must count in "
+                            "proportion to its share of the softmax's denominator")
+            naive_l = b1[1] + b2[1]
+            unrescaled = (b1[1][:, None] * b1[2] + b2[1][:, None] * b2[2]) / naive_l[:, None]
+            if torch.allclose(o, unrescaled, atol=1e-4):
+                raise Wrong("l1 and l2 are sums of exp(e - m1) and exp(e - m2), measured against different "
+                            "maxima: rescale each to the common maximum before weighting and adding")
+        expect_close(total, want_l, "l = sum over both blocks of exp(e - m) (R,)", rtol=1e-4)
+        expect_close(o, want_o, f"o, the softmax-weighted values of both blocks {tuple(want_o.shape)}",
+                     atol=1e-5)
 
 
-@checker("05.attention", hint="scores = q @ k.transpose(-2, -1) / d_k ** 0.5, (B, h, T, S); fill the hidden "
-         "scores (mask False) with a very negative finite number, softmax over the keys (dim=-1), multiply "
-         "the weights by the mask (a row that sees nothing becomes all zeros), then out = weights @ v")
-def _check_attention(attention: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> None:
-    for seed in range(6):
-        q, k, v, mask = _ch05_attention_case(seed)
-        want_out, want_weights = _ch05_attention_reference(q, k, v, mask)
-        got = attention(q.clone(), k.clone(), v.clone(), mask.clone())
+# ----------------------------------------------------------------------------- 05.find_the_leak
+
+
+class _Ch05Layer:
+    """A small single-head causal attention layer in float64 with one planted bug (or none).
+
+    ``bug``: ``None`` (correct), ``"offset"`` (the mask lets query t see key t + 1), ``"transposed"``
+    (the mask is the upper triangle), ``"values"`` (correct weights, but each value is made from its
+    own input and the next one: zero weights above the diagonal, and still a leak), ``"centre"`` (the
+    inputs are centred on their mean over all positions first: every output reads every input)."""
+
+    def __init__(self, d: int, bug: str | None, seed: int):
+        g = torch.Generator().manual_seed(seed)
+        self.W = [torch.randn(d, d, generator=g, dtype=torch.double) / math.sqrt(d) for _ in range(4)]
+        self.bug = bug
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if x.dim() != 3 or x.shape[0] != 1:
+            raise ValueError(f"the layer takes one sequence (1, T, d), got shape {tuple(x.shape)}")
+        x = x.double()
+        if self.bug == "centre":
+            x = x - x.mean(dim=1, keepdim=True)
+        T = x.shape[1]
+        q, k, v = x @ self.W[0], x @ self.W[1], x @ self.W[2]
+        if self.bug == "values":
+            ahead = torch.cat([x[:, 1:], torch.zeros_like(x[:, :1])], dim=1)   # the next position's input
+            v = v + ahead @ self.W[3]
+        diagonal = 1 if self.bug == "offset" else 0
+        keep = torch.ones(T, T, dtype=torch.bool).tril(diagonal=diagonal)
+        if self.bug == "transposed":
+            keep = keep.T
+        scores = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~keep, -math.inf)
+        return torch.softmax(scores, dim=-1) @ v
+
+
+def _ch05_true_leaks(layer: _Ch05Layer, T: int, d: int) -> Tensor:
+    x = torch.randn(1, T, d, dtype=torch.double, generator=torch.Generator().manual_seed(99))
+    J = torch.autograd.functional.jacobian(layer, x)                        # (1, T, d, 1, T, d)
+    depends = J[0, :, :, 0].abs().sum(dim=(1, 3)) > 0                       # (T, T): out_t on x_s
+    return depends & torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)
+
+
+_CH05_BUGS = (None, "offset", "transposed", "values", "centre")
+
+
+@checker("05.find_the_leak", hint="Section 4's test: the output at t must not depend on any input after t. "
+         "Differentiate the layer's output with respect to its input (the full Jacobian, in float64, so "
+         "that no dependence means exactly zero), reduce it to one number per (output t, input s), and "
+         "keep only the entries above the diagonal. Rows are outputs, columns inputs.")
+def _check_find_the_leak(future_leaks: Callable[[Callable[[Tensor], Tensor], int, int], Tensor]) -> None:
+    for i, bug in enumerate(_CH05_BUGS):
+        T, d = 5 + i % 2, 4
+        layer = _Ch05Layer(d, bug, seed=i)
+        want = _ch05_true_leaks(layer, T, d)
+        got = future_leaks(layer, T, d)
+        if not isinstance(got, Tensor):
+            raise Wrong(f"return a (T, T) bool tensor, got {type(got).__name__}")
+        if got.shape != (T, T):
+            raise Wrong(f"return a (T, T) = {(T, T)} tensor (rows: outputs t, columns: inputs s), got "
+                        f"{tuple(got.shape)}")
+        got = got.bool()
+        what = "a correct causal layer" if bug is None else f"planted bug {i}"
+        if torch.equal(got, want):
+            continue
+        if torch.equal(got, want.T):
+            raise Wrong("your matrix is transposed: row t, column s must say whether output t depends on "
+                        "input s")
+        if got.tril().any():
+            raise Wrong(f"{what}: you marked entries with s <= t; only a dependence on a LATER input (s > t) "
+                        "is a leak, a causal layer must depend on the inputs up to its own position")
+        if not got.any():
+            raise Wrong(f"{what} leaks at {int(want.sum())} (t, s) pairs and you found none; if you looked "
+                        "at the attention weights, they can be zero above the diagonal while the values "
+                        "still carry later inputs: test the output itself")
+        if want.any() and not (got & want).any() or (got & ~want).any():
+            raise Wrong(f"{what}: you marked {int((got & ~want).sum())} pair(s) that do not leak and missed "
+                        f"{int((want & ~got).sum())}; use a random input, float64, and the exact zero test")
+        raise Wrong(f"{what}: you found {int(got.sum())} of its {int(want.sum())} leaking (t, s) pairs; "
+                    "check every later input s, not only the next one, and count every non-zero "
+                    "dependence, however small (the exact zero test in float64, not a threshold)")
+
+
+# ----------------------------------------------------------------------------- 05.left_padded_causal
+
+
+def _ch05_left_padded(lengths: list[int], T: int) -> Tensor:
+    return torch.arange(T)[None, :] >= (T - torch.tensor(lengths))[:, None]   # (B, T): False, then True
+
+
+def _ch05_left_padded_reference(token_mask: Tensor) -> tuple[Tensor, Tensor]:
+    T = token_mask.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    mask = token_mask[:, None, None, :] & token_mask[:, None, :, None] & causal
+    positions = (token_mask.long().cumsum(-1) - 1).clamp_min(0)
+    return mask, positions
+
+
+@checker("05.left_padded_causal", hint="Section 3's masks, with the padding on the left. Ask, for each "
+         "(query t, key s): is the key real, is the query real, is s not after t? For the positions: the "
+         "first real token of every sentence must get the position it has in the unpadded sentence; count "
+         "real tokens, not columns (pads get 0).")
+def _check_left_padded_causal(left_padded_causal: Callable[[Tensor], tuple[Tensor, Tensor]]) -> None:
+    for lengths, T in [([4, 2, 1], 4), ([5, 3], 6), ([1, 6, 2, 4], 6), ([3], 3)]:
+        token_mask = _ch05_left_padded(lengths, T)
+        want_mask, want_pos = _ch05_left_padded_reference(token_mask)
+        got = left_padded_causal(token_mask.clone())
         if not isinstance(got, tuple) or len(got) != 2:
-            raise Wrong("return a pair (out, weights)")
-        out, weights = got
-        if not isinstance(weights, torch.Tensor) or not isinstance(out, torch.Tensor):
-            raise Wrong("return two tensors (out, weights)")
-        if weights.shape == want_weights.shape:
-            if torch.isnan(weights).any() or torch.isnan(out).any():
-                raise Wrong("NaN in your result: a query that may attend to nothing gives a row of -inf "
-                            "scores, and softmax of that row is 0/0; fill with a large finite negative "
-                            "number instead of -inf, and multiply the weights by the mask")
-            if (weights.masked_select(~mask.expand_as(weights)).abs() > 1e-6).any():
-                raise Wrong("a hidden key (mask False) got a non-zero weight: apply the mask to the scores "
-                            "before the softmax, and zero the rows that may see nothing")
-            for wrong_scale, what in ((1.0, "you did not scale the scores: divide them by sqrt(d_k)"),
-                                      (1.0 / q.shape[-1], "divide the scores by sqrt(d_k), not by d_k")):
-                _, unscaled = _ch05_attention_reference(q, k, v, mask, scale=wrong_scale)
-                if torch.allclose(weights.double(), unscaled.double(), atol=1e-5):
-                    raise Wrong(what)
-            visible = mask.expand_as(weights).any(-1)
-            if not torch.allclose(weights.sum(-1)[visible], torch.ones(int(visible.sum())), atol=1e-5):
-                raise Wrong("each query's weights should sum to 1 over the keys: take the softmax over the "
-                            "last axis (the keys), not over the queries")
-        expect_close(weights, want_weights,
-                     f"weights (B, h, T, S) for q {tuple(q.shape)}, k {tuple(k.shape)}")
-        expect_close(out, want_out, f"out (B, h, T, d_v) for v {tuple(v.shape)}")
-
-
-@checker("05.split_heads", hint="x.view(B, L, heads, D // heads) keeps each position's features together and "
-         "cuts them into heads; then .transpose(1, 2) puts the heads before the positions")
-def _check_split_heads(split_heads: Callable[[torch.Tensor, int], torch.Tensor]) -> None:
-    for B, L, heads, d in [(2, 5, 3, 4), (1, 3, 4, 2), (3, 7, 2, 5), (2, 4, 6, 1)]:
-        x = torch.randn(B, L, heads * d, generator=torch.Generator().manual_seed(B * L + heads))
-        want = x.view(B, L, heads, d).transpose(1, 2)
-        got = split_heads(x.clone(), heads)
-        if not isinstance(got, torch.Tensor):
-            raise Wrong(f"return a tensor, got {type(got).__name__}")
-        if got.shape == want.shape and not torch.equal(got, want):
-            if torch.equal(got, x.reshape(B, heads, L, d)):
-                raise Wrong("you reshaped straight to (B, heads, L, d): that cuts the memory of (L, heads*d) "
-                            "into pieces that mix positions; reshape to (B, L, heads, d) first, then swap "
-                            "axes 1 and 2")
-            if torch.equal(got, x.view(B, L, d, heads).permute(0, 3, 1, 2)):
-                raise Wrong(f"head i must hold the contiguous features i*d .. (i+1)*d - 1 (here d = {d}); "
-                            "yours takes every heads-th feature")
-        if got.shape == (B, L, heads, d):
-            raise Wrong(f"the heads must come before the positions: shape (B, heads, L, d) = "
-                        f"{(B, heads, L, d)}, got {tuple(got.shape)} (transpose axes 1 and 2)")
-        expect_close(got, want, f"split_heads(x of shape {tuple(x.shape)}, heads={heads})", atol=0, rtol=0)
-
-
-@checker("05.causal_mask", hint="torch.ones(T, S, dtype=torch.bool).tril(diagonal=S - T): query t (one of "
-         "the last T positions) may see keys 0 .. t + S - T")
-def _check_causal_mask(causal_mask: Callable[[int, int], torch.Tensor]) -> None:
-    for T, S in [(1, 1), (4, 4), (3, 5), (2, 6), (5, 5), (1, 4)]:
-        want = torch.ones(T, S, dtype=torch.bool).tril(diagonal=S - T)
-        got = causal_mask(T, S)
-        if not isinstance(got, torch.Tensor):
-            raise Wrong(f"return a torch.Tensor, got {type(got).__name__}")
-        if got.dtype != torch.bool:
-            raise Wrong(f"return a bool tensor (True = may attend), got dtype {got.dtype}")
-        if got.shape != want.shape:
-            raise Wrong(f"for T={T}, S={S} the mask should have shape {(T, S)} (queries, keys), "
-                        f"got {tuple(got.shape)}")
-        if torch.equal(got, ~want):
-            raise Wrong("your mask is True where attention is NOT allowed (PyTorch's nn.MultiheadAttention "
-                        "convention); the book's masks are True where a query may attend")
-        own = torch.zeros(T, S, dtype=torch.bool)
-        own[torch.arange(T), torch.arange(T) + S - T] = True  # query t is position t + S - T
-        if torch.equal(got, want & ~own):
-            raise Wrong("a position may attend to itself: the entries (t, t + S - T) must be True")
-        if not torch.equal(got, want):
-            hint = (" With S > T keys the T queries are the LAST T positions: query t sees keys "
-                    "0 .. t + S - T (the diagonal argument of torch.tril)." if S > T else "")
-            raise Wrong(f"for T={T}, S={S} expected {want.int().tolist()}, got {got.int().tolist()}.{hint}")
+            raise Wrong("return a pair (mask, positions)")
+        mask, positions = got
+        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+            raise Wrong("mask must be a bool tensor, True where a query may attend to a key")
+        B = len(lengths)
+        if mask.shape != (B, 1, T, T):
+            raise Wrong(f"mask must have shape (B, 1, T, T) = {(B, 1, T, T)} (one per sentence, shared by "
+                        f"the heads), got {tuple(mask.shape)}")
+        if torch.equal(mask, ~want_mask):
+            raise Wrong("your mask is True where attention is NOT allowed; the book's masks are True where a "
+                        "query may attend")
+        real_q = token_mask[:, None, :, None].expand_as(mask)
+        pad_k = ~token_mask[:, None, None, :].expand_as(mask)
+        later = torch.ones(T, T, dtype=torch.bool).triu(1).expand_as(mask)
+        if (mask & real_q & pad_k).any():
+            raise Wrong("a real query may attend to a pad (a key where token_mask is False): hide the "
+                        "padded keys")
+        if (mask & real_q & later).any():
+            raise Wrong("a real query may attend to a later key: the mask must also be causal")
+        if (mask & ~real_q).any():
+            raise Wrong("a padded query must see nothing (its row all False): nothing reads its output, and "
+                        "in a left-padded batch no real key comes before it")
+        if not torch.equal(mask, want_mask):
+            raise Wrong(f"for lengths {lengths}, T = {T}: a real query must see every real key up to itself; "
+                        f"expected {want_mask[:, 0].int().tolist()}, got {mask[:, 0].int().tolist()}")
+        if not isinstance(positions, Tensor) or positions.dtype not in (torch.int64, torch.int32):
+            raise Wrong("positions must be an integer tensor (B, T), usable as indices into a position table")
+        if positions.shape != (B, T):
+            raise Wrong(f"positions must have shape (B, T) = {(B, T)}, got {tuple(positions.shape)}")
+        columns = torch.arange(T).expand(B, T)
+        if not torch.equal(positions.long(), want_pos) and torch.equal(positions.long(), columns):
+            raise Wrong("positions = 0 .. T-1 for every row gives a sentence's first real token the position "
+                        "T - length, which depends on how much padding the batch needed: the same sentence "
+                        "would be encoded differently in another batch. Number the real tokens from 0")
+        if (positions[~token_mask] != 0).any():
+            raise Wrong("give the pads position 0 (a valid row of a position table; -1 would index its "
+                        "last row, and nothing reads the pads' outputs anyway)")
+        expect_close(positions.long(), want_pos, f"positions for lengths {lengths}, T = {T}", atol=0, rtol=0)
