@@ -476,6 +476,12 @@ def test_readme_times_table_is_rewritten_between_markers(tmp_path):
     assert readme.read_text() == once, "rewriting must be idempotent"
     assert "old table" not in once and once.endswith("end\n")
     assert "| `notebooks/01_x.ipynb` | cpu | 47.2 | 2 | 2.13.0 | 2026-11-22 |" in once
+    readme.write_text(f"takes {book.README_TOTAL_START}?{book.README_TOTAL_END} in all\n{once}")
+    data["notebooks/02_x.ipynb"] = {**data["notebooks/01_x.ipynb"], "seconds": 100.0}
+    data["notebooks/03_x.ipynb"] = {**data["notebooks/01_x.ipynb"], "seconds": 900.0, "profile": "gpu"}
+    book.update_readme_times(readme, data)
+    text = readme.read_text()
+    assert text.startswith(f"takes {book.README_TOTAL_START}about 2 minutes"), text
 
 
 def test_readme_times_match_the_recorded_json():
@@ -486,6 +492,8 @@ def test_readme_times_match_the_recorded_json():
     times = json.loads(book.TIMES_FILE.read_text())
     readme = (book.REPO_ROOT / "README.md").read_text()
     assert book.times_table(times) in readme, "run `python tools/book.py refresh` to update README"
+    total = book.README_TOTAL_START + book.total_time_text(times) + book.README_TOTAL_END
+    assert total in readme, f"the README's total time should read {total!r}"
 
 
 def test_execute_shuts_down_the_kernel_it_started(tmp_path, monkeypatch):

@@ -663,7 +663,19 @@ def update_readme_times(readme: Path, data: dict[str, dict]) -> None:
     end = text.find(README_TIMES_END, start)
     tail = text[end:] if end >= 0 else README_TIMES_END + "\n" + text[start + len(README_TIMES_START):]
     new = text[:start] + README_TIMES_START + "\n\n" + times_table(data) + "\n\n" + tail
+    new = re.sub(re.escape(README_TOTAL_START) + r".*?" + re.escape(README_TOTAL_END),
+                 lambda _: README_TOTAL_START + total_time_text(data) + README_TOTAL_END, new)
     readme.write_text(new, encoding="utf-8")
+
+
+README_TOTAL_START = "<!-- total -->"
+README_TOTAL_END = "<!-- /total -->"
+
+
+def total_time_text(data: dict[str, dict], profile: str = "cpu") -> str:
+    """'about N minutes' for executing every recorded notebook of ``profile`` one after another."""
+    seconds = sum(e.get("seconds", 0.0) for e in data.values() if e.get("profile") == profile)
+    return f"about {max(1, round(seconds / 60))} minutes"
 
 
 def _key(path: Path) -> str:
