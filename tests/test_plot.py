@@ -245,16 +245,17 @@ def test_over_seeds_bad_input():
 # --- bars ---------------------------------------------------------------------------------------
 
 def test_grouped_bars_one_colour_per_series_and_labels():
-    values = {"GRU": {"short": 20.0, "long": 10.0}, "Transformer": {"short": 30.0, "long": 25.0}}
+    values = {"Transformer": {"short": 30.0, "long": 25.0}, "GRU": {"short": 20.0, "long": 10.0}}
     ax = plot_grouped_bars(values, title="BLEU", xlabel="length", ylabel="BLEU")
     assert _labels(ax) == ("BLEU", "length", "BLEU")
     assert len(ax.containers) == 2 and len(_bars(ax)) == 4, "2 series x 2 groups"
-    assert [[b.get_height() for b in c] for c in ax.containers] == [[20.0, 10.0], [30.0, 25.0]]
+    heights = [[b.get_height() for b in c] for c in ax.containers]
+    assert heights == [[30.0, 25.0], [20.0, 10.0]], f"series and groups in the order given: {heights}"
     colours = [{mpl.colors.to_hex(b.get_facecolor()) for b in c} for c in ax.containers]
     assert all(len(c) == 1 for c in colours) and colours[0] != colours[1], "one colour per series"
     assert [t.get_text() for t in ax.get_xticklabels()] == ["short", "long"]
     assert sorted(t.get_text() for t in ax.texts) == ["10.0", "20.0", "25.0", "30.0"], "bar labels"
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["GRU", "Transformer"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["Transformer", "GRU"]
     ax = plot_grouped_bars({"a": {"x": [1.0, 2.0, 6.0]}}, **KW)
     assert _bars(ax)[0].get_height() == 2.0, "several values: the bar is their median"
     ends = np.concatenate([line.get_ydata() for line in ax.lines])
