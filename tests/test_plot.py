@@ -229,6 +229,21 @@ def test_over_seeds_categories_get_error_bars_in_order():
     assert all(line.get_linestyle() == "None" for line in _seed_lines(ax)), "categories are not joined"
 
 
+def test_over_seeds_from_seed_by_point_arrays_smoothed():
+    curves = np.array([[4.0, 3.0, 2.0, 1.0], [6.0, 5.0, 2.0, 3.0], [5.0, 1.0, 0.0, 2.0]])  # (seeds, points)
+    ax = plot_over_seeds({"a": torch.tensor(curves)}, x=[10, 20, 30, 40, 50], smooth=2, **KW)
+    smoothed = (curves[:, 1:] + curves[:, :-1]) / 2          # drawn at the last point of each window
+    xs, low, high = _band(ax, 0)
+    assert xs.tolist() == [20, 30, 40], "x: one position per point, shifted by the smoothing window"
+    assert low == pytest.approx(smoothed.min(0)) and high == pytest.approx(smoothed.max(0))
+    median = [line for line in ax.lines if len(line.get_xdata()) and not line.get_label().startswith("_seed")]
+    assert list(median[0].get_ydata()) == pytest.approx(np.median(smoothed, 0))
+    seeds = sorted(tuple(line.get_ydata()) for line in _seed_lines(ax))
+    assert seeds == sorted(tuple(row) for row in smoothed), "each seed's smoothed curve drawn faintly"
+    ax = plot_over_seeds({"a": curves}, **KW)
+    assert _band(ax, 0)[0].tolist() == [1, 2, 3, 4], "no x: positions 1..points"
+
+
 def test_over_seeds_bad_input():
     with pytest.raises(ValueError, match="results is empty"):
         plot_over_seeds({}, **KW)
@@ -240,6 +255,12 @@ def test_over_seeds_bad_input():
         plot_over_seeds({"a": {1: [1.0]}}, estimator="max", **KW)
     with pytest.raises(ValueError, match="spread must be one of"):
         plot_over_seeds({"a": {1: [1.0]}}, spread="iqr", **KW)
+    with pytest.raises(ValueError, match=r"results\['a'\] must be a mapping .* got shape \(3,\)"):
+        plot_over_seeds({"a": [1.0, 2.0, 3.0]}, **KW)
+    with pytest.raises(ValueError, match=r"x has shape \(2,\), results\['a'\] has 3 points per seed"):
+        plot_over_seeds({"a": np.ones((2, 3))}, x=[1, 2], **KW)
+    with pytest.raises(ValueError, match="smooth must be an int >= 1, got 0"):
+        plot_over_seeds({"a": np.ones((2, 3))}, smooth=0, **KW)
 
 
 # --- bars ---------------------------------------------------------------------------------------

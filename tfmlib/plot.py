@@ -200,8 +200,25 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+def _curves_by_x(name: str, curves: Any, x: Sequence[float] | None, smooth: int) -> dict[float, np.ndarray]:
+    """A ``(seeds, points)`` array as ``{x: the seeds' values at x}``, smoothed along the points."""
+    arr = _as_array(curves)
+    if arr.ndim != 2 or 0 in arr.shape:
+        raise ValueError(f"plot_over_seeds: results[{name!r}] must be a mapping {{x: values}} or a "
+                         f"non-empty 2-D (seeds, points) array, got shape {arr.shape}")
+    xs = np.asarray(x, dtype=float) if x is not None else np.arange(1, arr.shape[1] + 1, dtype=float)
+    if xs.ndim != 1 or len(xs) < arr.shape[1]:
+        raise ValueError(f"plot_over_seeds: x has shape {xs.shape}, results[{name!r}] has "
+                         f"{arr.shape[1]} points per seed: give x one position per point")
+    xs = xs[: arr.shape[1]]
+    if smooth > 1 and arr.shape[1] >= smooth:
+        arr = np.stack([np.convolve(row, np.ones(smooth) / smooth, mode="valid") for row in arr])
+        xs = xs[smooth - 1:]  # the average of points i-smooth+1..i is drawn at point i
+    return {float(xv): arr[:, i] for i, xv in enumerate(xs)}
+
+
 def plot_over_seeds(
-    results: Mapping[str, Mapping[Any, Sequence[float]]],
+    results: Mapping[str, Mapping[Any, Sequence[float]] | Any],
     *,
     title: str,
     xlabel: str,
@@ -211,17 +228,24 @@ def plot_over_seeds(
     spread: str = "range",
     show_seeds: bool | None = None,
     logy: bool = False,
+    x: Sequence[float] | None = None,
+    smooth: int = 1,
 ) -> plt.Axes:
     """Results of several seeds per point: a line through their ``estimator``, and their spread.
 
     ``results`` maps a model's name to ``{x: values}``, one value per seed (list, array or
     tensor), e.g. ``{"pre-LN": {6: [0.91, 0.88, 0.93], 12: [...]}, "post-LN": {...}}``; seed ``i``
-    is the ``i``-th value at every ``x``. ``estimator`` is ``"median"`` or ``"mean"``. ``spread``
-    is ``"range"`` (min to max of the seeds), ``"sd"`` (the estimate plus and minus the seeds'
-    standard deviation, ``ddof=1``) or ``"ci"`` (a 95% bootstrap interval of the estimator,
-    seeded, so it repeats). Numeric ``x`` give a line with a shaded band (``sns.lineplot``);
-    other ``x`` (names, configurations) are placed in their given order with error bars and no
-    connecting line, models side by side. Each seed is also drawn faintly (lines labelled
+    is the ``i``-th value at every ``x``. A model's results may also be one 2-D array (or
+    tensor) of shape ``(seeds, points)``, e.g. a loss curve per seed: the points are then drawn
+    at ``x`` (``1..points`` when ``None``), after a trailing moving average over ``smooth``
+    points of each seed's curve (as in :func:`plot_curves`).
+
+    ``estimator`` is ``"median"`` or ``"mean"``. ``spread`` is ``"range"`` (min to max of the
+    seeds), ``"sd"`` (the estimate plus and minus the seeds' standard deviation, ``ddof=1``) or
+    ``"ci"`` (a 95% bootstrap interval of the estimator, seeded, so it repeats). Numeric ``x``
+    give a line with a shaded band (``sns.lineplot``); other ``x`` (names, configurations) are
+    placed in their given order with error bars and no connecting line, models side by side.
+    Each seed is also drawn faintly (lines labelled
     ``"_seed i of name"``) when ``show_seeds`` (default: when there are at most 10 seeds).
     """
     if not results:
@@ -232,11 +256,15 @@ def plot_over_seeds(
     errorbars = {"range": ("pi", 100), "sd": "sd", "ci": ("ci", 95)}
     if spread not in errorbars:
         raise ValueError(f"plot_over_seeds: spread must be one of {sorted(errorbars)}, got {spread!r}")
+    if not isinstance(smooth, int) or isinstance(smooth, bool) or smooth < 1:
+        raise ValueError(f"plot_over_seeds: smooth must be an int >= 1, got {smooth!r}")
     rows, xs_all = [], []
     for name, per_x in results.items():
-        if not isinstance(per_x, Mapping) or not per_x:
+        if not isinstance(per_x, Mapping):
+            per_x = _curves_by_x(name, per_x, x, smooth)
+        if not per_x:
             raise ValueError(f"plot_over_seeds: results[{name!r}] must be a non-empty mapping "
-                             "{x: [one value per seed]}")
+                             "{x: [one value per seed]} or a (seeds, points) array")
         for xv, values in per_x.items():
             vals = _as_array(values).reshape(-1) if not _is_number(values) else np.array([float(values)])
             if len(vals) == 0:
