@@ -242,6 +242,9 @@ def test_over_seeds_from_seed_by_point_arrays_smoothed():
     assert seeds == sorted(tuple(row) for row in smoothed), "each seed's smoothed curve drawn faintly"
     ax = plot_over_seeds({"a": curves}, **KW)
     assert _band(ax, 0)[0].tolist() == [1, 2, 3, 4], "no x: positions 1..points"
+    assert median[0].get_marker() == "o", "few points: each one marked"
+    ax = plot_over_seeds({"a": np.ones((2, 30))}, **KW)
+    assert all(line.get_marker() in ("None", None) for line in ax.lines), "30 points: lines, no markers"
 
 
 def test_over_seeds_bad_input():

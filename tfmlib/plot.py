@@ -278,6 +278,7 @@ def plot_over_seeds(
     numeric = all(_is_number(xv) for xv in xs_all)
     if show_seeds is None:
         show_seeds = data["seed"].max() + 1 <= _MAX_FAINT_SEEDS
+    few_points = len(xs_all) <= 20  # markers on the points only when they can be told apart
     ax = _axes(ax, (6, 3.5))
     if numeric:
         data["pos"] = data["x"].astype(float)
@@ -287,13 +288,15 @@ def plot_over_seeds(
         data["pos"] = [xs_all.index(xv) + offsets[n] for xv, n in zip(data["x"], data["model"], strict=True)]
     sns.lineplot(data=data, x="pos", y="value", hue="model", hue_order=names, palette=colours,
                  estimator=estimators[estimator], errorbar=errorbars[spread], n_boot=1000, seed=0,
-                 err_style="band" if numeric else "bars", marker="o", sort=True, ax=ax,
+                 err_style="band" if numeric else "bars", marker="o" if few_points or not numeric else None,
+                 sort=True, ax=ax,
                  legend=len(names) > 1, linestyle="-" if numeric else "none",
                  err_kws={"alpha": 0.2} if numeric else {"capsize": 4, "elinewidth": 1.5})
     if show_seeds:
         for (name, seed), seed_rows in data.sort_values("pos").groupby(["model", "seed"], sort=False):
             style = "-" if numeric and len(seed_rows) > 1 else "none"
-            ax.plot(seed_rows["pos"], seed_rows["value"], linestyle=style, marker=".", lw=0.8,
+            ax.plot(seed_rows["pos"], seed_rows["value"], linestyle=style,
+                    marker="." if few_points or not numeric else None, lw=0.8,
                     alpha=0.35, color=colours[name], zorder=1, label=f"_seed {seed} of {name}")
     if not numeric:
         ax.xaxis.grid(False)
