@@ -375,7 +375,8 @@ if run.profile != "smoke":
 # to the longest, and no real position may attend to a padded one. **The future**: a decoder
 # that writes the next word must not read it, so position $t$ may attend to positions $s \le t$
 # only (the *causal* mask). The book's masks are `bool` tensors, `True` where a query **may**
-# attend to a key (the convention of chapter 00: `True` = a real token). A mask broadcasts
+# attend to a key (the convention of chapter 00: `True` = a real token); section 5 adds the
+# floating kind that PyTorch also accepts, a number added to the scores. A mask broadcasts
 # against the scores, which have shape `(batch, heads, queries, keys)`: a padding mask is
 # `(B, 1, 1, S)` (the same keys are hidden from every head and every query), a causal mask is
 # `(T, S)` (the same for every sentence), and the two combine with `&`.
@@ -1382,8 +1383,10 @@ def slope(name: str, last: int = 3) -> float:
 ratio = np.array(timings["attention forward"]) / np.array(timings["GRU forward"])
 slower = [int(n) for n, r in zip(lengths, ratio, strict=True) if r > 1]
 print(f"forward, attention time / GRU time: {dict(zip(lengths.tolist(), ratio.round(2).tolist(), strict=True))}")
-per_position = 1e3 * np.array(timings["GRU forward"]) / lengths
-print(f"GRU forward, milliseconds per position: {dict(zip(lengths.tolist(), per_position.round(3).tolist(), strict=True))}")
+for name in ("GRU forward", "attention forward"):
+    per_position = 1e3 * np.array(timings[name]) / lengths
+    print(f"{name}, milliseconds per position: "
+          f"{dict(zip(lengths.tolist(), per_position.round(3).tolist(), strict=True))}")
 print(f"growth on the longest lengths, time ~ n^p: GRU p = {slope('GRU forward'):.2f}, "
       f"attention p = {slope('attention forward'):.2f}")
 ratio_fb = np.array(timings["attention forward+backward"]) / np.array(timings["GRU forward+backward"])
@@ -1427,9 +1430,10 @@ if run.profile != "smoke":
 # %% [markdown]
 # What the run shows (read the tables for your machine):
 #
-# * **The GRU's time grows with $n$, step by step**: its time per position (printed) stays
-#   within a small range from the shortest to the longest sequence, because it takes $n$ small
-#   steps, one after the other. That is Table 1's $O(n)$ sequential operations, which no
+# * **The GRU's time grows with $n$, step by step**: its fitted exponent is close to 1, and its
+#   time per position (printed) changes far less across the lengths than attention's, because it
+#   takes $n$ small steps, one after the other (on a busy machine both jump about; the
+#   exponents are the robust part). That is Table 1's $O(n)$ sequential operations, which no
 #   hardware can shorten.
 # * **At short lengths attention is faster** (the ratio below 1): a few large matrix products
 #   instead of $n$ small steps, so the sequential overhead disappears. This is the regime of
@@ -1953,17 +1957,20 @@ ax.plot(list(median_loss), list(median_loss.values()), color="C0", label="median
 ax.set(xscale="log", yscale="log", xlabel="heads (same d_model)", ylabel="test cross-entropy",
        title="What 'it' refers to: test loss by number of heads, every run")
 ax.set_xticks(head_counts, [str(h) for h in head_counts])
+ax.minorticks_off()
 ax.legend()
 plt.show()
 
 # %% [markdown]
-# Read the table and the figure, run by run. With one head the model may still solve the task in
-# some runs, but not in every run within the same number of steps, and its test loss is the
-# highest; from two heads on, every run solves it and the losses are much lower. More heads than
-# that do not improve further here: the task needs a query at *it* to find a couple of words,
-# and two heads per layer already give it two distributions. The cost that grows with $h$ is
-# the weights tensor (the last column counts the weights of one sentence of 20 tokens) and its
-# softmax; the training times printed show what that costs on this machine. That is the shape
+# Read the table and the figure, run by run. With one head, the runs end below 100% test
+# accuracy within the same number of steps, and with the highest test loss; from two heads on,
+# every run is at 100% and the losses are far lower (the medians). More heads than that do not
+# improve further here: the task needs a query at *it* to find a couple of words, and two heads
+# per layer already give it two distributions. The cost that grows with $h$ is the weights
+# tensor (the last column counts the weights of one sentence of 20 tokens) and its softmax; at
+# 20 tokens that is small next to the rest of the work, and the training times printed (which
+# jump about with the load on a shared machine) show no clear price for more heads at this
+# size; section 6's memory table shows where the weights start to count. That is the shape
 # of Vaswani et al.'s Table 3(A) on a much smaller scale: too few heads hurt, and beyond some
 # number more heads do not help. (Three runs per setting are few; question 8 asks how to find
 # which heads a trained model actually uses.)
@@ -2018,9 +2025,9 @@ plt.show()
 #
 # 1. Suppose the entries of $q$ have variance $\sigma_q^2$ and those of $k$ variance $\sigma_k^2$
 #    (still independent, mean 0). What is $\operatorname{Var}(q \cdot k)$, and which scale makes it
-#    1? Section 2 measured query entries of variance about 1/3 for `nn.Linear`'s default
-#    initialisation on unit-variance inputs: derive that number from $U(-1/\sqrt{d}, 1/\sqrt{d})$.
-#    Why is $\sqrt{d_k}$ still the right *dependence* on the width?
+#    1? With `nn.Linear`'s default initialisation section 2 found $\sigma_q^2 \approx 1/3$: why
+#    does the layer still divide by $\sqrt{d_k}$ alone, and not by $\sigma_q \sigma_k \sqrt{d_k}$?
+#    Why is $\sqrt{d_k}$ the right *dependence* on the width?
 # 2. The scale could be learned (a "temperature" per head), or folded into $W^Q$. Why do both give
 #    the same set of functions as the fixed scale, and why does the fixed scale still help?
 # 3. $h$ heads of width $d_{\text{model}}/h$ have the same parameters as one head of width

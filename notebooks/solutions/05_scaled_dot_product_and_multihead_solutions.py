@@ -191,8 +191,11 @@ for width in (64, 512):
         assert abs(q.var().item() - (1 / 3 + 1 / (3 * width))) < 0.02, "Var(q entries) should be 1/3 + 1/(3d)"
 
 # %% [markdown]
-# The constants depend on the initialisation and on what comes before the layer (LayerNorm,
-# residual streams that grow with depth), and no fixed scale can know them. What $\sqrt{d_k}$
+# Why not divide by $\sigma_q \sigma_k \sqrt{d_k}$, then? The constants depend on the
+# initialisation and on what comes before the layer (LayerNorm, residual streams that grow with
+# depth), they change as soon as training moves the weights, and no fixed scale can know them;
+# a network can learn a constant factor (question 2), but it should not have to learn one that
+# changes with the width. What $\sqrt{d_k}$
 # gets right is the *dependence on the width*: whatever the entries' variances, the variance of a
 # sum of $d_k$ products grows linearly in $d_k$, and dividing by $\sqrt{d_k}$ removes exactly
 # that growth, so changing the width of the heads does not change how sharp they start.
