@@ -37,6 +37,7 @@ corpus, a floor for any language model of it). ``python -m tfmlib.synthetic`` re
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import random
@@ -714,12 +715,7 @@ class _SentenceParser:
     def __init__(self, gen: SentenceGenerator, words: Sequence[str], level: Complexity):
         self.gen, self.words, self.lv = gen, tuple(words), level
         self.memo: dict[tuple, dict] = {}
-        self.nouns = {}  # English form -> [(noun, plural)]
-        for nouns in gen._nouns_by_kind.values():
-            for noun in nouns:
-                self.nouns.setdefault(noun.en, []).append((noun, False))
-                self.nouns.setdefault(noun.en_plural, []).append((noun, True))
-        self.verb_groups = _verb_group_table(gen)
+        self.nouns, self.verb_groups = _parse_tables(gen)
 
     # ---- helpers
     def _cached(self, key: tuple, compute: Callable[[], dict]) -> dict:
@@ -820,13 +816,15 @@ class _SentenceParser:
         return self._cached(("pp", start, depth, kinds), lambda: self._prep_phrase(start, depth, kinds))
 
     def _prep_phrase(self, start, depth, kinds):
-        fitting = {prep: tuple(k for k in _PREP_OBJECTS[prep] if k in kinds) for prep in PREPOSITIONS}
-        fitting = {prep: ks for prep, ks in fitting.items() if ks}  # the while loop redraws the others
+        fitting = _fitting_prepositions(kinds)
         out: dict[int, float] = {}
+        if start >= len(self.words) or self.words[start] not in _PREPOSITION_FIRST_WORDS:
+            return out
         for prep, noun_kinds in fitting.items():
-            if not self._match(start, prep.split()):
+            prep_words = _PREPOSITION_WORDS[prep]
+            if self.words[start:start + len(prep_words)] != prep_words:
                 continue
-            nps = self.noun_phrase(start + len(prep.split()), noun_kinds, depth, allow_rel=False,
+            nps = self.noun_phrase(start + len(prep_words), noun_kinds, depth, allow_rel=False,
                                    negated_object=prep == "without")
             for (end, _), q in nps.items():
                 out[end] = out.get(end, 0.0) + q / len(fitting)
@@ -983,26 +981,55 @@ class _SentenceParser:
         return total
 
 
-_VERB_GROUP_TABLES: dict[int, dict[tuple[str, ...], list[_VerbGroup]]] = {}
+_PREPOSITION_WORDS = {prep: tuple(prep.split()) for prep in PREPOSITIONS}
+_PREPOSITION_FIRST_WORDS = {words[0] for words in _PREPOSITION_WORDS.values()}
 
 
-def _verb_group_table(gen: SentenceGenerator) -> dict[tuple[str, ...], list[_VerbGroup]]:
-    """Every verb group the generator can write, keyed by its English words (built once per lexicon)."""
-    verbs = tuple(v for f in FRAMES for v in gen._verbs_by_frame[f])
-    key = hash(verbs)
-    if key not in _VERB_GROUP_TABLES:
-        table: dict[tuple[str, ...], list[_VerbGroup]] = {}
-        for verb in verbs:
-            for plural in (False, True):
-                for negated in (False, True):
-                    for adverb in (None, *ADVERBS):
-                        for modal in (False, True):
-                            for pronoun in (None, *OBJECT_PRONOUNS):
-                                en, _ = gen._verb_group(verb, plural, pronoun, negated, adverb, modal)
-                                table.setdefault(tuple(en), []).append(
-                                    _VerbGroup(verb, plural, negated, adverb, modal, pronoun))
-        _VERB_GROUP_TABLES[key] = table
-    return _VERB_GROUP_TABLES[key]
+@functools.cache
+def _fitting_prepositions(kinds: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """The prepositions ``prep_phrase(depth, kinds)`` can draw, with their noun kinds (it redraws others)."""
+    fitting = {prep: tuple(k for k in _PREP_OBJECTS[prep] if k in kinds) for prep in PREPOSITIONS}
+    return {prep: ks for prep, ks in fitting.items() if ks}
+
+
+_Tables = tuple[dict[str, list[tuple[Noun, bool]]], dict[tuple[str, ...], list[_VerbGroup]]]
+
+
+def _parse_tables(gen: SentenceGenerator) -> _Tables:
+    """English noun forms and every verb group the generator can write, keyed by their words.
+
+    Built once per lexicon and kept on the generator (rebuilt if its lexicon tables are replaced).
+    """
+    key = (id(gen._nouns_by_kind), id(gen._verbs_by_frame))
+    cached = getattr(gen, "_parse_tables_cache", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    nouns: dict[str, list[tuple[Noun, bool]]] = {}
+    for kind_nouns in gen._nouns_by_kind.values():
+        for noun in kind_nouns:
+            nouns.setdefault(noun.en, []).append((noun, False))
+            nouns.setdefault(noun.en_plural, []).append((noun, True))
+    table: dict[tuple[str, ...], list[_VerbGroup]] = {}
+    for verb in (v for f in FRAMES for v in gen._verbs_by_frame[f]):
+        for plural in (False, True):
+            for negated in (False, True):
+                for adverb in (None, *ADVERBS):
+                    for modal in (False, True):
+                        for pronoun in (None, *OBJECT_PRONOUNS):
+                            en, _ = gen._verb_group(verb, plural, pronoun, negated, adverb, modal)
+                            table.setdefault(tuple(en), []).append(
+                                _VerbGroup(verb, plural, negated, adverb, modal, pronoun))
+    gen._parse_tables_cache = (key, (nouns, table))
+    return nouns, table
+
+
+_DEFAULT_GENERATOR: list[SentenceGenerator] = []  # the bundled grammar's lexicon, built on first use
+
+
+def _default_generator() -> SentenceGenerator:
+    if not _DEFAULT_GENERATOR:
+        _DEFAULT_GENERATOR.append(SentenceGenerator(0))
+    return _DEFAULT_GENERATOR[0]
 
 
 def sentence_probability(sentence: str | Sequence[str], generator: SentenceGenerator | None = None) -> float:
@@ -1020,7 +1047,7 @@ def sentence_probability(sentence: str | Sequence[str], generator: SentenceGener
     >>> round(sentence_probability("he sleeps."), 9)  # see tests/test_synthetic.py for the hand computation
     0.000217949
     """
-    gen = generator if generator is not None else SentenceGenerator(0)
+    gen = generator if generator is not None else _default_generator()
     if isinstance(sentence, str):
         if not sentence.endswith("."):
             raise ValueError(f"sentence_probability: an English sentence ends with '.', got {sentence!r}")
@@ -1073,7 +1100,7 @@ def corpus_log_probs(sentences: Sequence[str], history: Iterable[str] = (), reje
     """
     if not 0.0 <= rejection_rate < 1.0:
         raise ValueError(f"corpus_log_probs: rejection_rate must be in [0, 1), got {rejection_rate!r}")
-    gen = generator if generator is not None else SentenceGenerator(0)
+    gen = generator if generator is not None else _default_generator()
     seen: set[str] = set()
     mass = 0.0
     for s in history:
