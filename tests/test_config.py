@@ -46,6 +46,8 @@ def test_setup_rejects_inconsistent_profiles():
         config.setup(0, smoke=dict(a=1), cpu=dict(a=1))
     with pytest.raises(ValueError, match="unknown profile"):
         config.setup(0, smoke=dict(a=1), cpu=dict(a=1), gpu=dict(a=1), tpu=dict(a=1))
+    with pytest.raises(ValueError, match=r"\['threads'\] would be hidden by Run's own fields"):
+        config.setup(0, smoke=dict(threads=1), cpu=dict(threads=2), gpu=dict(threads=4))
     with pytest.raises(TypeError, match=r"must be a dict, got \{'cpu': 'int'\}"):
         config.setup(0, smoke=dict(a=1), cpu=5, gpu=dict(a=1))
 

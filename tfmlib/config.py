@@ -144,6 +144,9 @@ class Run:
                 f"{sizes})")
 
 
+RUN_FIELDS = frozenset({"profile", "device", "seed", "sizes", "threads"})
+
+
 def setup(seed: int = 0, *, device: str | None = None, verbose: bool = True,
           **profiles: dict[str, Any]) -> Run:
     """Choose the profile, pick the device, set the CPU threads, seed everything, and return this
@@ -168,6 +171,10 @@ def setup(seed: int = 0, *, device: str | None = None, verbose: bool = True,
         keys = {name: set(d) for name, d in profiles.items()}
         if len({frozenset(k) for k in keys.values()}) != 1:
             raise ValueError(f"setup: the profiles must name the same sizes, got {keys}")
+        shadowed = sorted(set().union(*keys.values()) & RUN_FIELDS)
+        if shadowed:
+            raise ValueError(f"setup: size name(s) {shadowed} would be hidden by Run's own fields "
+                             f"{sorted(RUN_FIELDS)}; rename them")
     profile = active_profile()
     seed_everything(seed)  # validates the seed before anything is printed
     dev = pick_device(device)
