@@ -5,9 +5,11 @@ Introduced in chapter 01; every chapter that trains a model uses :func:`fit`.
 The loop is deliberately plain: for each batch, compute the loss with a function you pass in,
 back-propagate, clip the gradient norm, step. It records the loss of every step and a summary of
 every epoch (with whatever your evaluation function measures), and shows progress with
-``tqdm.auto``. Checkpoints hold the model, the optimizer, the vocabularies and the run's config
-together, and are read back with ``torch.load(..., weights_only=True)``: loading one never runs
-code from the file.
+``tqdm.auto``; the losses stay on the device and are read back a few at a time, so a GPU is not
+made to wait for the host every step. Checkpoints hold the model, the optimizer, the
+vocabularies and the run's config together; they are written to a temporary file and moved into
+place (a reader never sees half of one) and read back with ``torch.load(..., weights_only=True)``:
+loading one never runs code from the file.
 """
 
 from __future__ import annotations
