@@ -134,8 +134,9 @@ def fit(
     The step losses stay on the device and are read back together every ``log_every`` steps and
     at the end of each epoch (reading a value from a GPU makes the host wait for it; once a step
     would halve the speed of a small model). ``History`` is the same as reading every step: only
-    the progress bar updates less often, and a non-finite loss is reported (with its step) up to
-    ``log_every - 1`` steps after it happened. The device is synchronised around evaluations and
+    the progress bar updates less often, and a non-finite loss is reported (with its step) when it
+    is read, up to ``log_every - 1`` steps after it happened (the weights have taken those steps:
+    reload a checkpoint rather than go on from them). The device is synchronised around evaluations and
     at the end of each epoch, so recorded times hold the work they name.
 
     Raises ``ValueError`` for a non-positive ``epochs``, ``eval_every`` or ``log_every``, an
