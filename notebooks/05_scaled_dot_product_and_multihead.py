@@ -763,7 +763,10 @@ assert runs_on["MATH", "bool mask"] == "runs", "the math backend takes every cal
 # bfloat16 and no `attn_mask` (`is_causal=True` is fine), while the memory-efficient kernel also
 # takes float32 and a mask. Every call in this chapter is float32, and `fast_attention` passes a
 # mask whenever it has one, so on a GPU it runs the memory-efficient kernel (or the math one),
-# not FlashAttention; to get flash on CUDA, use half precision and `is_causal` (or no mask). The
+# not FlashAttention; to get flash on CUDA, use half precision and `is_causal` (or no mask). (These
+# rules are the checks in PyTorch's `aten/src/ATen/native/transformers/cuda/sdp_utils.cpp`, tried
+# in the order flash, memory-efficient, math, with cuDNN put first on recent data-centre GPUs;
+# they change between versions, so `sdpa_kernel` on the machine itself has the last word.) The
 # table is what one checks on a new machine: run this cell there. And the alignment check shows
 # why `fast_attention` hands `is_causal=True` to PyTorch only when $T = S$: with 2 queries and 5
 # keys, PyTorch's result is the top-left triangle, not the book's.
@@ -2128,7 +2131,9 @@ exercises.check("05.left_padded_causal", left_padded_causal)
 #   their input limitations, and the reference code whose `is_causal` is the top-left triangle),
 #   `torch.nn.attention.sdpa_kernel` and `SDPBackend`, `torch.nn.attention.bias.causal_lower_right`
 #   (the bottom-right alignment), `torch.autograd.graph.saved_tensors_hooks` (what section 6 uses
-#   to measure memory).
+#   to measure memory); and PyTorch's source,
+#   `aten/src/ATen/native/transformers/cuda/sdp_utils.cpp`, for which CUDA backend takes which
+#   call (flash: float16 or bfloat16 and no `attn_mask`).
 # * T. Dao, D. Y. Fu, S. Ermon, A. Rudra, C. Ré (2022). *FlashAttention: fast and memory-efficient
 #   exact attention with IO-awareness.* NeurIPS. Tiling and recomputation with a running softmax
 #   (§3.1, Algorithm 1), its memory traffic (§3.2).
