@@ -32,7 +32,8 @@ def test_unknown_exercise_is_a_key_error():
 
 
 def test_chapter_01_exercises_are_registered():
-    assert exercises.names(1) == ["01.gru_step", "01.rnn_step", "01.unrolled_weights"]
+    assert exercises.names(1) == ["01.gates_for_weights", "01.gru_step_reset_before",
+                                  "01.reset_before_as_nn_gru"]
 
 
 def _accepts(name, fn):
@@ -52,27 +53,7 @@ def _hint_gives_no_code(name, code_fragments):
         assert code not in hint, f"{name}'s hint gives away code: {code!r} in {hint!r}"
 
 
-# ----------------------------------------------------------------------------- 01.rnn_step
-
-
-def rnn_step_ref(x, h, W_xh, W_hh, b):
-    return torch.tanh(x @ W_xh.T + h @ W_hh.T + b)
-
-
-@pytest.mark.parametrize("wrong", [
-    lambda x, h, W_xh, W_hh, b: x @ W_xh.T + h @ W_hh.T + b,                  # no tanh
-    lambda x, h, W_xh, W_hh, b: torch.tanh(x @ W_xh.T + h @ W_hh + b),        # W_hh not transposed
-    lambda x, h, W_xh, W_hh, b: torch.tanh(x @ W_xh.T + b),                   # forgets h
-    lambda x, h, W_xh, W_hh, b: torch.sigmoid(x @ W_xh.T + h @ W_hh.T + b),   # wrong non-linearity
-    lambda x, h, W_xh, W_hh, b: torch.tanh(x @ W_xh.T + h @ W_hh.T + b)[0],   # wrong shape
-    lambda x, h, W_xh, W_hh, b: torch.tanh(x @ W_xh.T + h @ W_hh.T + b).tolist(),  # not a tensor
-], ids=["no-tanh", "untransposed", "no-h", "sigmoid", "shape", "list"])
-def test_01_rnn_step(wrong):
-    _accepts("01.rnn_step", rnn_step_ref)
-    _rejects("01.rnn_step", wrong)
-
-
-# ----------------------------------------------------------------------------- 01.gru_step
+# ----------------------------------------------------------------------------- 01.gru_step_reset_before
 
 
 def _gru_parts(x, h, W_ih, W_hh, b_ih, b_hh):
@@ -82,107 +63,204 @@ def _gru_parts(x, h, W_ih, W_hh, b_ih, b_hh):
     b_hr, b_hz, b_hn = b_hh.chunk(3)
     r = torch.sigmoid(x @ W_ir.T + b_ir + h @ W_hr.T + b_hr)
     z = torch.sigmoid(x @ W_iz.T + b_iz + h @ W_hz.T + b_hz)
-    n = torch.tanh(x @ W_in.T + b_in + r * (h @ W_hn.T + b_hn))
-    return r, z, n, (W_in, W_hn, b_in, b_hn)
+    return r, z, x @ W_in.T + b_in, W_hn, b_hn
 
 
-def gru_step_ref(x, h, W_ih, W_hh, b_ih, b_hh):
-    _, z, n, _ = _gru_parts(x, h, W_ih, W_hh, b_ih, b_hh)
-    return (1 - z) * n + z * h
+def reset_before_ref(x, h, *w):
+    """Cho et al. (2014, eq. 8): the reset gate multiplies h before the product with W_hn."""
+    r, z, xn, W_hn, b_hn = _gru_parts(x, h, *w)
+    return (1 - z) * torch.tanh(xn + (r * h) @ W_hn.T + b_hn) + z * h
 
 
-def gru_flipped(x, h, *w):
-    _, z, n, _ = _gru_parts(x, h, *w)
-    return z * n + (1 - z) * h
+def reset_after(x, h, *w):
+    """What nn.GRU computes."""
+    r, z, xn, W_hn, b_hn = _gru_parts(x, h, *w)
+    return (1 - z) * torch.tanh(xn + r * (h @ W_hn.T + b_hn)) + z * h
 
 
-def gru_no_reset(x, h, *w):
-    _, z, _, (W_in, W_hn, b_in, b_hn) = _gru_parts(x, h, *w)
-    n = torch.tanh(x @ W_in.T + b_in + h @ W_hn.T + b_hn)
-    return (1 - z) * n + z * h
+def reset_before_flipped_z(x, h, *w):
+    r, z, xn, W_hn, b_hn = _gru_parts(x, h, *w)
+    return z * torch.tanh(xn + (r * h) @ W_hn.T + b_hn) + (1 - z) * h
 
 
-def gru_reset_before_matmul(x, h, *w):
-    """Cho et al.'s original placement: r * h inside the product (not what nn.GRU computes)."""
-    r, z, _, (W_in, W_hn, b_in, b_hn) = _gru_parts(x, h, *w)
-    n = torch.tanh(x @ W_in.T + b_in + (r * h) @ W_hn.T + b_hn)
-    return (1 - z) * n + z * h
+def reset_before_gates_bias(x, h, *w):
+    r, z, xn, W_hn, b_hn = _gru_parts(x, h, *w)
+    return (1 - z) * torch.tanh(xn + (r * h) @ W_hn.T + r * b_hn) + z * h
 
 
-def gru_swapped_gate_order(x, h, W_ih, W_hh, b_ih, b_hh):
+def reset_before_no_reset(x, h, *w):
+    _, z, xn, W_hn, b_hn = _gru_parts(x, h, *w)
+    return (1 - z) * torch.tanh(xn + h @ W_hn.T + b_hn) + z * h
+
+
+def reset_before_swapped_gate_order(x, h, W_ih, W_hh, b_ih, b_hh):
     def swap(t):
         a, b, c = t.chunk(3)
         return torch.cat([b, a, c])
-    return gru_step_ref(x, h, swap(W_ih), swap(W_hh), swap(b_ih), swap(b_hh))
+    return reset_before_ref(x, h, swap(W_ih), swap(W_hh), swap(b_ih), swap(b_hh))
 
 
-def gru_returns_candidate(x, h, *w):
-    return _gru_parts(x, h, *w)[2]
+def reset_before_untransposed(x, h, *w):
+    r, z, xn, W_hn, b_hn = _gru_parts(x, h, *w)
+    return (1 - z) * torch.tanh(xn + (r * h) @ W_hn + b_hn) + z * h
 
 
-def gru_returns_stack(x, h, *w):
-    return torch.stack([gru_step_ref(x, h, *w)])
+@pytest.mark.parametrize("wrong", [reset_after, reset_before_flipped_z, reset_before_gates_bias,
+                                   reset_before_no_reset, reset_before_swapped_gate_order,
+                                   reset_before_untransposed, lambda *a: reset_before_ref(*a)[0],
+                                   lambda *a: reset_before_ref(*a).tolist()])
+def test_01_gru_step_reset_before(wrong):
+    _accepts("01.gru_step_reset_before", reset_before_ref)
+    _rejects("01.gru_step_reset_before", wrong)
 
 
-@pytest.mark.parametrize("wrong", [gru_flipped, gru_no_reset, gru_reset_before_matmul,
-                                   gru_swapped_gate_order, gru_returns_candidate, gru_returns_stack])
-def test_01_gru_step(wrong):
-    _accepts("01.gru_step", gru_step_ref)
-    _rejects("01.gru_step", wrong)
+@pytest.mark.parametrize(("wrong", "says"), [
+    (reset_after, "reset-after form"),
+    (reset_after, "linear_before_reset"),
+    (reset_before_flipped_z, "swapped the roles of z"),
+    (reset_before_gates_bias, "multiplies b_hn too"),
+])
+def test_01_gru_step_reset_before_names_the_mistake(capsys, wrong, says):
+    exercises.check("01.gru_step_reset_before", wrong)
+    assert says in capsys.readouterr().out
 
 
-def test_01_gru_step_explains_the_flipped_convention(capsys):
-    exercises.check("01.gru_step", gru_flipped)
-    assert "swapped the roles of z" in capsys.readouterr().out
+def test_01_reset_before_differs_from_nn_gru():
+    """The two placements are different functions: nn.GRUCell with the same weights is rejected."""
+    def nn_gru_cell(x, h, W_ih, W_hh, b_ih, b_hh):
+        cell = torch.nn.GRUCell(x.shape[1], h.shape[1])
+        with torch.no_grad():
+            for p, t in zip((cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh),
+                            (W_ih, W_hh, b_ih, b_hh), strict=True):
+                p.copy_(t)
+            return cell(x, h)
+    _rejects("01.gru_step_reset_before", nn_gru_cell)
 
 
-# ----------------------------------------------------------------------------- 01.unrolled_weights
+# ----------------------------------------------------------------------------- 01.reset_before_as_nn_gru
 
 
-def unrolled_ref(z):
-    T, H = z.shape
-    w = torch.empty(T + 1, H)
-    w[0] = z.prod(dim=0)
-    for i in range(1, T + 1):
-        w[i] = (1 - z[i - 1]) * z[i:].prod(dim=0)
-    return w
+def _is_diagonal(m):
+    return torch.equal(m, torch.diag(torch.diagonal(m)))
 
 
-def unrolled_off_by_one(z):
-    """Includes z_i in its own product: prod_{j>=i} instead of prod_{j>i}."""
-    w = unrolled_ref(z)
-    w[1:] = (1 - z) * z.flip(0).cumprod(0).flip(0)
-    return w
+def convert_ref(W_ih, W_hh, b_ih, b_hh):
+    H = W_hh.shape[1]
+    if not _is_diagonal(W_hh[2 * H:]):
+        raise ValueError("W_hn has off-diagonal entries: no nn.GRU weights compute this cell")
+    b_ih, b_hh = b_ih.clone(), b_hh.clone()
+    b_ih[2 * H:] += b_hh[2 * H:]  # b_hn moves out of the reset gate's reach
+    b_hh[2 * H:] = 0
+    return W_ih, W_hh, b_ih, b_hh
 
 
-def unrolled_prefix_products(z):
-    """Multiplies the gates *before* i (the indexing some write-ups use) instead of after."""
-    w = unrolled_ref(z)
-    for i in range(1, z.shape[0] + 1):
-        w[i] = (1 - z[i - 1]) * z[: i - 1].prod(dim=0)
-    return w
+def convert_unchanged(W_ih, W_hh, b_ih, b_hh):
+    if not _is_diagonal(W_hh[2 * W_hh.shape[1]:]):
+        raise ValueError("not diagonal")
+    return W_ih, W_hh, b_ih, b_hh  # forgets that r would gate b_hn
 
 
-def unrolled_without_h0(z):
-    return unrolled_ref(z)[1:]
+def convert_never_raises(W_ih, W_hh, b_ih, b_hh):
+    H = W_hh.shape[1]
+    b_ih, b_hh = b_ih.clone(), b_hh.clone()
+    b_ih[2 * H:] += b_hh[2 * H:]
+    b_hh[2 * H:] = 0
+    return W_ih, W_hh, b_ih, b_hh
 
 
-def unrolled_flipped_gate(z):
-    return unrolled_ref(1 - z)
+def convert_always_raises(*w):
+    raise ValueError("nn.GRU cannot do it")
 
 
-def unrolled_normalised_softmax(z):
-    return torch.softmax(unrolled_ref(z), dim=0)
+def convert_drops_b_hn(W_ih, W_hh, b_ih, b_hh):
+    H = W_hh.shape[1]
+    if not _is_diagonal(W_hh[2 * H:]):
+        raise ValueError("not diagonal")
+    b_hh = b_hh.clone()
+    b_hh[2 * H:] = 0
+    return W_ih, W_hh, b_ih, b_hh
 
 
-@pytest.mark.parametrize("wrong", [unrolled_off_by_one, unrolled_prefix_products, unrolled_without_h0,
-                                   unrolled_flipped_gate, unrolled_normalised_softmax,
-                                   lambda z: unrolled_ref(z).T])
-def test_01_unrolled_weights(wrong):
-    _accepts("01.unrolled_weights", unrolled_ref)
-    _rejects("01.unrolled_weights", wrong)
+def convert_bias_to_wrong_block(W_ih, W_hh, b_ih, b_hh):
+    H = W_hh.shape[1]
+    if not _is_diagonal(W_hh[2 * H:]):
+        raise ValueError("not diagonal")
+    b_ih, b_hh = b_ih.clone(), b_hh.clone()
+    b_ih[:H] += b_hh[2 * H:]  # into the reset gate's block
+    b_hh[2 * H:] = 0
+    return W_ih, W_hh, b_ih, b_hh
 
 
-def test_01_unrolled_weights_package_version_is_accepted():
+@pytest.mark.parametrize("wrong", [convert_unchanged, convert_never_raises, convert_always_raises,
+                                   convert_drops_b_hn, convert_bias_to_wrong_block,
+                                   lambda *w: convert_ref(*w)[:3], lambda *w: list(convert_ref(*w)[::-1])])
+def test_01_reset_before_as_nn_gru(wrong):
+    _accepts("01.reset_before_as_nn_gru", convert_ref)
+    _rejects("01.reset_before_as_nn_gru", wrong)
+
+
+@pytest.mark.parametrize(("wrong", "says"), [
+    (convert_never_raises, "off-diagonal"),
+    (convert_always_raises, "exact nn.GRU equivalent"),
+    (convert_unchanged, "wrong values"),
+])
+def test_01_reset_before_as_nn_gru_messages(capsys, wrong, says):
+    exercises.check("01.reset_before_as_nn_gru", wrong)
+    assert says in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- 01.gates_for_weights
+
+
+def gates_ref(w):
+    P = w.cumsum(0)  # P[i] = w_0 + ... + w_i = the product of the gates after step i
+    return torch.where(P[1:] > 0, P[:-1] / P[1:].clamp_min(1e-300), torch.ones_like(P[1:]))
+
+
+def gates_nan_at_zero(w):
+    P = w.cumsum(0)
+    return P[:-1] / P[1:]
+
+
+def gates_are_the_weights(w):
+    return w[1:]
+
+
+def gates_one_minus_weights(w):
+    return 1 - w[1:]
+
+
+def gates_suffix_sums(w):
+    """Uses the weights after i instead of up to i."""
+    P = w.flip(0).cumsum(0).flip(0)
+    return torch.where(P[:-1] > 0, P[1:] / P[:-1].clamp_min(1e-300), torch.ones_like(P[1:]))
+
+
+def gates_are_the_products(w):
+    """Returns P_{i-1} itself, the product of the gates, instead of the gate."""
+    return w.cumsum(0)[:-1]
+
+
+@pytest.mark.parametrize("wrong", [gates_nan_at_zero, gates_are_the_weights, gates_one_minus_weights,
+                                   gates_suffix_sums, gates_are_the_products, lambda w: gates_ref(w).T,
+                                   lambda w: gates_ref(w) * 2 - 0.5])
+def test_01_gates_for_weights(wrong):
+    _accepts("01.gates_for_weights", gates_ref)
+    _rejects("01.gates_for_weights", wrong)
+
+
+def test_01_gates_for_weights_reproduce_with_the_package_formula():
     from tfmlib.rnn import unrolled_gru_weights
-    _accepts("01.unrolled_weights", unrolled_gru_weights)
+    w = torch.distributions.Dirichlet(torch.ones(9)).sample((4,)).T.double()
+    assert torch.allclose(unrolled_gru_weights(gates_ref(w)), w, atol=1e-12)
+
+
+def test_01_gates_for_weights_names_nan(capsys):
+    exercises.check("01.gates_for_weights", gates_nan_at_zero)
+    assert "0 / 0" in capsys.readouterr().out
+
+
+def test_01_hints_give_no_code():
+    for name in exercises.names(1):
+        _hint_gives_no_code(name, ["chunk", "sigmoid(", "tanh(", "cumsum", "cumprod", "@", ".T", "r * h",
+                                   "torch.", "diag(", "P[", "z_i =", "/ P"])

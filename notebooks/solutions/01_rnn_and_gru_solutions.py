@@ -25,71 +25,148 @@ import torch
 from torch import Tensor
 
 from tfmlib import exercises
+from tfmlib.config import setup
+
+run = setup(seed=0, smoke=dict(fit_steps=150), cpu=dict(fit_steps=1500), gpu=dict(fit_steps=1500))
 
 # %% [markdown]
 # ## Coding exercises
 #
-# **1. One vanilla RNN step.** With `x` of shape `(B, I)` and `W_xh` of shape `(H, I)`,
-# `x @ W_xh.T` is `(B, H)`: the batch version of $W_{xh} x$. The bias broadcasts over the batch.
+# **1. Cho et al.'s GRU.** Cut each stacked tensor into its three blocks (reset, update, candidate).
+# The only change from `nn.GRU` is where $r$ acts: it multiplies the state *before* the product
+# with $W_{hn}$, and $b_{hn}$ is added afterwards, out of the gate's reach. The update gate keeps
+# PyTorch's (and Cho et al.'s eq. 7) meaning: $z$ near 1 keeps the old state.
 
 # %%
-def rnn_step(x: Tensor, h: Tensor, W_xh: Tensor, W_hh: Tensor, b: Tensor) -> Tensor:
-    return torch.tanh(x @ W_xh.T + h @ W_hh.T + b)
-
-
-exercises.check("01.rnn_step", rnn_step, must_pass=True)
-
-# %% [markdown]
-# **2. One GRU step from PyTorch's stacked weights.** Cut each stacked tensor into its three
-# gates in the order reset, update, candidate. The reset gate multiplies the *whole* hidden-side
-# term of the candidate, bias included, and the update gate keeps the old state.
-
-# %%
-def gru_step(x: Tensor, h: Tensor, W_ih: Tensor, W_hh: Tensor, b_ih: Tensor, b_hh: Tensor) -> Tensor:
+def gru_step_reset_before(x: Tensor, h: Tensor, W_ih: Tensor, W_hh: Tensor, b_ih: Tensor,
+                          b_hh: Tensor) -> Tensor:
     W_ir, W_iz, W_in = W_ih.chunk(3)
     W_hr, W_hz, W_hn = W_hh.chunk(3)
     b_ir, b_iz, b_in = b_ih.chunk(3)
     b_hr, b_hz, b_hn = b_hh.chunk(3)
     r = torch.sigmoid(x @ W_ir.T + b_ir + h @ W_hr.T + b_hr)
     z = torch.sigmoid(x @ W_iz.T + b_iz + h @ W_hz.T + b_hz)
-    n = torch.tanh(x @ W_in.T + b_in + r * (h @ W_hn.T + b_hn))
+    n = torch.tanh(x @ W_in.T + b_in + (r * h) @ W_hn.T + b_hn)
     return (1 - z) * n + z * h
 
 
-exercises.check("01.gru_step", gru_step, must_pass=True)
+exercises.check("01.gru_step_reset_before", gru_step_reset_before, must_pass=True)
 
 # %% [markdown]
-# **3. The unrolled weights.** Row 0 is the product of all gates; row $i$ (1-based step $i$,
-# which is `z[i - 1]` in 0-based indexing) is $(1 - z_i)$ times the product of the gates of the
-# steps *after* it, `z[i:]` (an empty product is 1, which `prod` gives for an empty slice).
+# **2. When `nn.GRU` can compute Cho et al.'s cell.** Compare the candidates unit by unit. In
+# `nn.GRU`, unit $k$ reads $r_k \big(\sum_j (W_{hn})_{kj} h_j + (b_{hn})_k\big)$: one gate value
+# scales its whole hidden-side term. In Cho et al.'s form it reads
+# $\sum_j (W_{hn})_{kj}\, r_j h_j + (b_{hn})_k$: every *other* unit's gate $r_j$ enters too. The
+# two agree for all inputs when $W_{hn}$ is diagonal, because then $r_k (W_{hn})_{kk} h_k$ is
+# the same product in either order; the bias must then leave the gate's reach, which it does if
+# it is moved from $b_{hn}$ (inside the gate in `nn.GRU`) to $b_{in}$ (outside). With an
+# off-diagonal entry $(W_{hn})_{kj} \ne 0$, unit $k$ of Cho et al.'s cell depends on $r_j$, which
+# `nn.GRU`'s unit $k$ cannot see, so no choice of weights reproduces it (for gates that vary
+# with the input; constant gates would be a degenerate exception).
 
 # %%
-def unrolled_weights(z: Tensor) -> Tensor:
-    T, H = z.shape
-    w = z.new_empty(T + 1, H)  # same dtype and device as z
-    w[0] = z.prod(dim=0)
-    for i in range(1, T + 1):
-        w[i] = (1 - z[i - 1]) * z[i:].prod(dim=0)
-    return w
+def reset_before_as_nn_gru(W_ih: Tensor, W_hh: Tensor, b_ih: Tensor, b_hh: Tensor
+                           ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    H = W_hh.shape[1]
+    W_hn = W_hh[2 * H:]
+    if not torch.equal(W_hn, torch.diag(torch.diagonal(W_hn))):
+        raise ValueError("W_hn has off-diagonal entries: nn.GRU resets after the product, and no "
+                         "weights make it compute this cell")
+    b_ih, b_hh = b_ih.clone(), b_hh.clone()
+    b_ih[2 * H:] += b_hh[2 * H:]   # b_hn moves to b_in, where the reset gate does not reach it
+    b_hh[2 * H:] = 0
+    return W_ih, W_hh, b_ih, b_hh
 
 
-exercises.check("01.unrolled_weights", unrolled_weights, must_pass=True)
+exercises.check("01.reset_before_as_nn_gru", reset_before_as_nn_gru, must_pass=True)
 
 # %% [markdown]
-# A loop-free version uses a reversed cumulative product, `keep[i] = prod_{j >= i} z_j`, which
-# is how `tfmlib.rnn.unrolled_gru_weights` does it:
+# The argument says "no weights", which is stronger than "not these weights". A measurement makes
+# it concrete: train an `nn.GRUCell` to imitate a reset-before cell (random weights, random inputs
+# and states, mean squared error on the next state), and, as a control, train a second
+# `nn.GRUCell` from a different initialisation to imitate a reset-*after* teacher, which it can
+# match exactly. Same sizes, optimiser and steps for both.
 
 # %%
-def unrolled_weights_vectorised(z: Tensor) -> Tensor:
-    keep = z.flip(0).cumprod(0).flip(0)                        # keep[i] = z_i * ... * z_T
-    after = torch.cat([keep[1:], torch.ones_like(z[:1])])      # prod over j > i
-    return torch.cat([keep[:1], (1 - z) * after])
+def imitate(teacher_step, steps: int, seed: int, I: int = 4, H: int = 8) -> list[float]:
+    """Fit an nn.GRUCell to `teacher_step(x, h)`; return the mean squared error every 10% of the steps."""
+    g = torch.Generator().manual_seed(seed)
+    student = torch.nn.GRUCell(I, H)
+    optimizer = torch.optim.Adam(student.parameters(), lr=1e-2)
+    errors = []
+    for step in range(steps):
+        x, h = torch.randn(256, I, generator=g), torch.randn(256, H, generator=g)
+        loss = (student(x, h) - teacher_step(x, h)).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if (step + 1) % (steps // 10) == 0:
+            errors.append(loss.item())
+    return errors
 
 
-exercises.check("01.unrolled_weights", unrolled_weights_vectorised, must_pass=True)
-z = torch.rand(7, 3, generator=torch.Generator().manual_seed(0))
-assert torch.allclose(unrolled_weights(z).sum(0), torch.ones(3)), "the weights should sum to one"
-assert torch.allclose(unrolled_weights(z), unrolled_weights_vectorised(z)), "loop and cumprod should agree"
+I, H = 4, 8
+g = torch.Generator().manual_seed(1)
+teacher_w = [t * 0.7 for t in (torch.randn(3 * H, I, generator=g), torch.randn(3 * H, H, generator=g),
+                               torch.randn(3 * H, generator=g), torch.randn(3 * H, generator=g))]
+teacher_after = torch.nn.GRUCell(I, H)
+with torch.no_grad():
+    for p, t in zip((teacher_after.weight_ih, teacher_after.weight_hh, teacher_after.bias_ih,
+                     teacher_after.bias_hh), teacher_w, strict=True):
+        p.copy_(t)
+results = {}
+for seed in range(3):
+    torch.manual_seed(seed)
+    results["reset-before teacher", seed] = imitate(
+        lambda x, h: gru_step_reset_before(x, h, *teacher_w), run.fit_steps, seed)
+    torch.manual_seed(seed)
+    results["nn.GRUCell teacher", seed] = imitate(lambda x, h: teacher_after(x, h).detach(), run.fit_steps, seed)
+for (name, seed), errs in results.items():
+    print(f"{name:22s} seed {seed}: MSE after 10% / 50% / 100% of {run.fit_steps} steps: "
+          f"{errs[0]:.2e} / {errs[4]:.2e} / {errs[-1]:.2e}")
+worst_control = max(results["nn.GRUCell teacher", s][-1] for s in range(3))
+best_before = min(results["reset-before teacher", s][-1] for s in range(3))
+print(f"best final error against the reset-before teacher / worst against the nn.GRUCell teacher: "
+      f"{best_before / worst_control:.0f}x")
+if run.profile != "smoke":
+    assert best_before > 10 * worst_control, "nn.GRUCell should not be able to imitate a reset-before cell"
+
+# %% [markdown]
+# Against its own kind, the student's error keeps falling; against Cho et al.'s cell it levels off
+# far above (the printed ratio, over three seeds each). That is what "not reproducible with
+# `nn.GRU` weights" means in practice: loading a reset-before checkpoint (Keras with
+# `reset_after=False`, an ONNX model with `linear_before_reset=0`) into `nn.GRU` needs a different
+# cell, not a conversion, unless its $W_{hn}$ happens to be diagonal.
+#
+# **3. Gates for any weighting.** Question 4's construction, in code. With
+# $P_i = \prod_{j = i+1}^{T} z_j$, the weights telescope: $w_i = P_i - P_{i-1}$ and $w_0 = P_0$, so
+# $P_i = w_0 + \dots + w_i$, a cumulative sum, and each gate is the ratio $z_i = P_{i-1} / P_i$
+# (at most 1, because the $P$'s grow). Where $P_i = 0$, all weights up to $i$ are zero and so is
+# $P_{i-1}$: the ratio is $0/0$, and any gate value works, because a zero product downstream
+# already zeroes everything before it. We choose 1.
+
+# %%
+def gates_for_weights(w: Tensor) -> Tensor:
+    P = w.cumsum(dim=0)                                  # P[i] = w_0 + ... + w_i, (T + 1, H)
+    ratio = P[:-1] / P[1:].clamp_min(torch.finfo(w.dtype).tiny)
+    return torch.where(P[1:] > 0, ratio, torch.ones_like(ratio)).clamp(0, 1)
+
+
+exercises.check("01.gates_for_weights", gates_for_weights, must_pass=True)
+
+# %% [markdown]
+# The example of question 4, all the weight on the third word of a five-word sentence: the gates
+# are 0 at step 3 (write) and 1 afterwards (keep); before step 3 they are the arbitrary 1s of the
+# $0/0$ case.
+
+# %%
+from tfmlib.rnn import unrolled_gru_weights  # noqa: E402 (the package's z -> w, for the round trip)
+
+w_third = torch.zeros(6, 1, dtype=torch.double)
+w_third[3] = 1.0
+z_third = gates_for_weights(w_third)
+print("gates z_1..z_5:", z_third[:, 0].tolist())
+assert torch.equal(unrolled_gru_weights(z_third), w_third), "the gates should give back the weights"
 
 # %% [markdown]
 # ## Questions
@@ -97,15 +174,49 @@ assert torch.allclose(unrolled_weights(z), unrolled_weights_vectorised(z)), "loo
 # **1. A bound above one, yet decay.** $\lVert W_{hh}\rVert_2$ bounds how much *one* step can
 # stretch a vector; the bound $\lVert W_{hh}\rVert^{T-t}$ is only an upper bound, and it is loose
 # when the direction stretched most by one step is not the one stretched most by the next (for a
-# non-symmetric matrix it usually is not). Over many steps the powers of a fixed matrix behave
-# like $\rho(W)^{k}$, where $\rho$ is the spectral radius (Gelfand's formula:
-# $\lVert W^k \rVert^{1/k} \to \rho(W)$), and $\rho \le \lVert W \rVert_2$ always. The chapter
-# printed $\rho$ below one and $\lVert W_{hh}\rVert_2$ above one for the default RNN, and the
-# $\tanh'$ factors (at most 1) shrink the product further, which is why the measured factor per
-# step was below even $\rho$. So the measured decay does not contradict the bound: the bound
-# just says nothing useful when $\lVert W_{hh} \rVert_2 > 1$, and the decay over many steps is
-# governed by the spectral radius (times the typical $\tanh'$), not by the norm.
+# non-symmetric matrix it usually is not). The chapter printed $\lVert W_{hh}\rVert_2$ above one
+# and a decaying gradient: no contradiction, the bound just says nothing useful there.
 #
+# What governs the decay over many steps? For powers of one fixed matrix, the rate per step tends
+# to the spectral radius (Gelfand's formula, $\lVert W^k \rVert^{1/k} \to \rho(W)$, and
+# $\rho \le \lVert W \rVert_2$ always). The RNN's product is not a power: each factor
+# $\operatorname{diag}(1 - h_k^2)\, W_{hh}$ has its own diagonal. The long-run rate of such a
+# product of varying matrices is its top Lyapunov exponent,
+# $\lambda = \lim_k \frac1k \log \lVert J_k \cdots J_1 \rVert$ (it exists for stationary random
+# factors, by Furstenberg–Kesten), and it is not a function of $\rho(W_{hh})$ alone. The
+# chapter's $2 \times 2$ example shows why "$\rho$ pulled down by $\tanh'$" is only a heuristic:
+# $W = \begin{pmatrix} 1 & 1 \\ -1 & -1 \end{pmatrix}$ has $W^2 = 0$, so $\rho(W) = 0$, while
+# $\operatorname{diag}(1, 0.5)\, W$ has $\rho = 0.5$; a diagonal factor $\le 1$ raised the rate.
+# It can happen because $W$ is non-normal (its eigenvectors are not orthogonal). For the random
+# $W_{hh}$ of the chapter, the measured factor per step was below $\rho$; that is an observation
+# about those matrices, which the chapter asserts as such, not a theorem. The cell below estimates
+# the Lyapunov exponent of the chapter's default RNN directly (the mean log growth per step of a
+# vector pushed through the Jacobians, renormalised at every step; the gradient, which multiplies
+# their transposes, has the same long-run rate) and compares it with $\rho$.
+
+# %%
+torch.manual_seed(0)
+H_lyap, steps = 64, 400
+W_xh = (torch.rand(H_lyap, 32) * 2 - 1) / H_lyap ** 0.5  # PyTorch's default U(-1/sqrt(H), 1/sqrt(H))
+W_hh = (torch.rand(H_lyap, H_lyap) * 2 - 1) / H_lyap ** 0.5
+b = (torch.rand(H_lyap) * 2 - 1) / H_lyap ** 0.5
+h, v, log_growth = torch.zeros(H_lyap), torch.randn(H_lyap), 0.0
+for _ in range(steps):
+    h = torch.tanh(W_xh @ torch.randn(32) + W_hh @ h + b)
+    v = (1 - h ** 2) * (W_hh @ v)     # the Jacobian diag(1 - h^2) W_hh applied to a tangent vector
+    log_growth += v.norm().log().item()
+    v = v / v.norm()
+rho_hh = torch.linalg.eigvals(W_hh).abs().max().item()
+print(f"Lyapunov estimate: factor per step {torch.tensor(log_growth / steps).exp():.3f}; "
+      f"spectral radius of W_hh {rho_hh:.3f}; largest singular value "
+      f"{torch.linalg.matrix_norm(W_hh, ord=2):.3f}")
+
+# %% [markdown]
+# For this matrix and these inputs the estimated rate is below $\rho$, as the chapter's
+# measurement found, and far below the largest singular value; the $2 \times 2$ example says
+# not to expect that for every matrix.
+
+# %% [markdown]
 # **2. A GRU that always keeps.** With $z_t \approx 0.98$, each new candidate enters the state
 # with weight $1 - z_t \approx 0.02$: the network barely listens to its input, and its state
 # moves slowly. The same factor scales learning: differentiating
