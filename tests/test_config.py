@@ -213,3 +213,20 @@ def test_conftest_sets_tfm_threads_from_the_xdist_worker_count():
     assert _tfm_threads_after_conftest({"PYTEST_XDIST_WORKER_COUNT": "1", "OMP_NUM_THREADS": "1"}) == "1"
     assert _tfm_threads_after_conftest({"PYTEST_XDIST_WORKER_COUNT": "2", "TFM_THREADS": "7"}) == "7", \
         "a TFM_THREADS the user set wins"
+
+
+def test_setup_sets_the_book_figure_theme(monkeypatch):
+    import matplotlib as mpl
+
+    from tfmlib import config
+    from tfmlib.plot import BOOK_THEME, book_theme
+
+    mpl.rcdefaults()
+    monkeypatch.setenv("TFM_PROFILE", "smoke")
+    config.setup(0, verbose=False)
+    themed = dict(mpl.rcParams)
+    book_theme()
+    assert themed == dict(mpl.rcParams), "setup() should leave matplotlib in the book's theme"
+    mpl.rcdefaults()
+    assert dict(mpl.rcParams) != themed, "the theme should change something (else this test proves nothing)"
+    assert BOOK_THEME, "the theme is described by BOOK_THEME"

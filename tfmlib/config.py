@@ -149,8 +149,8 @@ RUN_FIELDS = frozenset({"profile", "device", "seed", "sizes", "threads"})
 
 def setup(seed: int = 0, *, device: str | None = None, verbose: bool = True,
           **profiles: dict[str, Any]) -> Run:
-    """Choose the profile, pick the device, set the CPU threads, seed everything, and return this
-    notebook's sizes.
+    """Choose the profile, pick the device, set the CPU threads, seed everything, set the book's
+    figure theme (:func:`tfmlib.plot.book_theme`), and return this notebook's sizes.
 
     Pass one dict of sizes per profile (``smoke=..., cpu=..., gpu=...``), all with the same keys,
     so a reader sees every setting in one place. With no dicts, only the profile, device and seed
@@ -177,6 +177,9 @@ def setup(seed: int = 0, *, device: str | None = None, verbose: bool = True,
                              f"{sorted(RUN_FIELDS)}; rename them")
     profile = active_profile()
     seed_everything(seed)  # validates the seed before anything is printed
+    from tfmlib.plot import book_theme  # seaborn loads only where a run is set up
+
+    book_theme()  # one look for every figure of the book
     dev = pick_device(device)
     threads = apply_threads()
     run = Run(profile, dev, seed, dict(profiles.get(profile, {})), threads=threads)
