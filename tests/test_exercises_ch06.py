@@ -4,10 +4,10 @@ import math
 
 import pytest
 import torch
-from test_exercises import _accepts, _rejects, _stub  # the helpers of chapter 01's checker tests
+from test_exercises import _accepts, _hint_gives_no_code, _rejects, _stub  # chapter 01's checker helpers
 
 from tfmlib import exercises
-from tfmlib.positional import RotaryEmbedding, relative_offset_matrix, sinusoidal_encoding
+from tfmlib.positional import RotaryEmbedding, sinusoidal_offset_matrix
 
 
 def test_check_api_never_raises_without_must_pass(capsys):
@@ -21,110 +21,107 @@ def test_check_api_never_raises_without_must_pass(capsys):
 
 
 def test_chapter_06_exercises_are_registered():
-    assert exercises.names(6) == ["06.offset_matrix", "06.rotate_pairs", "06.sinusoidal_table"]
+    assert exercises.names(6) == ["06.copy_bias", "06.direction_matrix", "06.rotate_pairs"]
 
 
-# ----------------------------------------------------------------------------- 06.sinusoidal_table
+def test_chapter_06_hints_give_no_code():
+    _hint_gives_no_code("06.direction_matrix", ["sinusoidal_offset_matrix(", ".T", "offset_matrix(-",
+                                               "M_(-offset)", "M_{-"])
+    _hint_gives_no_code("06.copy_bias", ["arange", "torch.", "== -back", "-inf)", "masked_fill", "abs("])
+    _hint_gives_no_code("06.rotate_pairs", ["0::2", "1::2", "arange", "torch.", "a * cos", "stack("])
 
 
-def _omega(d, exponent=lambda i, d: 2 * i / d):
-    return torch.tensor([10_000.0 ** -exponent(i, d) for i in range((d + 1) // 2)], dtype=torch.float64)
+# ----------------------------------------------------------------------------- 06.direction_matrix
 
 
-def table_ref(length, d):
-    angles = torch.arange(length, dtype=torch.float64)[:, None] * _omega(d)[None, :]
-    table = torch.empty(length, d, dtype=torch.float64)
-    table[:, 0::2] = torch.sin(angles)
-    table[:, 1::2] = torch.cos(angles[:, : d // 2])
-    return table.float()
+def _omega(d):
+    return torch.tensor([10_000.0 ** (-2 * i / d) for i in range((d + 1) // 2)], dtype=torch.float64)
 
 
-def _table_swapped(length, d):
-    angles = torch.arange(length, dtype=torch.float64)[:, None] * _omega(d)[None, :]
-    table = torch.empty(length, d, dtype=torch.float64)
-    table[:, 0::2] = torch.cos(angles)
-    table[:, 1::2] = torch.sin(angles[:, : d // 2])
-    return table.float()
-
-
-def _table_halves(length, d):
-    angles = torch.arange(length, dtype=torch.float64)[:, None] * _omega(d)[None, :]
-    return torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)[:, :d].float()
-
-
-def _table_pair_index(length, d):  # 10000^(-i/d) with i the pair index
-    angles = torch.arange(length, dtype=torch.float64)[:, None] * _omega(d, lambda i, d: i / d)[None, :]
-    table = torch.empty(length, d, dtype=torch.float64)
-    table[:, 0::2] = torch.sin(angles)
-    table[:, 1::2] = torch.cos(angles[:, : d // 2])
-    return table.float()
-
-
-def _table_column_index(length, d):  # 10000^(-j/d) with j the column index, odd columns too
-    pos = torch.arange(length, dtype=torch.float64)
-    columns = [(torch.sin if j % 2 == 0 else torch.cos)(pos * 10_000.0 ** (-j / d)) for j in range(d)]
-    return torch.stack(columns, dim=1).float()
-
-
-def _table_even_only(length, d):  # crashes on an odd width
-    angles = torch.arange(length, dtype=torch.float64)[:, None] * _omega(d)[None, :]
-    return torch.stack([torch.sin(angles), torch.cos(angles)], dim=-1).flatten(1).float()
-
-
-@pytest.mark.parametrize("wrong", [
-    _table_swapped, _table_halves, _table_pair_index, _table_column_index, _table_even_only,
-    lambda L, d: table_ref(L, d).T,                                                    # transposed
-    lambda L, d: table_ref(L + 1, d)[1:],                                              # positions from 1
-], ids=["sin-cos-swapped", "halves", "pair-index-exponent", "column-index-exponent", "odd-width-crash",
-        "transposed", "from-1"])
-def test_06_sinusoidal_table(wrong):
-    _accepts("06.sinusoidal_table", table_ref)
-    _accepts("06.sinusoidal_table", sinusoidal_encoding)
-    _rejects("06.sinusoidal_table", wrong)
-
-
-@pytest.mark.parametrize("wrong, message", [
-    (_table_swapped, "swapped"), (_table_halves, "all the sines first"), (_table_pair_index, "2i / d_model"),
-    (_table_column_index, "same frequency as its sine"),
-])
-def test_06_sinusoidal_table_names_the_mistake(wrong, message, capsys):
-    exercises.check("06.sinusoidal_table", wrong)
-    assert message in capsys.readouterr().out
-
-
-# ----------------------------------------------------------------------------- 06.offset_matrix
-
-
-def _rotation(a, dtype=torch.float64):
-    return torch.tensor([[math.cos(a), math.sin(a)], [-math.sin(a), math.cos(a)]], dtype=dtype)
+def _rotation(a):
+    return torch.tensor([[math.cos(a), math.sin(a)], [-math.sin(a), math.cos(a)]], dtype=torch.float64)
 
 
 def offset_ref(offset, d):
+    """M_offset: PE[p + offset] = M_offset @ PE[p]."""
     return torch.block_diag(*[_rotation(offset * w) for w in _omega(d).tolist()])
 
 
-def _offset_float32(offset, d):  # entries in float32: accepted, the error is ~1e-7
-    return torch.block_diag(*[_rotation(offset * w, torch.float32) for w in _omega(d).tolist()])
+def direction_ref(offset, d):
+    # PE_p^T M_(-offset) PE_(p+k) = PE_(p+offset) . PE_(p+k) = sum_i cos((k - offset) w_i),
+    # largest at k = offset
+    return sinusoidal_offset_matrix(-offset, d)
 
 
-@pytest.mark.parametrize("wrong", [
-    lambda k, d: offset_ref(k, d).T,                                                   # moves the wrong way
-    lambda k, d: offset_ref(-k, d),                                                    # the same, written so
-    lambda k, d: torch.block_diag(*[_rotation(k)] * (d // 2)),                 # one angle for all pairs
-    lambda k, d: offset_ref(abs(k), d),                                                # ignores the sign
-    lambda k, d: torch.eye(d, dtype=torch.float64),                                    # identity
-    lambda k, d: offset_ref(k, d)[: d // 2],                                           # wrong shape
-], ids=["transposed", "negated-offset", "no-omega", "abs-offset", "identity", "shape"])
-def test_06_offset_matrix(wrong):
-    _accepts("06.offset_matrix", offset_ref)
-    _accepts("06.offset_matrix", relative_offset_matrix)
-    _accepts("06.offset_matrix", _offset_float32)
-    _rejects("06.offset_matrix", wrong)
+def _direction_scaled(offset, d):  # a positive multiple is as good
+    return 3.0 * offset_ref(offset, d).T.float()
 
 
-def test_06_offset_matrix_names_the_direction_mistake(capsys):
-    exercises.check("06.offset_matrix", lambda k, d: offset_ref(k, d).T)
-    assert "wrong way" in capsys.readouterr().out
+@pytest.mark.parametrize("wrong, message", [
+    (lambda k, d: offset_ref(k, d), "direction is reversed"),                             # M_k: peaks at -k
+    (lambda k, d: torch.eye(d, dtype=torch.float64), "cannot tell after from before"),   # symmetric
+    (lambda k, d: offset_ref(k, d) + offset_ref(k, d).T, "cannot tell after from before"),
+    (lambda k, d: torch.randn(d, d, generator=torch.Generator().manual_seed(0), dtype=torch.float64),
+     "changes with the position p"),
+    (lambda k, d: offset_ref(2 * k, d).T, "largest at k = "),                             # wrong offset
+    (lambda k, d: offset_ref(k, d)[: d // 2], "should be"),                               # wrong shape
+    (lambda k, d: torch.eye(d, dtype=torch.long), "floating torch.Tensor"),
+], ids=["M_k", "identity", "symmetric", "random", "twice-the-offset", "shape", "integer"])
+def test_06_direction_matrix(wrong, message, capsys):
+    _accepts("06.direction_matrix", direction_ref)
+    _accepts("06.direction_matrix", _direction_scaled)
+    _rejects("06.direction_matrix", wrong)
+    exercises.check("06.direction_matrix", wrong)
+    assert message in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- 06.copy_bias
+
+
+def _offsets(length):
+    return (torch.arange(length)[None, :] - torch.arange(length)[:, None]).float()    # [t, s] = s - t
+
+
+def copy_bias_ref(length, back):
+    """-30 per position away from the offset -back: a fixed bias peaked at the key `back` back."""
+    return -30.0 * (_offsets(length) + back).abs()
+
+
+def _copy_bias_step(length, back):  # 0 at offset -back, a large finite penalty elsewhere
+    return torch.full((length, length), -1e4).masked_fill(_offsets(length) == -back, 0.0)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (lambda L, b: -(_offsets(L).abs()), "favours the query's own position"),               # ALiBi
+    (lambda L, b: -30.0 * (_offsets(L) - b).abs(), "ahead"),                                 # sign
+    (lambda L, b: -1.0 * (_offsets(L) + b).abs(), "too small"),                              # too weak
+    (lambda L, b: torch.full((L, L), -math.inf).masked_fill(_offsets(L) == -b, 0.0), "-inf everywhere"),
+    (lambda L, b: copy_bias_ref(L, b) + torch.arange(L).float()[:, None] * torch.arange(L)[None, :],
+     "depends on where the pair sits"),
+    (lambda L, b: copy_bias_ref(L, b)[:-1], "should be (L, L)"),
+    (lambda L, b: (_offsets(L) == -b).long(), "floating torch.Tensor"),
+], ids=["alibi", "ahead", "too-weak", "empty-rows", "absolute", "shape", "integer"])
+def test_06_copy_bias(wrong, message, capsys):
+    _accepts("06.copy_bias", copy_bias_ref)
+    _accepts("06.copy_bias", _copy_bias_step)
+    _rejects("06.copy_bias", wrong)
+    exercises.check("06.copy_bias", wrong)
+    assert message in capsys.readouterr().out
+
+
+def test_06_copy_bias_reference_lets_attention_copy():
+    """The accepted kind of bias does what the exercise says: a layer with it copies the token `back` back."""
+    torch.manual_seed(0)
+    L, back, d = 20, 3, 16
+    tokens = torch.randint(16, (4, L))
+    v = torch.nn.functional.one_hot(tokens, 16).float()
+    scores = torch.randn(4, L, L).clamp(-4, 4)
+    out = torch.softmax(scores + copy_bias_ref(L, back), -1) @ v
+    assert torch.equal(out[:, back:].argmax(-1), tokens[:, :-back])
+    # ALiBi's bias, however steep, copies the query's own token instead
+    alibi = torch.softmax(scores - 30.0 * _offsets(L).abs(), -1) @ v
+    assert torch.equal(alibi.argmax(-1), tokens)
+    del d
 
 
 # ----------------------------------------------------------------------------- 06.rotate_pairs

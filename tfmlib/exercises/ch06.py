@@ -5,6 +5,7 @@ Registered on import by ``tfmlib.exercises``; a reader calls ``exercises.check("
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -36,76 +37,92 @@ def _same(got: Any, want: torch.Tensor, atol: float = 1e-5) -> bool:
             and torch.allclose(got.double(), want, atol=atol, rtol=0))
 
 
-@checker("06.sinusoidal_table", hint="omega = 10000 ** (-torch.arange(0, d_model, 2) / d_model) (one "
-         "frequency per pair of columns); angles = positions[:, None] * omega[None, :]; "
-         "table[:, 0::2] = sin(angles), table[:, 1::2] = cos(angles) (with an odd d_model there is one "
-         "cosine column fewer)")
-def _check_sinusoidal_table(sinusoidal_table: Callable[[int, int], torch.Tensor]) -> None:
-    for length, d in [(10, 8), (50, 16), (7, 6), (30, 5), (120, 64)]:
-        want = _ch06_table(length, d)
-        got = sinusoidal_table(length, d)
-        if not isinstance(got, torch.Tensor):
-            raise Wrong(f"return a torch.Tensor, got {type(got).__name__}")
-        if not got.is_floating_point():
-            raise Wrong(f"the table should be float32 (or float64), got dtype {got.dtype}")
-        if got.shape == (d, length) != want.shape:
-            raise Wrong(f"sinusoidal_table({length}, {d}) should be (length, d_model) = {(length, d)}, "
-                        f"got it transposed, {tuple(got.shape)}")
-        if _same(got, _ch06_table(length, d, first=torch.cos, second=torch.sin)):
-            raise Wrong("sine and cosine are swapped: the even columns 2i hold sin(p * omega_i), the odd "
-                        "ones cos")
-        if _same(got, _ch06_table(length, d, interleave=False)):
-            raise Wrong("you put all the sines first and then all the cosines: the two columns of a pair "
-                        "are neighbours, 2i (sin) and 2i + 1 (cos)")
-        pair_index = 10_000.0 ** (-torch.arange(0, (d + 1) // 2, dtype=torch.float64) / d)
-        if _same(got, _ch06_table(length, d, omega=pair_index)):
-            raise Wrong("the exponent of pair i is 2i / d_model (2i is the index of the pair's first "
-                        "column), not i / d_model")
-        column_index = torch.empty(length, d, dtype=torch.float64)
-        for j in range(d):  # the column index j in the exponent, for sin and cos alike
-            w = 10_000.0 ** (-j / d)
-            column_index[:, j] = (torch.sin if j % 2 == 0 else torch.cos)(torch.arange(length) * w)
-        if _same(got, column_index):
-            raise Wrong("a cosine column 2i + 1 uses the same frequency as its sine column 2i: "
-                        "10000^(-2i/d_model), not 10000^(-(2i+1)/d_model)")
-        expect_close(got, want, f"sinusoidal_table({length}, {d})", atol=1e-5, rtol=0)
+@checker("06.direction_matrix", hint="question 3 of the chapter. Section 3 showed two facts: a fixed "
+         "offset is one orthogonal map of the table (M_j moves every PE_p to PE_(p+j), and its transpose "
+         "moves it back), and the dot product of two rows of the table depends on their offset only and "
+         "is largest when the offset is 0. Choose W so that it moves PE_(p+k) to a row whose offset from "
+         "PE_p is zero exactly when k is the offset asked for")
+def _check_direction_matrix(direction_matrix: Callable[[int, int], torch.Tensor]) -> None:
+    span = 40                                                  # the offsets k = -span .. span compared
+    for offset, d in [(3, 16), (-5, 16), (12, 64), (1, 32)]:
+        W = direction_matrix(offset, d)
+        if not isinstance(W, torch.Tensor) or not W.is_floating_point():
+            got = W.dtype if isinstance(W, torch.Tensor) else type(W).__name__
+            raise Wrong(f"return a floating torch.Tensor, got {got}")
+        if W.shape != (d, d):
+            raise Wrong(f"direction_matrix({offset}, {d}) should be ({d}, {d}), got {tuple(W.shape)}")
+        table = _ch06_table(200 + 2 * span, d)
+        ks = torch.arange(-span, span + 1)
+        p = torch.arange(span, span + 200)
+        # score[k, p] = PE_p^T W PE_(p+k)
+        score = torch.stack([((table[p] @ W.double()) * table[p + k]).sum(-1) for k in ks.tolist()])
+        if not torch.isfinite(score).all():
+            raise Wrong("the scores PE_p^T W PE_(p+k) are not all finite")
+        vary = (score.max(1).values - score.min(1).values).max().item()
+        if vary > 1e-4 * max(1.0, score.abs().max().item()):
+            raise Wrong(f"with your W the score PE_p^T W PE_(p+k) changes with the position p (by up to "
+                        f"{vary:.3g} for one k): it should depend on the offset k only, as the dot product "
+                        "of two table rows does")
+        by_k = score.mean(1)
+        plus, minus = by_k[span + offset].item(), by_k[span - offset].item()
+        if abs(plus - minus) < 1e-6 * max(1.0, abs(plus)):
+            raise Wrong(f"your score is the same for k = {offset} and k = {-offset}: it cannot tell after "
+                        "from before (a symmetric W, such as the identity, never can)")
+        best = int(ks[by_k.argmax()])
+        if best == -offset:
+            raise Wrong(f"your score is largest at k = {-offset}, not {offset}: the direction is reversed "
+                        f"(your W favours the key {abs(offset)} positions on the other side)")
+        if best != offset:
+            raise Wrong(f"for offset {offset}, d_model {d}: your score PE_p^T W PE_(p+k) is largest at "
+                        f"k = {best}, over k = -{span}..{span}; it should be largest at k = {offset}")
 
 
-def _ch06_offset_matrix(offset: int, d: int, sign: int = 1, scale_by_omega: bool = True) -> torch.Tensor:
-    M = torch.zeros(d, d, dtype=torch.float64)
-    for i, w in enumerate(_ch06_frequencies(d).tolist()):
-        a = offset * w if scale_by_omega else float(offset)
-        angle = torch.tensor(a, dtype=torch.float64)
-        c, s = torch.cos(angle), torch.sin(angle)
-        M[2 * i, 2 * i], M[2 * i, 2 * i + 1] = c, sign * s
-        M[2 * i + 1, 2 * i], M[2 * i + 1, 2 * i + 1] = -sign * s, c
-    return M
-
-
-@checker("06.offset_matrix", hint="block diagonal: for each pair i, with a = offset * omega_i, the 2x2 block "
-         "at rows and columns (2i, 2i+1) is [[cos a, sin a], [-sin a, cos a]], because "
-         "sin(x + a) = cos a sin x + sin a cos x and cos(x + a) = -sin a sin x + cos a cos x")
-def _check_offset_matrix(offset_matrix: Callable[[int, int], torch.Tensor]) -> None:
-    for offset, d in [(1, 4), (3, 8), (-5, 8), (17, 16), (0, 6), (100, 32)]:
-        want = _ch06_offset_matrix(offset, d)
-        got = offset_matrix(offset, d)
-        if not isinstance(got, torch.Tensor):
-            raise Wrong(f"return a torch.Tensor, got {type(got).__name__}")
-        if got.shape != (d, d):
-            raise Wrong(f"offset_matrix({offset}, {d}) should be ({d}, {d}), got {tuple(got.shape)}")
-        if offset != 0 and _same(got, _ch06_offset_matrix(offset, d, sign=-1), atol=1e-5):
-            raise Wrong(f"your matrix moves positions the wrong way, PE[p] -> PE[p - ({offset})]: the "
-                        "block is [[cos a, sin a], [-sin a, cos a]] for rows (sin, cos)")
-        if offset != 0 and _same(got, _ch06_offset_matrix(offset, d, scale_by_omega=False), atol=1e-5):
-            raise Wrong("pair i turns by offset * omega_i, not by the offset itself: every pair has its "
-                        "own frequency")
-        table, lo = _ch06_table(50 + abs(offset), d), max(0, -offset)
-        moved = table[lo: lo + 50] @ got.double().T if got.is_floating_point() else None
-        if moved is not None and not torch.allclose(moved, table[lo + offset: lo + offset + 50], atol=1e-5):
-            err = (moved - table[lo + offset: lo + offset + 50]).abs().max().item()
-            raise Wrong(f"for offset {offset}, d_model {d}: M @ PE[p] should equal PE[p + {offset}] for "
-                        f"every p, but they differ by up to {err:.3g}")
-        expect_close(got, want, f"offset_matrix({offset}, {d})", atol=1e-5, rtol=0)
+@checker("06.copy_bias", hint="ALiBi's bias (section 5) is largest on the diagonal and falls with the "
+         "distance on both sides; this task needs one that is largest at the offset s - t of the key b "
+         "positions back and low everywhere else, by a margin that content scores of size 4 cannot "
+         "overturn. Build it from the matrix of offsets s - t, as alibi_bias does, and make sure every row "
+         "still has a finite entry")
+def _check_copy_bias(copy_bias: Callable[[int, int], torch.Tensor]) -> None:
+    for length, back in [(12, 3), (40, 3), (64, 5), (9, 1)]:
+        bias = copy_bias(length, back)
+        if not isinstance(bias, torch.Tensor) or not bias.is_floating_point():
+            got = bias.dtype if isinstance(bias, torch.Tensor) else type(bias).__name__
+            raise Wrong(f"return a floating torch.Tensor (an additive mask), got {got}")
+        if bias.shape != (length, length):
+            raise Wrong(f"copy_bias({length}, {back}) should be (L, L) = {(length, length)}, got "
+                        f"{tuple(bias.shape)}")
+        bias = bias.double()
+        if torch.isnan(bias).any() or (bias == math.inf).any():
+            raise Wrong("the bias holds NaN or +inf; use large finite values or -inf")
+        if not torch.isfinite(bias).any(-1).all():
+            row = int((~torch.isfinite(bias).any(-1)).nonzero()[0])
+            raise Wrong(f"row {row} of the bias is -inf everywhere: query {row} would see no key, and a "
+                        "softmax over nothing is NaN; give the first rows (with no key b back) something "
+                        "to see")
+        inner, shifted = bias[:-1, :-1], bias[1:, 1:]
+        if not torch.equal(inner.nan_to_num(neginf=-1e300), shifted.nan_to_num(neginf=-1e300)) \
+                and not torch.allclose(inner.nan_to_num(neginf=-1e300), shifted.nan_to_num(neginf=-1e300),
+                                       atol=1e-6, rtol=1e-9):
+            raise Wrong("the bias must depend on the offset s - t only (entry [t, s] equal to "
+                        "[t + 1, s + 1]), like ALiBi's: yours depends on where the pair sits")
+        t = torch.arange(back, length)
+        # the worst case for the right key: its content score -4, every other key's +4
+        scores = torch.full((length, length), 4.0, dtype=torch.float64)
+        scores[t, t - back] = -4.0
+        on_target = torch.softmax(scores + bias, dim=-1)[t, t - back]
+        if on_target.min() < 0.9:
+            t_bad = int(t[on_target.argmin()])
+            favourite = int(bias[t_bad].argmax()) - t_bad
+            share = f"{on_target.min().item():.1%}"
+            if favourite == back:
+                raise Wrong(f"your bias favours the key {back} positions *ahead* (offset s - t = +{back}); "
+                            f"the key {back} back is at offset -{back}")
+            if favourite == 0:
+                raise Wrong(f"your bias favours the query's own position (offset 0), like ALiBi's: query "
+                            f"{t_bad} puts only {share} of its weight on the key {back} back")
+            raise Wrong(f"with content scores in [-4, 4] working against it, query {t_bad} puts only {share} "
+                        f"of its weight on the key {back} back (at least 90% needed): the bonus of that "
+                        "offset over the others is too small")
 
 
 def _ch06_rotate(x: torch.Tensor, positions: torch.Tensor, sign: int = 1,
@@ -123,9 +140,10 @@ def _ch06_rotate(x: torch.Tensor, positions: torch.Tensor, sign: int = 1,
     return out
 
 
-@checker("06.rotate_pairs", hint="theta = 10000 ** (-torch.arange(0, d, 2) / d); angles = "
-         "positions[:, None] * theta[None, :] is (L, d/2); with a = x[..., 0::2] and b = x[..., 1::2], "
-         "the result has a * cos - b * sin in the even features and a * sin + b * cos in the odd ones")
+@checker("06.rotate_pairs", hint="section 5's RotaryEmbedding.rotate does the same with the pairs "
+         "(i, i + d/2); here a pair is two neighbouring features, 2i and 2i + 1. The frequencies are those "
+         "of section 3's table, one per pair, and each pair turns by the 2x2 rotation written above; put "
+         "the rotated first and second coordinates back into the even and the odd features")
 def _check_rotate_pairs(rotate_pairs: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
     cases = [((5, 4), [0, 1, 2, 3, 4]), ((2, 3, 6, 8), [7, 0, 3, 12, 5, 40]), ((1, 2, 4, 16), [2, 9, 1, 30])]
     for seed, (shape, positions) in enumerate(cases):
