@@ -16,7 +16,8 @@
 # %% [markdown]
 # # 00 · Preface: how to use this book
 #
-# This book takes you from a recurrent network to the Transformer in eleven runnable chapters.
+# This book takes you from a recurrent network to the Transformer in runnable chapters: nine of
+# them so far, 00 to 08 (chapters 09 and 10, listed below, are not written yet).
 # Each chapter builds one component in front of you, in PyTorch, checks it against the real
 # thing, measures what it claims, and then moves the finished code into a small package,
 # **`tfmlib`**, which later chapters import instead of retyping it.
@@ -42,8 +43,8 @@
 # | 06 | positional encoding | attention ignores order: how do we give it back? |
 # | 07 | the Transformer | feed-forward layers, residuals, LayerNorm, encoder and decoder |
 # | 08 | Transformer translation | training it well, decoding it well, and the comparison with chapters 02–03 |
-# | 09 | decoder-only language model | a small GPT, sampling, and the KV cache |
-# | 10 | scaling up | fused kernels, mixed precision, compilation, several processes |
+# | 09 | decoder-only language model | a small GPT, sampling, and the KV cache (not written yet) |
+# | 10 | scaling up | fused kernels, mixed precision, compilation, several processes (not written yet) |
 #
 # ## How to use it
 #
@@ -335,8 +336,12 @@ print(f"speed-up from bucketing: {seconds['random'] / seconds['bucketed']:.2f}x"
 
 # %% [markdown]
 # The speed-up follows the padded-slot count: a recurrent network's cost grows with the longest
-# sentence in each batch, so removing padding removes time. Every training loop in the book uses
-# `make_loader`, which draws bucketed batches.
+# sentence in each batch, so removing padding removes time. The book's long training runs batch
+# this way: translation models train through `make_loader`, which draws bucketed batches of
+# pairs (chapter 02 calls it directly; `train_translator`, used by chapters 03, 07 and 08, calls
+# it for you), and chapter 01's language models use the same `BucketBatchSampler` over single
+# sentences. The short runs of chapters 04–07 (synthetic tasks whose sequences have one length,
+# and chapter 07's small language-model comparison) use plain batches.
 #
 # ## Real corpora
 #
@@ -424,8 +429,10 @@ for chapter, name, summary in sorted(rows):
 #    dataset. What would a full sort do to training? What happens to padding as the pool shrinks?
 # 3. Splitting Tatoeba by line puts some English sentences in both training and test (with
 #    different French translations). Which number in a results table would that inflate?
-# 4. French needs about a hundred more token types than English on this corpus, although its
-#    sentences are no longer. Which grammar rules make it so?
+# 4. The cell above names two reasons why French needs about a hundred more token types than
+#    English on this corpus. Account for the whole difference: which word classes add French
+#    types, which *remove* some (English words with no French counterpart, or two English words
+#    with one translation), and how many does each contribute?
 # 5. On a real corpus some test words are not in the training vocabulary. What does the model
 #    read in their place, and what can it write in the translation? How would you reduce the
 #    number of unknown words without making the vocabulary huge?

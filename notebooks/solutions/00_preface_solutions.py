@@ -72,32 +72,58 @@ exercises.check("00.padding_fraction", my_padding_fraction, must_pass=True)
 # 3. **Leaky Tatoeba splits.** Test BLEU would be inflated: the model has seen the test English
 #    sentence in training, with a French translation that often shares most words with the
 #    reference.
-# 4. **More French token types.** Agreement: an English adjective has one form, its French
-#    translation up to five (masculine/feminine × singular/plural, and *bel, vieil, nouvel*
-#    before a vowel); a French verb has a singular, a plural and an infinitive (after *peut*),
-#    where English has two forms; articles split by gender and elision (*le, la, l', les*). The
-#    cell below counts, for each English adjective of the corpus, how many French forms it takes.
+# 4. **The whole difference in token types.** Sort every token type of the training split into
+#    the grammar's word classes (from its lexicon: nouns, adjectives, verbs) and the rest
+#    (articles, prepositions, pronouns, negation, conjunctions, adverbs), in both languages, and
+#    subtract. The cell below does it; a type claimed by two classes (French *porte* is a door
+#    and "carries") counts once, in the first. Adjectives give most of the difference: one
+#    English form against up to five agreeing French forms (*beau, bel, belle, beaux, belles*).
+#    Verbs come second: a French verb has a singular, a plural and an infinitive (after *peut*),
+#    an English one two forms (*sees, see*), and the two-word English verbs (*looks for*) add
+#    only their first word to the verb class (*porte*, "carries", is also the noun "door" and is
+#    counted there). Nouns *remove* two types: both languages have a singular and a plural, but
+#    two French nouns have one form for both (*souris*, *ours*). The remaining function
+#    words add a few: French articles split by gender, number and elision (*le, la, l', les*,
+#    contracted *du, au, aux*; *ce, cet, cette, ces*; *mon, ma, mes*) where English has *the, a,
+#    an, some, any, this, these, my*, while English spends types on words French does not need as
+#    separate words (*does, do, not, can, cannot*) or splits one French word into two (*far from*:
+#    *loin de*; *in front of*: *devant*).
 
 # %%
 from tfmlib.data import tokenize
-from tfmlib.synthetic import ADJECTIVES, load_bundled
+from tfmlib.synthetic import ADJECTIVES, NOUNS, VERBS, load_bundled
 
-french_types = {t for _, fr in load_bundled("train") for t in tokenize(fr)}
-english_types = {t for en, _ in load_bundled("train") for t in tokenize(en)}
+train = load_bundled("train")
+english_types = {t for en, _ in train for t in tokenize(en)}
+french_types = {t for _, fr in train for t in tokenize(fr)}
+word_classes = {  # class -> (English forms, French forms) from the grammar's lexicon
+    "nouns": ({w for n in NOUNS for w in (n.en, n.en_plural)}, {w for n in NOUNS for w in (n.fr, n.fr_plural)}),
+    "adjectives": ({a.en for a in ADJECTIVES},
+                   {w for a in ADJECTIVES for w in (a.fr_ms, a.fr_fs, a.fr_mp, a.fr_fp, a.fr_ms_vowel) if w}),
+    "verbs": ({f.split()[0] for v in VERBS for f in (v.en_sg, v.en_base)},
+              {w for v in VERBS for w in (v.fr_sg, v.fr_pl, v.fr_inf)}),
+}
 
 
-def french_forms(adjective) -> set[str]:
-    """The forms of an adjective that occur in the French side of the corpus."""
-    forms = {adjective.fr_ms, adjective.fr_fs, adjective.fr_mp, adjective.fr_fp, adjective.fr_ms_vowel}
-    return (forms - {None}) & french_types
+def count_by_class(types: set[str], side: int) -> dict[str, int]:
+    """Types of one language per word class; a type goes to the first class that has it."""
+    counts, claimed = {}, set()
+    for name, forms in word_classes.items():
+        mine = (types & forms[side]) - claimed
+        counts[name], claimed = len(mine), claimed | mine
+    counts["function words and the rest"] = len(types - claimed)
+    return counts
 
 
-for adjective in ADJECTIVES[:8]:
-    forms = french_forms(adjective)
-    print(f"{adjective.en:9s} -> {len(forms)} French forms: {sorted(forms)}")
-total_forms = sum(len(french_forms(a)) for a in ADJECTIVES)
-print(f"{len(ADJECTIVES)} English adjectives, {total_forms} French adjective forms in the corpus; "
-      f"{len(english_types)} English vs {len(french_types)} French token types overall")
+en_counts, fr_counts = count_by_class(english_types, 0), count_by_class(french_types, 1)
+print(f"{'class':30s}{'English':>9s}{'French':>8s}{'difference':>12s}")
+for name in en_counts:
+    print(f"{name:30s}{en_counts[name]:9d}{fr_counts[name]:8d}{fr_counts[name] - en_counts[name]:+12d}")
+print(f"{'all token types':30s}{len(english_types):9d}{len(french_types):8d}"
+      f"{len(french_types) - len(english_types):+12d}")
+assert sum(en_counts.values()) == len(english_types) and sum(fr_counts.values()) == len(french_types)
+assert max(fr_counts[n] - en_counts[n] for n in en_counts) == fr_counts["adjectives"] - en_counts["adjectives"], \
+    "adjective agreement should be the largest source of extra French types"
 
 # %% [markdown]
 # 5. **Unknown words.** The model reads `<unk>` in place of every unknown source word, so all of
