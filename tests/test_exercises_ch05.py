@@ -89,8 +89,12 @@ def test_05_merge_blocks_equals_attention_over_many_blocks():
 # ----------------------------------------------------------------------------- 05.find_the_leak
 
 
+def _x(T, d):
+    return torch.randn(1, T, d, dtype=torch.double, generator=torch.Generator().manual_seed(T * d))
+
+
 def leaks_ref(layer, T, d):
-    x = torch.randn(1, T, d, dtype=torch.double)
+    x = _x(T, d)
     J = torch.autograd.functional.jacobian(layer, x)[0, :, :, 0]           # (T, d, T, d)
     return (J.abs().sum(dim=(1, 3)) > 0) & torch.ones(T, T, dtype=torch.bool).triu(1)
 
@@ -100,7 +104,7 @@ def _none_found(layer, T, d):
 
 
 def _whole_dependence(layer, T, d):
-    x = torch.randn(1, T, d, dtype=torch.double)
+    x = _x(T, d)
     return torch.autograd.functional.jacobian(layer, x)[0, :, :, 0].abs().sum(dim=(1, 3)) > 0
 
 
@@ -113,7 +117,7 @@ def _next_only(layer, T, d):                      # looks only one step ahead
 
 
 def _float32_threshold(layer, T, d):              # a loose threshold hides small leaks as "zero"
-    x = torch.randn(1, T, d, dtype=torch.double)
+    x = _x(T, d)
     J = torch.autograd.functional.jacobian(layer, x)[0, :, :, 0].abs().sum(dim=(1, 3))
     return (J > 0.5 * J.max()) & torch.ones(T, T, dtype=torch.bool).triu(1)
 

@@ -151,7 +151,8 @@ def _check_find_the_leak(future_leaks: Callable[[Callable[[Tensor], Tensor], int
         if not got.any():
             raise Wrong(f"{what} leaks at {int(want.sum())} (t, s) pairs and you found none; if you looked "
                         "at the attention weights, they can be zero above the diagonal while the values "
-                        "still carry later inputs: test the output itself")
+                        "still carry later inputs: test the output itself, and count every non-zero "
+                        "dependence (the exact zero test in float64, not a threshold)")
         if want.any() and not (got & want).any() or (got & ~want).any():
             raise Wrong(f"{what}: you marked {int((got & ~want).sum())} pair(s) that do not leak and missed "
                         f"{int((want & ~got).sum())}; use a random input, float64, and the exact zero test")
