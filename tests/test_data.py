@@ -12,6 +12,7 @@ from tfmlib.data import (
     EOS_ID,
     PAD_ID,
     UNK_ID,
+    Batch,
     BucketBatchSampler,
     TranslationDataset,
     Vocab,
@@ -212,3 +213,45 @@ def test_padding_fraction_by_hand_and_bad_input():
         padding_fraction([], [1, 2])
     with pytest.raises(ValueError, match="batch 1 is empty"):
         padding_fraction([[0], []], [1, 2])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_make_batch_host_facts_equal_what_the_tensors_say(seed):
+    g = torch.Generator().manual_seed(seed)
+    examples = [(torch.randint(4, 50, (int(n),), generator=g).tolist(),
+                 torch.randint(4, 60, (int(m),), generator=g).tolist())
+                for n, m in torch.randint(1, 9, (6, 2), generator=g)]
+    b = make_batch(examples)
+    facts = b.host_facts
+    assert facts is not None, "make_batch must attach the facts it counted on the CPU"
+    assert list(facts.src_lengths) == b.src_mask.sum(1).tolist(), "host lengths differ from the mask's"
+    assert facts.num_target_tokens == int(b.tgt_mask.sum()), "host token count differs from the mask's"
+    assert facts.src_ids == (int(b.src.min()), int(b.src.max())), "host source id range is wrong"
+    assert facts.tgt_ids == (int(b.tgt_in.min()), int(b.tgt_in.max())), "host target id range is wrong"
+    moved = b.to("cpu")
+    assert moved.host_facts == facts, "Batch.to must keep the host facts"
+
+
+def test_num_target_tokens_reads_no_tensor_when_facts_are_known():
+    from torch.overrides import TorchFunctionMode
+
+    class Reads(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            name = getattr(func, "__name__", str(func))
+            if name != "__get__":  # reading .shape is free; computing on values is not
+                self.names.append(name)
+            return func(*args, **(kwargs or {}))
+
+    b = make_batch([([10, 11], [20, 21, 22]), ([12], [23])])
+    with Reads() as reads:
+        n = b.num_target_tokens
+    assert n == 6 and reads.names == [], f"counted from the tensors: {reads.names}"
+    by_hand = Batch(b.src, b.src_mask, b.tgt_in, b.tgt_out, b.tgt_mask)
+    assert by_hand.host_facts is None and by_hand.num_target_tokens == 6, "a batch by hand counts its mask"
+    # facts about other tensors (a replaced field of another shape) are not used
+    b.tgt_in = b.tgt_in[:, :-1]
+    assert b.host_facts is None, "facts whose shapes no longer match the tensors must be ignored"

@@ -3,8 +3,9 @@ the step-by-step ones, teacher forcing means what it says, training is reproduci
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
-from tfmlib.data import BOS_ID, EOS_ID, Vocab, make_batch, pad_sequences
+from tfmlib.data import BOS_ID, EOS_ID, Batch, Vocab, make_batch, pad_sequences
 from tfmlib.seq2seq import (
     EncoderDecoder,
     GRUEncoder,
@@ -216,3 +217,95 @@ def test_ids_outside_the_vocabulary_get_a_clear_error():
     bad_tgt[0, 0] = -1
     with pytest.raises(ValueError, match=f"tgt_in holds the id -1, outside the vocabulary of {TGT_V}"):
         model(b.src, b.src_mask, bad_tgt)
+
+
+# ----------------------------------------------------------------------------- no reads back per step
+# On a GPU every read of a tensor's value (int(), bool(), .tolist(), .cpu(), torch.equal) makes the
+# host wait for the device. These tests record such calls with a TorchFunctionMode on the CPU.
+READS = {"__int__", "__bool__", "__float__", "__index__", "item", "tolist", "cpu", "equal", "numpy"}
+
+
+class ValueReads(TorchFunctionMode):
+    """Records the value reads (of tensors other than CPU-only bookkeeping) made inside it."""
+
+    def __init__(self, ignore: tuple = ()):
+        super().__init__()
+        self.reads: list[str] = []
+        self.ignore = ignore
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", str(func))
+        if name in READS and not any(args and args[0] is t for t in self.ignore):
+            self.reads.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def three_families():
+    from tfmlib.rnn_attention import AttentionSeq2Seq
+    from tfmlib.transformer import Transformer
+
+    torch.manual_seed(0)
+    return [Seq2Seq(SRC_V, TGT_V, embed=8, hidden=12, bidirectional=True),
+            AttentionSeq2Seq(SRC_V, TGT_V, embed=8, enc_hidden=8, hidden=12, attn_size=8),
+            Transformer(SRC_V, TGT_V, d_model=8, heads=2, encoder_layers=1, decoder_layers=1, d_ff=16,
+                        dropout=0.0)]
+
+
+@pytest.mark.parametrize("family", [0, 1, 2])
+def test_translation_loss_reads_nothing_back_from_a_made_batch(family):
+    model = three_families()[family]
+    _, batch = random_batch(3, batch=5)
+    by_hand = Batch(batch.src, batch.src_mask, batch.tgt_in, batch.tgt_out, batch.tgt_mask)
+    with ValueReads() as seen:
+        loss, n = translation_loss(model, batch)
+    # PyTorch's own RNN argument check reads the packed batch sizes, which live on the CPU
+    # whatever the device; nothing else may be read.
+    assert set(seen.reads) <= {"__int__"} and len(seen.reads) <= 1, \
+        f"{type(model).__name__}: translation_loss read values back: {seen.reads}"
+    with ValueReads() as seen_by_hand:
+        loss_by_hand, n_by_hand = translation_loss(model, by_hand)
+    assert len(seen_by_hand.reads) > len(seen.reads), "a batch without facts must still be checked"
+    assert n == n_by_hand == int(batch.tgt_mask.sum()), "token counts differ"
+    assert torch.equal(loss, loss_by_hand), "host facts changed the loss"
+
+
+@pytest.mark.parametrize("family", [0, 1, 2])
+def test_host_checked_batches_still_fail_clearly(family):
+    model = three_families()[family]
+    name = type(model).__name__
+    bad_src = make_batch([([4, SRC_V], [5]), ([6], [7, 8])])
+    with pytest.raises(ValueError, match=rf"{name}: src holds the id {SRC_V}, outside the vocabulary"):
+        translation_loss(model, bad_src)
+    bad_tgt = make_batch([([4], [5, TGT_V + 3])])
+    with pytest.raises(ValueError, match=rf"{name}: tgt_in holds the id {TGT_V + 3}"):
+        translation_loss(model, bad_tgt)
+    model.max_source_len = 3
+    too_long = make_batch([([4, 5, 6, 7], [5])])
+    with pytest.raises(ValueError, match=rf"{name}: a source of 5 tokens .* max_source_len=3"):
+        translation_loss(model, too_long)
+    # outside translation_loss the checks read the tensors as before
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        check_source(bad_src.src, bad_src.src_mask, "t", vocab_size=SRC_V)
+
+
+def test_gru_encoder_equals_the_packed_reference_and_uses_host_lengths():
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+    from tfmlib.seq2seq import host_checked
+
+    torch.manual_seed(1)
+    enc = GRUEncoder(SRC_V, 6, 5, bidirectional=True).double()
+    _, batch = random_batch(4, batch=7)
+    states, final = enc(batch.src, batch.src_mask)
+    packed = pack_padded_sequence(enc.embed(batch.src), batch.src_mask.sum(1), batch_first=True,
+                                  enforce_sorted=False)
+    ref_states, ref_final = enc.rnn(packed)
+    ref_states, _ = pad_packed_sequence(ref_states, batch_first=True, total_length=batch.src.shape[1])
+    assert torch.equal(states, ref_states) and torch.equal(final, ref_final), \
+        "sorting on the host changed the encoder's output"
+    with host_checked(batch, "t") as used:
+        lengths = batch.host_facts.src_lengths
+        with ValueReads() as seen:
+            enc(batch.src, batch.src_mask)
+    assert used and lengths, "the batch's facts were not used"
+    assert "cpu" not in seen.reads and "tolist" not in seen.reads, f"lengths read back: {seen.reads}"

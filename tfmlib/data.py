@@ -19,7 +19,7 @@ import random
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -268,6 +268,31 @@ def pad_sequences(
     return ids, mask
 
 
+@dataclass(frozen=True)
+class HostFacts:
+    """What :func:`make_batch` learned about a batch's values while it was still on the CPU.
+
+    Reading a value back from a GPU makes the host wait for the device; a batch's token count, its
+    source lengths and its id range are known for free while the batch is being made from lists
+    of ints, so they travel with the :class:`Batch` instead of being read back at every step.
+
+    * ``shapes``: the shapes of ``src`` and ``tgt_in`` these facts describe (checked before use);
+    * ``src_lengths``: each source's length (EOS included), the row sums of ``src_mask``;
+    * ``num_target_tokens``: the real tokens of ``tgt_out`` (the sum of ``tgt_mask``);
+    * ``src_ids``, ``tgt_ids``: the smallest and largest id in ``src`` and in ``tgt_in``.
+    """
+
+    shapes: tuple[tuple[int, ...], tuple[int, ...]]
+    src_lengths: tuple[int, ...]
+    num_target_tokens: int
+    src_ids: tuple[int, int]
+    tgt_ids: tuple[int, int]
+
+    def describe(self, batch: Batch) -> bool:
+        """Whether these facts are about ``batch``'s tensors (their shapes match)."""
+        return self.shapes == (tuple(batch.src.shape), tuple(batch.tgt_in.shape))
+
+
 @dataclass
 class Batch:
     """A padded batch of translation pairs.
@@ -276,6 +301,9 @@ class Batch:
     * ``tgt_in``: ``(B, T)`` target ids starting with BOS (what the decoder reads),
       ``tgt_out``: ``(B, T)`` the same shifted left, ending with EOS (what it must predict),
       ``tgt_mask``: ``(B, T)`` bool, ``True`` where ``tgt_out`` is a real token.
+    * ``host``: :class:`HostFacts` counted on the CPU by :func:`make_batch` (``None`` for a batch
+      built by hand); :meth:`to` keeps them, so a batch on a GPU answers
+      :attr:`num_target_tokens` without waiting for the device.
     """
 
     src: torch.Tensor
@@ -283,21 +311,28 @@ class Batch:
     tgt_in: torch.Tensor
     tgt_out: torch.Tensor
     tgt_mask: torch.Tensor
+    host: HostFacts | None = field(default=None, repr=False, compare=False)
 
     @property
     def src_lengths(self) -> torch.Tensor:
         return self.src_mask.sum(dim=1)
 
     @property
+    def host_facts(self) -> HostFacts | None:
+        """:attr:`host` when it describes this batch's tensors (``None`` otherwise)."""
+        return self.host if self.host is not None and self.host.describe(self) else None
+
+    @property
     def num_target_tokens(self) -> int:
-        return int(self.tgt_mask.sum())
+        facts = self.host_facts
+        return facts.num_target_tokens if facts is not None else int(self.tgt_mask.sum())
 
     def __len__(self) -> int:
         return self.src.shape[0]
 
     def to(self, device: torch.device | str) -> Batch:
         return Batch(*(getattr(self, f).to(device) for f in
-                       ("src", "src_mask", "tgt_in", "tgt_out", "tgt_mask")))
+                       ("src", "src_mask", "tgt_in", "tgt_out", "tgt_mask")), host=self.host)
 
 
 def make_batch(examples: Sequence[tuple[Sequence[int], Sequence[int]]]) -> Batch:
@@ -307,7 +342,8 @@ def make_batch(examples: Sequence[tuple[Sequence[int], Sequence[int]]]) -> Batch
     split into ``tgt_in = [BOS] + y`` and ``tgt_out = y + [EOS]``. With ``B`` examples the
     batch holds ``src``/``src_mask`` ``(B, S)`` with ``S = 1 + longest source`` and
     ``tgt_in``/``tgt_out``/``tgt_mask`` ``(B, T)`` with ``T = 1 + longest target``. Ids may be
-    lists of ints or 1-D integer tensors.
+    lists of ints or 1-D integer tensors. The batch carries :class:`HostFacts` (lengths, token
+    count, id ranges) counted here, on the CPU.
     """
     if len(examples) == 0:
         raise ValueError("make_batch: empty batch")
@@ -321,7 +357,15 @@ def make_batch(examples: Sequence[tuple[Sequence[int], Sequence[int]]]) -> Batch
     src, src_mask = pad_sequences([s + [EOS_ID] for s in srcs])
     tgt_in, _ = pad_sequences([[BOS_ID] + t for t in tgts])
     tgt_out, tgt_mask = pad_sequences([t + [EOS_ID] for t in tgts])
-    return Batch(src, src_mask, tgt_in, tgt_out, tgt_mask)
+    src_lengths = tuple(len(s) + 1 for s in srcs)
+    padded_src = min(src_lengths) < src.shape[1]
+    padded_tgt = min(len(t) for t in tgts) + 1 < tgt_in.shape[1]
+    src_ids = [i for s in srcs for i in s] + [EOS_ID] + ([PAD_ID] if padded_src else [])
+    tgt_ids = [i for t in tgts for i in t] + [BOS_ID] + ([PAD_ID] if padded_tgt else [])
+    facts = HostFacts(shapes=(tuple(src.shape), tuple(tgt_in.shape)), src_lengths=src_lengths,
+                      num_target_tokens=sum(len(t) + 1 for t in tgts),
+                      src_ids=(min(src_ids), max(src_ids)), tgt_ids=(min(tgt_ids), max(tgt_ids)))
+    return Batch(src, src_mask, tgt_in, tgt_out, tgt_mask, host=facts)
 
 
 class TranslationDataset(torch.utils.data.Dataset):

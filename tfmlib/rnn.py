@@ -364,7 +364,7 @@ class RecurrentLanguageModel(nn.Module):
             raise ValueError(f"{type(self).__name__}: empty batch (ids has shape {tuple(ids.shape)})")
         if ids.shape[1] == 0:
             raise ValueError(f"{type(self).__name__}: empty sequence (ids has shape {tuple(ids.shape)})")
-        lo, hi = int(ids.min()), int(ids.max())
+        lo, hi = torch.stack(torch.aminmax(ids)).tolist()  # one read back from the device, not two
         if lo < 0 or hi >= self.vocab_size:
             raise ValueError(f"{type(self).__name__}: ids must be in [0, vocab_size={self.vocab_size}), "
                              f"got values in [{lo}, {hi}] (unknown tokens should map to UNK_ID)")

@@ -20,7 +20,9 @@ vocabulary.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import NamedTuple
 
 import torch
@@ -28,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from tfmlib.data import BOS_ID, PAD_ID, Batch, TranslationDataset, make_loader
+from tfmlib.data import BOS_ID, PAD_ID, Batch, HostFacts, TranslationDataset, make_loader
 from tfmlib.train import History, fit, warmup_inverse_sqrt
 
 INTRODUCED_IN = 2
@@ -44,6 +46,8 @@ __all__ = [
     "check_source",
     "count_parameters",
     "first_token_batch",
+    "host_checked",
+    "host_lengths",
     "translation_loss",
     "train_translator",
 ]
@@ -93,6 +97,8 @@ def check_source(src: Tensor, src_mask: Tensor, who: str, max_source_len: int | 
         raise TypeError(f"{who}: src_mask must be a bool tensor (True at real tokens), got {src_mask.dtype}")
     if src.shape[0] == 0 or src.shape[1] == 0:
         raise ValueError(f"{who}: empty batch (src has shape {tuple(src.shape)})")
+    if _checked_on_host(src) and _checked_on_host(src_mask):
+        return  # its values were checked on the CPU (see host_checked): nothing to read back
     lengths = src_mask.sum(dim=1)
     if bool((lengths == 0).any()):
         rows = torch.nonzero(lengths == 0).flatten().tolist()[:5]
@@ -108,13 +114,68 @@ def check_source(src: Tensor, src_mask: Tensor, who: str, max_source_len: int | 
 
 def check_ids(ids: Tensor, vocab_size: int | None, who: str, what: str) -> None:
     """Raise ``ValueError`` naming the offending id when ``ids`` holds one outside ``[0, vocab_size)``."""
-    if vocab_size is None or ids.numel() == 0:
+    if vocab_size is None or ids.numel() == 0 or _checked_on_host(ids):
         return
-    low, high = int(ids.min()), int(ids.max())
-    if low < 0 or high >= vocab_size:
+    _check_id_range(int(ids.min()), int(ids.max()), vocab_size, who, what)
+
+
+def _check_id_range(low: int, high: int, vocab_size: int | None, who: str, what: str) -> None:
+    if vocab_size is not None and (low < 0 or high >= vocab_size):
         bad = low if low < 0 else high
         raise ValueError(f"{who}: {what} holds the id {bad}, outside the vocabulary of {vocab_size} tokens "
                          "(was it encoded with another vocabulary?)")
+
+
+# ---------------------------------------------------------------- values checked on the host
+# A check that reads a tensor's values (``int(ids.max())``, ``lengths.cpu()``) makes the host wait
+# for the device: several per step halve the speed of a small model on a GPU. A Batch made by
+# make_batch knows those values from the CPU (HostFacts), so translation_loss checks them there
+# and marks the batch's tensors, by identity, for the duration of the model call.
+_HOST_CHECKED: ContextVar[tuple[tuple[Tensor, ...], Tensor | None, Tensor | None]] = ContextVar(
+    "tfmlib_host_checked", default=((), None, None))
+
+
+def _checked_on_host(t: Tensor) -> bool:
+    return any(t is known for known in _HOST_CHECKED.get()[0])
+
+
+def host_lengths(src_mask: Tensor) -> Tensor:
+    """The row lengths of ``src_mask`` ``(B, S)`` as a CPU ``long`` tensor ``(B,)`` (what
+    ``pack_padded_sequence`` takes): from :class:`~tfmlib.data.HostFacts` when ``src_mask`` is
+    inside :func:`host_checked`, else read back from the device."""
+    _, mask, lengths = _HOST_CHECKED.get()
+    if mask is not None and src_mask is mask:
+        return lengths
+    return src_mask.sum(dim=1).cpu()
+
+
+@contextmanager
+def host_checked(batch: Batch, who: str, max_source_len: int | None = None,
+                 src_vocab_size: int | None = None, tgt_vocab_size: int | None = None) -> Iterator[bool]:
+    """Check ``batch`` from its :class:`~tfmlib.data.HostFacts` (no value read from the device),
+    then, inside the ``with``, let :func:`check_source`, :func:`check_ids` and
+    :func:`host_lengths` take ``batch.src``, ``batch.src_mask`` and ``batch.tgt_in`` as checked.
+
+    Raises the errors :func:`check_source` and :func:`check_ids` would (naming ``who``). A batch
+    without facts (built by hand, or whose tensors were replaced) is left to those checks as
+    before; the ``with`` yields whether the facts were used.
+    """
+    facts: HostFacts | None = batch.host_facts
+    if facts is None:
+        yield False
+        return
+    longest = max(facts.src_lengths)
+    if max_source_len is not None and longest > max_source_len:
+        raise ValueError(f"{who}: a source of {longest} tokens (EOS included) is longer than "
+                         f"this model's max_source_len={max_source_len}")
+    _check_id_range(*facts.src_ids, src_vocab_size, who, "src")
+    _check_id_range(*facts.tgt_ids, tgt_vocab_size, who, "tgt_in")
+    lengths = torch.tensor(facts.src_lengths, dtype=torch.long)
+    token = _HOST_CHECKED.set(((batch.src, batch.src_mask, batch.tgt_in), batch.src_mask, lengths))
+    try:
+        yield True
+    finally:
+        _HOST_CHECKED.reset(token)
 
 
 class GRUEncoder(nn.Module):
@@ -140,12 +201,18 @@ class GRUEncoder(nn.Module):
         return self.directions * self.hidden
 
     def forward(self, src: Tensor, src_mask: Tensor) -> tuple[Tensor, Tensor]:
-        lengths = src_mask.sum(dim=1).cpu()
-        packed = pack_padded_sequence(self.dropout(self.embed(src)), lengths, batch_first=True,
-                                      enforce_sorted=False)
+        # What pack_padded_sequence(enforce_sorted=False) and pad_packed_sequence do, with the
+        # sorting done on the CPU lengths: pad_packed_sequence would read its permutation back from
+        # the device (a host sync per call) only to return lengths we already know.
+        lengths, order = torch.sort(host_lengths(src_mask), descending=True)
+        unorder = torch.empty_like(order)
+        unorder[order] = torch.arange(order.numel())
+        order, unorder = order.to(src.device), unorder.to(src.device)
+        packed = pack_padded_sequence(self.dropout(self.embed(src)).index_select(0, order), lengths,
+                                      batch_first=True)
         states, final = self.rnn(packed)
         states, _ = pad_packed_sequence(states, batch_first=True, total_length=src.shape[1])
-        return states, final
+        return states.index_select(0, unorder), final.index_select(1, unorder)
 
 
 class DeepOutput(nn.Module):
@@ -284,17 +351,21 @@ def translation_loss(model: nn.Module, batch: Batch, teacher_forcing: float = 1.
 
     Padded target positions (``PAD_ID`` in ``tgt_out``) do not count, so a sentence's loss does
     not depend on how long its batch neighbours are. ``model(src, src_mask, tgt_in, ...)`` must
-    return logits ``(B, T, V)``.
+    return logits ``(B, T, V)``. A batch from :func:`~tfmlib.data.make_batch` is counted and
+    checked from its CPU-side facts (:func:`host_checked`): no step waits for the device to read
+    a length, a count or an id back.
     """
     if not isinstance(batch, Batch):
         raise TypeError(f"translation_loss: expected a Batch, got {type(batch).__name__}")
     n_tokens = batch.num_target_tokens
     if n_tokens == 0:
         raise ValueError("translation_loss: the batch has no target tokens")
-    if teacher_forcing == 1.0:
-        logits = model(batch.src, batch.src_mask, batch.tgt_in)
-    else:
-        logits = model(batch.src, batch.src_mask, batch.tgt_in, teacher_forcing=teacher_forcing)
+    with host_checked(batch, type(model).__name__, getattr(model, "max_source_len", None),
+                      getattr(model, "src_vocab_size", None), getattr(model, "tgt_vocab_size", None)):
+        if teacher_forcing == 1.0:
+            logits = model(batch.src, batch.src_mask, batch.tgt_in)
+        else:
+            logits = model(batch.src, batch.src_mask, batch.tgt_in, teacher_forcing=teacher_forcing)
     if logits.shape[:2] != batch.tgt_out.shape:
         raise ValueError(f"translation_loss: logits {tuple(logits.shape)} do not match the targets "
                          f"{tuple(batch.tgt_out.shape)}")
