@@ -10,6 +10,7 @@ from torch import nn
 
 from tfmlib.data import BOS_ID, EOS_ID, PAD_ID
 from tfmlib.rnn import (
+    MPS_RNN_ISSUES,
     GRUCellScratch,
     GRULanguageModel,
     GRUScratch,
@@ -20,6 +21,7 @@ from tfmlib.rnn import (
     copy_gru_weights,
     copy_rnn_cell_weights,
     lm_loss,
+    recurrent_device,
     unrolled_gru_state,
     unrolled_gru_weights,
 )
@@ -364,3 +366,36 @@ def test_lm_loss_counts_real_targets_and_rejects_bad_batches():
         lm_loss(model, (inputs, torch.full_like(targets, PAD_ID)))
     with pytest.raises(ValueError, match="differ"):
         lm_loss(model, (inputs, targets[:, :-1]))
+
+
+# ----------------------------------------------------------------------------- MPS routing
+
+
+def test_recurrent_device_keeps_recurrent_modules_off_mps_only():
+    # torch.device("mps") can be named on any machine: the routing is a decision, tested as one.
+    from tfmlib.rnn_attention import AttentionSeq2Seq, SelfAttentiveClassifier
+    from tfmlib.seq2seq import Seq2Seq
+    from tfmlib.transformer import Transformer
+
+    recurrent = [GRULanguageModel(10, 4, 4), RNNLanguageModel(10, 4, 4), Seq2Seq(10, 10, embed=4, hidden=4),
+                 AttentionSeq2Seq(10, 10, embed=4, enc_hidden=4, hidden=4, attn_size=4),
+                 SelfAttentiveClassifier(10, 2, embed=4, hidden=4, attn_size=4, hops=1, mlp=4),
+                 nn.Sequential(nn.Linear(2, 2), nn.LSTM(2, 2))]
+    others = [Transformer(10, 10, d_model=8, heads=2, encoder_layers=1, decoder_layers=1, d_ff=8),
+              nn.GRUCell(3, 3), GRUScratch(3, 3)]
+    for model in recurrent:
+        assert recurrent_device("mps", model) == torch.device("cpu"), \
+            f"{type(model).__name__} holds an nn.RNNBase and must leave MPS"
+        assert recurrent_device(torch.device("mps:0"), model) == torch.device("cpu")
+    for model in others:
+        assert recurrent_device("mps", model) == torch.device("mps"), \
+            f"{type(model).__name__} has no nn.RNNBase and should stay on MPS"
+    for model in recurrent + others:
+        for dev in ("cpu", "cuda", "cuda:1"):
+            assert recurrent_device(dev, model) == torch.device(dev), f"{dev} must never be rerouted"
+    with pytest.raises(TypeError, match="device must be"):
+        recurrent_device(3, nn.GRU(2, 2))
+    with pytest.raises(TypeError, match="model must be"):
+        recurrent_device("mps", "gru")
+    issues = MPS_RNN_ISSUES.values()
+    assert all(url.startswith("https://github.com/pytorch/pytorch/issues/") for url in issues), issues

@@ -309,3 +309,19 @@ def test_gru_encoder_equals_the_packed_reference_and_uses_host_lengths():
             enc(batch.src, batch.src_mask)
     assert used and lengths, "the batch's facts were not used"
     assert "cpu" not in seen.reads and "tolist" not in seen.reads, f"lengths read back: {seen.reads}"
+
+
+def test_train_translator_routes_a_gru_model_off_mps(capsys):
+    # On a machine without MPS, asking for it would fail at model.to("mps"); the routing moves
+    # the GRU model to the CPU first, so this runs anywhere and must say so.
+    vocab = Vocab.build([["a", "b", "c"]])
+    from tfmlib.data import TranslationDataset
+
+    data = TranslationDataset([("a b", "b a"), ("c", "c"), ("a c", "c a")] * 4, vocab, vocab)
+    model = Seq2Seq(len(vocab), len(vocab), embed=4, hidden=4)
+    history, _ = train_translator(model, data, epochs=1, batch_size=4, lr=1e-3, device="mps",
+                                  verbose=False)
+    assert len(history.step_loss) == 3, "training should have run on the CPU"
+    assert next(model.parameters()).device.type == "cpu", "the model must be left on the CPU"
+    out = capsys.readouterr().out
+    assert "trains on the CPU, not mps" in out and "pytorch/pytorch/issues/102911" in out, out

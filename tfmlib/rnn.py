@@ -11,6 +11,8 @@ Introduced in chapter 01 (recurrent networks and the GRU).
   GRU: the last hidden state is a convex combination of the initial state and every candidate.
 * :class:`GRULanguageModel` (and :class:`RNNLanguageModel`, the same with a vanilla RNN) is the
   fast version later code uses: an embedding, ``nn.GRU`` and a linear read-out.
+* :func:`recurrent_device` keeps PyTorch's recurrent modules off Apple's MPS, where they are
+  known to fail (:data:`MPS_RNN_ISSUES`).
 
 Shapes: ``B`` batch, ``T`` time steps, ``I`` input features, ``H`` hidden units, ``V`` vocabulary.
 """
@@ -43,6 +45,8 @@ __all__ = [
     "copy_gru_weights",
     "copy_rnn_cell_weights",
     "lm_loss",
+    "MPS_RNN_ISSUES",
+    "recurrent_device",
     "unrolled_gru_weights",
     "unrolled_gru_state",
 ]
@@ -497,3 +501,32 @@ def lm_loss(model: nn.Module, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, int
     logits = model(inputs)                                  # (B, T, V)
     loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=PAD_ID)
     return loss, n_tokens
+
+
+# PyTorch's own issue tracker, open at the time of writing (check them before removing the routing):
+MPS_RNN_ISSUES: dict[str, str] = {
+    "backward through a packed sequence (nn.GRU/nn.LSTM) fails with grad_y missing or crashes the kernel":
+        "https://github.com/pytorch/pytorch/issues/102911",
+    "nn.GRU on MPS outputs NaN where the CPU gives finite values":
+        "https://github.com/pytorch/pytorch/issues/94691",
+}
+
+
+def recurrent_device(device: torch.device | str, model: nn.Module) -> torch.device:
+    """The device to run ``model`` on when ``device`` was asked for: ``device`` itself, except the
+    CPU when ``device`` is Apple's MPS and ``model`` holds one of PyTorch's recurrent modules
+    (``nn.GRU``, ``nn.RNN``, ``nn.LSTM``: any ``nn.RNNBase``), whose MPS kernels are known to fail
+    (:data:`MPS_RNN_ISSUES`). The cells (``nn.GRUCell``) and the Transformer keep the device.
+
+    ``recurrent_device("mps", Seq2Seq(...))`` is ``cpu``; on CUDA and the CPU nothing changes.
+    """
+    if isinstance(device, str):
+        device = torch.device(device)
+    if not isinstance(device, torch.device):
+        raise TypeError(f"recurrent_device: device must be a torch.device or a str, got "
+                        f"{type(device).__name__}")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"recurrent_device: model must be an nn.Module, got {type(model).__name__}")
+    if device.type == "mps" and any(isinstance(m, nn.RNNBase) for m in model.modules()):
+        return torch.device("cpu")
+    return device

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from tfmlib.data import BOS_ID, PAD_ID, Batch, HostFacts, TranslationDataset, make_loader
+from tfmlib.rnn import MPS_RNN_ISSUES, recurrent_device
 from tfmlib.train import History, fit, warmup_inverse_sqrt
 
 INTRODUCED_IN = 2
@@ -406,7 +407,17 @@ def train_translator(
     Adam's ``betas`` (0.9, 0.98) and ``adam_eps`` (1e-9), and ``warmup_steps``, which makes ``lr``
     the peak of :func:`~tfmlib.train.warmup_inverse_sqrt`'s schedule (a constant ``lr`` when
     ``None``).
+
+    On Apple's MPS a model with PyTorch's recurrent modules (the GRU encoders) trains on the CPU
+    instead, with a printed line saying so (:func:`~tfmlib.rnn.recurrent_device`): their MPS
+    kernels are known to fail in the backward pass of packed sequences and to give NaN.
     """
+    wanted = torch.device(device)
+    device = recurrent_device(wanted, model)
+    if device != wanted:
+        print(f"train_translator: {type(model).__name__} trains on the {device.type.upper()}, not "
+              f"{wanted}: PyTorch's recurrent modules are known to fail there "
+              f"({', '.join(MPS_RNN_ISSUES.values())})")
     torch.manual_seed(seed)
     loader = make_loader(dataset, batch_size, shuffle=True, seed=seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, betas=betas, eps=adam_eps)
