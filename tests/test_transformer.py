@@ -189,6 +189,7 @@ def test_the_decoder_never_reads_later_target_tokens():
 
 def test_step_by_step_decoding_equals_the_teacher_forced_pass():
     model = small_transformer()
+    model.kv_cache = False  # chapters 07-08's state: the prefix, re-read at every step
     _, b = random_batch(5, batch=3)
     full = model(b.src, b.src_mask, b.tgt_in)
     enc = model.encode(b.src, b.src_mask)
@@ -199,6 +200,28 @@ def test_step_by_step_decoding_equals_the_teacher_forced_pass():
         state = step.state
         torch.testing.assert_close(step.logits, full[:, t])
     assert torch.equal(state, b.tgt_in)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_cached_decoding_equals_the_teacher_forced_pass(norm_first):
+    """Chapter 09's cache: the same logits at every step as the whole target read at once."""
+    model = small_transformer(norm_first=norm_first)
+    assert model.kv_cache, "the cache is the default"
+    _, b = random_batch(5, batch=3)
+    full = model(b.src, b.src_mask, b.tgt_in)
+    enc = model.encode(b.src, b.src_mask)
+    state = enc.state
+    assert state.length == 0 and len(state.layers) == len(model.decoder.layers)
+    for t in range(b.tgt_in.shape[1]):
+        step = model.decode_step(b.tgt_in[:, t], state, enc)
+        state = step.state
+        assert state.length == t + 1, "one position is cached per step"
+        torch.testing.assert_close(step.logits, full[:, t], atol=1e-5, rtol=1e-5)
+    too_long = model.encode(b.src, b.src_mask).state
+    for layer in too_long.layers:
+        layer.length = model.max_target_len
+    with pytest.raises(ValueError, match="max_len"):
+        model.decode_step(b.tgt_in[:, 0], too_long, enc)
 
 
 def test_embeddings_are_scaled_and_the_output_is_tied():
