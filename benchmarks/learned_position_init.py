@@ -12,8 +12,11 @@ weaker: 5.7x at d = 64, 16x at d = 512). This script measures both:
    sequences after a fixed number of steps.
 
     python benchmarks/learned_position_init.py [--d-model 64] [--steps 300] [--seeds 0 1 2]
+                                               [--device cuda] [--smoke]
 
-Prints two tables and writes ``benchmarks/results/learned_position_init.json``.
+Prints two tables and writes ``benchmarks/results/learned_position_init.json`` (``--smoke``: a few
+steps, written to the temporary folder). Nothing here compares timings: each run's ``seconds`` is
+its wall clock (every step reads its loss back, so the device's work is inside it).
 """
 
 from __future__ import annotations
@@ -35,7 +38,14 @@ from tfmlib.seq2seq import translation_loss
 from tfmlib.transformer import Transformer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import describe, where_it_ran  # noqa: E402  (where it ran: one function for every script)
+from _machine import (  # noqa: E402  (where it ran: one module for every script)
+    add_run_options,
+    chosen_device,
+    describe,
+    output_path,
+    run_config,
+    where_it_ran,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results" / "learned_position_init.json"
 VOCAB = 24          # 4 special tokens + 20 words
@@ -64,23 +74,25 @@ def reversal_batch(g: torch.Generator, n: int):
     return make_batch(examples)
 
 
-def train(init_std: float, d: int, steps: int, seed: int, batch: int) -> dict:
+def train(init_std: float, d: int, steps: int, seed: int, batch: int,
+          device: torch.device | str = "cpu") -> dict:
     torch.manual_seed(seed)
     model = Transformer(VOCAB, VOCAB, d_model=d, heads=4, encoder_layers=2, decoder_layers=2, d_ff=2 * d,
                         dropout=0.0, positional="learned", max_len=MAX_LEN + 2)
     with torch.no_grad():
         for pos in (model.src_pos, model.tgt_pos):
             nn.init.normal_(pos.table, 0.0, init_std)
+    model.to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(1000 + seed)
     start, losses = time.perf_counter(), []
     for _ in range(steps):
-        loss, _ = translation_loss(model, reversal_batch(g, batch))
+        loss, _ = translation_loss(model, reversal_batch(g, batch).to(device))
         opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    test = reversal_batch(torch.Generator().manual_seed(99), 256)
+    test = reversal_batch(torch.Generator().manual_seed(99), 256).to(device)
     out = greedy_decode(model, test.src, test.src_mask, max_len=MAX_LEN + 1)
     L = min(out.tokens.shape[1], test.tgt_out.shape[1])
     real = test.tgt_mask[:, :L]
@@ -96,8 +108,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--scale-widths", type=int, nargs="+", default=[64, 256, 512])
+    add_run_options(parser)
     args = parser.parse_args()
-    machine = where_it_ran("cpu")
+    if args.smoke:
+        args.d_model, args.steps, args.batch, args.seeds, args.scale_widths = 16, 3, 8, [0], [16]
+    device = chosen_device(args)
+    machine = where_it_ran(device)
     print(f"learned position tables at initialisation and after {args.steps} steps; {describe(machine)}")
 
     scale_rows = [scales(d) for d in args.scale_widths]
@@ -110,7 +126,7 @@ def main() -> None:
 
     d = args.d_model
     inits = {"2^-1/2 (new)": 2 ** -0.5, "d^-1/2 (old)": d ** -0.5}
-    runs = {name: [train(std, d, args.steps, seed, args.batch) for seed in args.seeds]
+    runs = {name: [train(std, d, args.steps, seed, args.batch, device) for seed in args.seeds]
             for name, std in inits.items()}
     print(f"\nreversal task, d_model {d}, 2+2 layers, {args.steps} Adam steps of {args.batch} sequences, "
           f"seeds {args.seeds}")
@@ -119,16 +135,17 @@ def main() -> None:
         losses = " ".join(f"{r['final_loss']:.3f}" for r in rs)
         accuracies = " ".join(f"{r['accuracy']:.3f}" for r in rs)
         print(f"{name:>14} {losses:>30} {accuracies:>36}")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({
+    out = output_path(args, RESULTS)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
         "benchmark": "learned position table: initial scale 2^-1/2 vs d^-1/2",
-        "config": vars(args),
+        "config": run_config(args),
         **machine,
         "scales": scale_rows,
         "training": {name: [{"seed": s, **r} for s, r in zip(args.seeds, rs, strict=True)]
                      for name, rs in runs.items()},
     }, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

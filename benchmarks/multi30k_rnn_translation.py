@@ -12,7 +12,12 @@ Multi30k is read from ``--data``, by default the first of ``$TFM_CORPORA_DIR/mul
 ``data/external/multi30k`` and ``../shared/data/multi30k`` that exists; without it the script
 says so and exits cleanly (status 0). Download steps: ``tfmlib.corpora.DOWNLOAD_INSTRUCTIONS``.
 
-    python benchmarks/multi30k_rnn_translation.py [--budget-s 600] [--src de --tgt en]
+    python benchmarks/multi30k_rnn_translation.py [--budget-s 600] [--src de --tgt en] [--device cuda]
+
+``--smoke`` trains tiny models for a few seconds on 2,000 pairs and scores 100 test sentences,
+only to check that the script runs (its JSON goes to the temporary folder). Nothing here compares
+timings: the budget is training wall clock, measured by ``fit`` (which synchronises the device).
+On Apple's MPS the GRU models train on the CPU (``tfmlib.rnn.recurrent_device``).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import os
 import sys
 from pathlib import Path
 
-from tfmlib.config import pick_device, seed_everything
+from tfmlib.config import seed_everything
 from tfmlib.corpora import load_multi30k
 from tfmlib.data import TranslationDataset, build_vocabs
 from tfmlib.decoding import evaluate_translator
@@ -31,7 +36,14 @@ from tfmlib.rnn_attention import AttentionSeq2Seq
 from tfmlib.seq2seq import Seq2Seq, count_parameters, train_translator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import describe, where_it_ran  # noqa: E402  (where it ran: one function for every script)
+from _machine import (  # noqa: E402  (where it ran: one module for every script)
+    add_run_options,
+    chosen_device,
+    describe,
+    output_path,
+    run_config,
+    where_it_ran,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "multi30k_rnn_translation.json"
@@ -77,17 +89,21 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--models", nargs="+", default=["seq2seq", "attention"],
                         choices=["seq2seq", "attention"])
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    add_run_options(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.budget_s, args.embed, args.hidden, args.batch_size = 3.0, 16, 32, 32
 
     data = find_multi30k(args.data)
     if data is None:
         print("Multi30k not found (looked in $TFM_CORPORA_DIR/multi30k, data/external/multi30k, "
               "../shared/data/multi30k); nothing to do. See tfmlib.corpora.DOWNLOAD_INSTRUCTIONS.")
         sys.exit(0)
-    device = pick_device()
+    device = chosen_device(args)
     train = load_multi30k(data, "train", args.src, args.tgt)
     test = load_multi30k(data, "test_2016_flickr", args.src, args.tgt)
+    if args.smoke:
+        train, test = train[:2_000], test[:100]
     src_vocab, tgt_vocab = build_vocabs(train, min_freq=args.min_freq)
     train_data = TranslationDataset(train, src_vocab, tgt_vocab)
     max_source_len = max(train_data.lengths()) + 50
@@ -134,13 +150,14 @@ def main() -> None:
         "test_set": "test_2016_flickr",
         **where_it_ran(device),
         "budget_s_per_model": args.budget_s,
-        "config": {k: v for k, v in vars(args).items() if k not in ("out", "data")},
+        "config": {k: v for k, v in run_config(args).items() if k != "data"},
         "vocab_sizes": [len(src_vocab), len(tgt_vocab)],
         "results": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(payload, indent=1, ensure_ascii=False) + "\n")
-    print(f"wrote {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}")
+    out = output_path(args, RESULTS)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(payload, indent=1, ensure_ascii=False) + "\n")
+    print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
 
 
 if __name__ == "__main__":

@@ -7,12 +7,14 @@
    for a small and a base-like configuration. The goal is a ratio package / PyTorch of at most 1.1.
 2. Decoding: greedy and beam search of the package model, in generated tokens per second.
 
-Timings interleave the two models and report medians of several repeats, so a busy machine
-affects both alike.
+Timings go through ``tfmlib.timing.interleaved_medians``: the two models take turns, the device is
+synchronised around every sample and medians of several repeats are kept, so a busy machine
+affects both alike. Decoding is timed the same way (one contender at a time).
 
-    python benchmarks/transformer_speed.py [--repeats 7] [--configs small base]
+    python benchmarks/transformer_speed.py [--repeats 7] [--configs small base] [--device cuda] [--smoke]
 
-Prints a table and writes ``benchmarks/results/transformer_speed.json``.
+Prints a table and writes ``benchmarks/results/transformer_speed.json`` (``--smoke``: a tiny
+configuration, written to the temporary folder).
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import json
 import math
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,11 +35,18 @@ from tfmlib.attention import causal_mask
 from tfmlib.data import EOS_ID, PAD_ID, make_batch
 from tfmlib.decoding import beam_search, greedy_decode
 from tfmlib.seq2seq import EncoderDecoder, EncoderOutput, translation_loss
+from tfmlib.timing import interleaved_medians
 from tfmlib.transformer import Transformer, copy_from_torch_transformer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import describe, where_it_ran  # noqa: E402  (where it ran: one function for every script)
-from attention_speed import interleaved_medians  # noqa: E402  (the same interleaved timing)
+from _machine import (  # noqa: E402  (where it ran: one module for every script)
+    add_run_options,
+    chosen_device,
+    describe,
+    output_path,
+    run_config,
+    where_it_ran,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results" / "transformer_speed.json"
 
@@ -47,6 +55,7 @@ CONFIGS = {
     "small": dict(d_model=256, heads=4, layers=3, d_ff=1024, vocab=8000, batch=64, min_len=8, max_len=24),
     "base": dict(d_model=512, heads=8, layers=6, d_ff=2048, vocab=16000, batch=32, min_len=10, max_len=30),
 }
+SMOKE = dict(d_model=16, heads=2, layers=1, d_ff=32, vocab=50, batch=4, min_len=2, max_len=5)
 
 
 class TorchTransformer(EncoderDecoder):
@@ -116,9 +125,10 @@ def check_equal(ours: nn.Module, theirs: nn.Module, batch) -> float:
     return diff
 
 
-def time_training(models: dict[str, nn.Module], batches: list, repeats: int) -> dict[str, float]:
-    """Median seconds per optimisation step of each model, interleaving the models
-    (``attention_speed.interleaved_medians`` over one pass through ``batches``)."""
+def time_training(models: dict[str, nn.Module], batches: list, repeats: int,
+                  device: torch.device) -> dict[str, float]:
+    """Median seconds per optimisation step of each model on ``device``, interleaving the models
+    (``tfmlib.timing.interleaved_medians`` over one pass through ``batches``)."""
     optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-4) for name, m in models.items()}
 
     def steps(name: str) -> Callable[[], None]:
@@ -130,12 +140,14 @@ def time_training(models: dict[str, nn.Module], batches: list, repeats: int) -> 
                 optimizers[name].step()
         return run
 
-    medians = interleaved_medians({name: steps(name) for name in models}, repeats)
+    medians = interleaved_medians({name: steps(name) for name in models}, repeats, device=device)
     return {name: t / len(batches) for name, t in medians.items()}
 
 
-def time_decoding(model: Transformer, batch, beam_size: int, max_len: int) -> dict[str, float]:
-    """Seconds and output tokens per second of greedy decoding and beam search on ``batch``.
+def time_decoding(model: Transformer, batch, beam_size: int, max_len: int, repeats: int,
+                  device: torch.device) -> dict[str, float]:
+    """Seconds (median of ``repeats``, after a warm-up) and output tokens per second of greedy
+    decoding and beam search on ``batch``.
 
     An untrained model tends to end every sentence at once, which would time one step; so the
     end token is made unreachable (its output bias set to -1e9, on a copy of the model) and every
@@ -143,15 +155,18 @@ def time_decoding(model: Transformer, batch, beam_size: int, max_len: int) -> di
     model = copy.deepcopy(model).eval()
     with torch.no_grad():
         model.generator.bias[EOS_ID] = -1e9
+    runs = {"greedy": lambda: greedy_decode(model, batch.src, batch.src_mask, max_len=max_len),
+            f"beam{beam_size}": lambda: beam_search(model, batch.src, batch.src_mask, beam_size,
+                                                    max_len=max_len)}
     out = {}
-    for name, run in (("greedy", lambda: greedy_decode(model, batch.src, batch.src_mask, max_len=max_len)),
-                      (f"beam{beam_size}", lambda: beam_search(model, batch.src, batch.src_mask, beam_size,
-                                                               max_len=max_len))):
-        run()
-        start = time.perf_counter()
-        decoded = run()
-        seconds = time.perf_counter() - start
-        tokens = int((decoded.tokens != PAD_ID).sum())  # every generated position
+    for name, run in runs.items():
+        last = []  # the output of the latest call, to count its tokens after timing
+
+        def call(run: Callable = run, last: list = last) -> None:
+            last[:] = [run()]
+
+        seconds = interleaved_medians({name: call}, repeats, warmup=1, device=device)[name]
+        tokens = int((last[0].tokens != PAD_ID).sum())  # every generated position
         out[name] = {"seconds": round(seconds, 3), "tokens": tokens,
                      "tokens_per_s": round(tokens / seconds, 1)}
     return out
@@ -163,17 +178,25 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--batches", type=int, default=3, help="batches per timed repeat")
     parser.add_argument("--beam-size", type=int, default=4)
+    parser.add_argument("--decode-repeats", type=int, default=1,
+                        help="timed decoding calls after one warm-up (base beam: ~1 min each on 2 cores)")
+    add_run_options(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.configs, args.repeats, args.batches = ["smoke"], 2, 1
+    device = chosen_device(args)
 
     rows = []
     for name in args.configs:
-        cfg = CONFIGS[name]
+        cfg = SMOKE if name == "smoke" else CONFIGS[name]
         ours, theirs = build_pair(cfg)
-        batches = random_batches(cfg, args.batches, seed=1)
+        ours, theirs = ours.to(device), theirs.to(device)
+        batches = [b.to(device) for b in random_batches(cfg, args.batches, seed=1)]
         diff = check_equal(ours, theirs, batches[0])
-        t = time_training({"tfmlib": ours, "nn.Transformer": theirs}, batches, args.repeats)
+        t = time_training({"tfmlib": ours, "nn.Transformer": theirs}, batches, args.repeats, device)
         tokens = statistics.mean(b.num_target_tokens for b in batches)
-        decode = time_decoding(ours, batches[0], args.beam_size, max_len=cfg["max_len"] + 10)
+        decode = time_decoding(ours, batches[0], args.beam_size, max_len=cfg["max_len"] + 10,
+                               repeats=args.decode_repeats, device=device)
         rows.append({"config": name, **cfg, "max_abs_logit_diff": diff,
                      "step_s_tfmlib": round(t["tfmlib"], 4), "step_s_torch": round(t["nn.Transformer"], 4),
                      "ratio": round(t["tfmlib"] / t["nn.Transformer"], 3),
@@ -181,7 +204,7 @@ def main() -> None:
                      "train_tokens_per_s_torch": round(tokens / t["nn.Transformer"], 1),
                      "decoding": decode})
 
-    machine = where_it_ran("cpu")
+    machine = where_it_ran(device)
     print(f"training step (forward + backward + Adam), median of {args.repeats} x {args.batches} batches, "
           f"{describe(machine)}")
     print(f"{'config':>7} {'tfmlib s':>9} {'nn.Transformer s':>17} {'ratio':>6} {'tokens/s':>9} "
@@ -191,14 +214,16 @@ def main() -> None:
         print(f"{r['config']:>7} {r['step_s_tfmlib']:>9.3f} {r['step_s_torch']:>17.3f} {r['ratio']:>6.2f} "
               f"{r['train_tokens_per_s_tfmlib']:>9.0f} {d['greedy']['tokens_per_s']:>13.0f} "
               f"{d[f'beam{args.beam_size}']['tokens_per_s']:>12.0f}")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({
+    out = output_path(args, RESULTS)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
         "benchmark": "tfmlib Transformer vs nn.Transformer: training step; decoding speed",
-        "config": vars(args),
+        "timing": "tfmlib.timing.interleaved_medians (medians, device synchronised)",
+        "config": run_config(args),
         **machine,
         "rows": rows,
     }, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
