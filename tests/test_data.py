@@ -14,9 +14,11 @@ from tfmlib.data import (
     UNK_ID,
     Batch,
     BucketBatchSampler,
+    TokenBatchSampler,
     TranslationDataset,
     Vocab,
     make_batch,
+    make_token_loader,
     pad_sequences,
     padding_fraction,
     tokenize,
@@ -255,3 +257,43 @@ def test_num_target_tokens_reads_no_tensor_when_facts_are_known():
     # facts about other tensors (a replaced field of another shape) are not used
     b.tgt_in = b.tgt_in[:, :-1]
     assert b.host_facts is None, "facts whose shapes no longer match the tensors must be ignored"
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_token_batches_cover_every_example_once_within_the_budget(shuffle):
+    rng = random.Random(5)
+    lengths = [rng.randint(1, 40) for _ in range(700)]
+    sampler = TokenBatchSampler(lengths, max_tokens=300, shuffle=shuffle, pool_size=128, seed=3)
+    batches = list(sampler)
+    flat = sorted(i for b in batches for i in b)
+    assert flat == list(range(len(lengths))), "every example must appear exactly once per epoch"
+    padded = [len(b) * (1 + max(lengths[i] for i in b)) for b in batches]
+    assert max(padded) <= 300, f"a batch exceeds max_tokens: {max(padded)}"
+    # greedy cutting: most batches are nearly full (short sentences come many to a batch)
+    assert sorted(padded)[len(padded) // 2] > 300 * 0.75, f"batches far from the budget: {padded}"
+    sizes = {len(b) for b in batches}
+    assert len(sizes) > 3, f"the batch size should follow the lengths, got sizes {sizes}"
+    if shuffle:
+        again = TokenBatchSampler(lengths, max_tokens=300, shuffle=True, pool_size=128, seed=3)
+        assert list(again) == batches, "the same seed must give the same first epoch"
+        assert list(sampler) != batches, "a new epoch must give a new order"
+    else:
+        assert [lengths[i] for b in batches for i in b] == sorted(lengths), "unshuffled must be sorted"
+
+
+def test_token_batches_reject_bad_arguments_and_make_loaders():
+    with pytest.raises(ValueError, match="example 1 has 11 tokens"):
+        TokenBatchSampler([3, 10], max_tokens=10)
+    with pytest.raises(ValueError, match="max_tokens must be an int >= 1"):
+        TokenBatchSampler([3], max_tokens=0)
+    with pytest.raises(ValueError, match="empty dataset"):
+        TokenBatchSampler([], max_tokens=10)
+    pairs = [(" ".join(["a"] * n), " ".join(["b"] * (n % 5 + 1))) for n in range(1, 30)]
+    src_v, tgt_v = Vocab.build([["a"]]), Vocab.build([["b"]])
+    loader = make_token_loader(TranslationDataset(pairs, src_v, tgt_v), max_tokens=64, seed=1)
+    seen = 0
+    for batch in loader:
+        assert batch.src.numel() <= 64 and batch.tgt_in.numel() <= 64, "padded batch above max_tokens"
+        assert batch.host_facts is not None, "token batches are made by make_batch"
+        seen += len(batch)
+    assert seen == len(pairs) and len(loader) >= 29 * 8 // 64

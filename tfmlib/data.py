@@ -1,4 +1,5 @@
-"""Text to tensors: tokenizer, vocabulary, padding with masks, and bucket-by-length batching.
+"""Text to tensors: tokenizer, vocabulary, padding with masks, and bucket-by-length batching
+(a fixed number of sentences per batch, or about a fixed number of tokens).
 
 Introduced in chapter 00 (preface); used by every chapter that trains on text.
 
@@ -439,6 +440,80 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
     def __len__(self) -> int:
         n = len(self.lengths)
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+
+class TokenBatchSampler(torch.utils.data.Sampler[list[int]]):
+    """Yields batches of indices holding about ``max_tokens`` padded tokens each.
+
+    The batch size follows the sentence length: many short sentences or a few long ones, so
+    that every step does about the same work (what Vaswani et al. 2017 do, section 5.1: "each
+    training batch contained a set of sentence pairs containing approximately 25000 source tokens
+    and 25000 target tokens"). As in :class:`BucketBatchSampler`: shuffle the indices, cut them
+    into pools of ``pool_size``, sort each pool by length and cut it, here greedily, into batches
+    whose padded size ``len(batch) * (1 + longest length)`` (BOS/EOS included) stays within
+    ``max_tokens``; then shuffle the batches. ``shuffle=False`` gives the sorted order.
+
+    Raises ``ValueError`` for an example that alone exceeds ``max_tokens`` (name its index).
+    """
+
+    def __init__(self, lengths: Sequence[int], max_tokens: int, shuffle: bool = True,
+                 pool_size: int = 4096, seed: int = 0):
+        for name, value in (("max_tokens", max_tokens), ("pool_size", pool_size)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"TokenBatchSampler: {name} must be an int >= 1, got {value!r}")
+        if len(lengths) == 0:
+            raise ValueError("TokenBatchSampler: no lengths (empty dataset)")
+        self.lengths = list(lengths)
+        too_long = [i for i, n in enumerate(self.lengths) if n + 1 > max_tokens]
+        if too_long:
+            i = too_long[0]
+            raise ValueError(f"TokenBatchSampler: example {i} has {self.lengths[i] + 1} tokens with BOS/EOS, "
+                             f"more than max_tokens={max_tokens}")
+        self.max_tokens, self.shuffle, self.pool_size, self.seed = max_tokens, shuffle, pool_size, seed
+        self.epoch = 0
+
+    def _cut(self, ordered: list[int]) -> list[list[int]]:
+        batches, batch, longest = [], [], 0
+        for i in ordered:
+            n = self.lengths[i] + 1
+            if batch and (len(batch) + 1) * max(longest, n) > self.max_tokens:
+                batches.append(batch)
+                batch, longest = [], 0
+            batch.append(i)
+            longest = max(longest, n)
+        if batch:
+            batches.append(batch)
+        return batches
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        """The batches of ``epoch`` (the same for the same seed and epoch)."""
+        idx = list(range(len(self.lengths)))
+        if not self.shuffle:
+            idx.sort(key=lambda i: self.lengths[i])
+            return self._cut(idx)
+        rng = random.Random(self.seed + epoch)
+        rng.shuffle(idx)
+        chunks = []
+        for p in range(0, len(idx), self.pool_size):
+            chunks += self._cut(sorted(idx[p:p + self.pool_size], key=lambda i: self.lengths[i]))
+        rng.shuffle(chunks)
+        return chunks
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = self.batches(self.epoch)
+        self.epoch += 1
+        return iter(batches)
+
+    def __len__(self) -> int:
+        return len(self.batches(self.epoch))
+
+
+def make_token_loader(dataset: TranslationDataset, max_tokens: int, shuffle: bool = True,
+                      seed: int = 0) -> torch.utils.data.DataLoader:
+    """A ``DataLoader`` of :class:`Batch` objects of about ``max_tokens`` padded tokens each
+    (:class:`TokenBatchSampler`), bucketed by length."""
+    sampler = TokenBatchSampler(dataset.lengths(), max_tokens, shuffle=shuffle, seed=seed)
+    return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=make_batch)
 
 
 def padding_fraction(batches: Iterable[Sequence[int]], lengths: Sequence[int]) -> float:
