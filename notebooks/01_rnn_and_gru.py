@@ -1278,6 +1278,7 @@ def gates_for_weights(w: Tensor) -> Tensor:
 
 exercises.check("01.gates_for_weights", gates_for_weights)
 
+# %% [markdown]
 # ## References
 #
 # * J. L. Elman (1990). *Finding structure in time.* Cognitive Science 14(2), 179–211. The simple
