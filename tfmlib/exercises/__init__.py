@@ -6,10 +6,10 @@ registers them all, so a reader only ever types::
 
     from tfmlib import exercises
 
-    def rnn_step(x, h, W_xh, W_hh, b):
+    def gates_for_weights(w):
         raise NotImplementedError  # your code here
 
-    exercises.check("01.rnn_step", rnn_step)
+    exercises.check("01.gates_for_weights", gates_for_weights)
 
 ``check`` prints "not solved yet" and a hint while the stub raises ``NotImplementedError``, says
 what is wrong for a wrong answer, and never stops the notebook. The solutions notebook passes

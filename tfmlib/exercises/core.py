@@ -5,10 +5,10 @@ Introduced in chapter 00 (preface). The checkers themselves live one module per 
 
 In a chapter, a reader fills in a stub and calls :func:`check`::
 
-    def rnn_step(x, h, W_xh, W_hh, b):
+    def gates_for_weights(w):
         raise NotImplementedError  # your code here
 
-    exercises.check("01.rnn_step", rnn_step)
+    exercises.check("01.gates_for_weights", gates_for_weights)
 
 ``check`` prints "not solved yet" and a hint while the stub raises ``NotImplementedError``, says
 what is wrong for a wrong answer, and never stops the notebook. The solutions notebook passes
