@@ -53,6 +53,13 @@
 # (sinusoidal positions) and chapter 02 (the `EncoderDecoder` interface, the training recipe,
 # greedy decoding). The code it finishes is `tfmlib.transformer`; chapter 08 trains it to
 # translate.
+#
+# **Where it runs.** Everything that trains (the parity runs of section 1, sections 9 and 10)
+# and section 9's gradients at initialisation run on `run.device`, the GPU when there is one.
+# The other checks (linearity, collapse, LayerNorm, masks, the comparison with PyTorch, the
+# walk through one batch) stay on the CPU whatever the device, most of them in float64: they
+# compare with round-off ($10^{-12}$ and below), which float32 or a GPU's differently ordered
+# sums would blur, and each is a few forward and backward passes, not training.
 
 # %%
 from __future__ import annotations  # lets the classes below name themselves in type hints
@@ -61,7 +68,6 @@ import copy
 import itertools
 import math
 import os
-import time
 import warnings
 from collections.abc import Callable
 from typing import NamedTuple
@@ -86,7 +92,7 @@ from tfmlib.config import setup
 from tfmlib.corpora import load_corpus
 from tfmlib.data import PAD_ID, SPECIAL_TOKENS, TranslationDataset, Vocab, build_vocabs, make_batch, tokenize
 from tfmlib.decoding import greedy_decode
-from tfmlib.plot import plot_heatmap
+from tfmlib.plot import plot_heatmap, plot_over_seeds
 from tfmlib.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from tfmlib.seq2seq import (
     EncoderDecoder,
@@ -98,29 +104,28 @@ from tfmlib.seq2seq import (
     train_translator,
 )
 from tfmlib.train import fit
-from tfmlib.transformer import (  # argument checks and small copy helpers, not shown
-    _activation,
-    _check_dropout,
-    _check_layer_kind,
-    _copy_linear,
-    _copy_norm,
-    _positive_int,
-)
+from tfmlib.transformer import ACTIVATIONS
 
 run = setup(
     seed=0,
     smoke=dict(parity_steps=30, depth=6, init_seeds=1,
                stability=dict(layers=2, d_model=32, steps=10, warmup=4, lr=3e-3, batch=16, pairs=400, max_len=16,
-                              seeds=1),
-               copy=dict(pairs=300, epochs=1, d_model=32, layers=1, batch=32, lr=3e-3, warmup=5)),
+                              seeds=1, budget_s=None),
+               copy=dict(pairs=300, epochs=1, d_model=32, layers=1, batch=32, lr=3e-3, warmup=5, budget_s=None)),
     cpu=dict(parity_steps=500, depth=24, init_seeds=3,
              stability=dict(layers=12, d_model=64, steps=150, warmup=50, lr=3e-3, batch=32, pairs=20_000,
-                            max_len=16, seeds=3),
-             copy=dict(pairs=4_000, epochs=4, d_model=64, layers=2, batch=64, lr=3e-3, warmup=30)),
+                            max_len=16, seeds=3, budget_s=None),
+             copy=dict(pairs=4_000, epochs=4, d_model=64, layers=2, batch=64, lr=3e-3, warmup=30, budget_s=None)),
+    # gpu, estimated on one H100 from issue 13's step costs (launch-bound at these sizes):
+    #   parity: 9 runs x 500 full-batch steps of a 1-layer model, ~3 ms each          ~ 15 s
+    #   stability: 3 seeds x 4 runs x 150 steps of a 12-layer stack, ~50 ms each      ~ 90 s
+    #   copy: 8,000 pairs / 64 x 8 epochs = 1,000 steps of a 2 + 2-layer model, ~20 ms ~ 20 s
+    #   total ~ 125 s of training; budget_s caps each stability run (12 x 12 s) and the copy run
+    #   (40 s), so a slower GPU ends on time with fewer steps (reported in the outputs)
     gpu=dict(parity_steps=500, depth=24, init_seeds=5,
              stability=dict(layers=12, d_model=64, steps=150, warmup=50, lr=3e-3, batch=32, pairs=20_000,
-                            max_len=16, seeds=3),
-             copy=dict(pairs=8_000, epochs=8, d_model=64, layers=2, batch=64, lr=3e-3, warmup=30)),
+                            max_len=16, seeds=3, budget_s=12.0),
+             copy=dict(pairs=8_000, epochs=8, d_model=64, layers=2, batch=64, lr=3e-3, warmup=30, budget_s=40.0)),
 )
 
 # %% [markdown]
@@ -137,6 +142,40 @@ run = setup(
 # in every layer), and no exchange between positions, which is attention's job. The paper
 # describes it as two convolutions with kernel size 1. Later models often use the GELU instead
 # of the ReLU; the package accepts both.
+#
+# Three small argument checks, shared by every module of this chapter, come first: the
+# activation by name or as a callable, positive integer sizes, and a dropout rate in $[0, 1)$.
+
+# %%
+# tfmlib-source: tfmlib.transformer._activation
+def _activation(who: str, activation: str | Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
+    """The function an ``activation`` argument names: a key of :data:`ACTIVATIONS`, or a callable
+    (a function such as ``F.gelu`` or a module such as ``nn.GELU()``), as PyTorch's layers accept."""
+    if isinstance(activation, str):
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"{who}: activation must be one of {sorted(ACTIVATIONS)} or a callable, "
+                             f"got {activation!r}")
+        return ACTIVATIONS[activation]
+    if not callable(activation):
+        raise ValueError(f"{who}: activation must be one of {sorted(ACTIVATIONS)} or a callable, got "
+                         f"{type(activation).__name__}")
+    return activation
+
+
+# %%
+# tfmlib-source: tfmlib.transformer._positive_int
+def _positive_int(who: str, **values: object) -> None:
+    for name, v in values.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{who}: {name} must be a positive int, got {v!r}")
+
+
+# %%
+# tfmlib-source: tfmlib.transformer._check_dropout
+def _check_dropout(who: str, p: float) -> None:
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"{who}: dropout must be in [0, 1), got {p}")
+
 
 # %%
 # tfmlib-source: tfmlib.transformer.FeedForward
@@ -306,22 +345,25 @@ parity_models = {"feed-forward only": dict(attention=False), "attention only": d
                  "attention + feed-forward": {}}
 parity_seeds = range(run.seed, run.seed + 3)
 parity_results = {name: [] for name in parity_models}          # per model, one result dict per seed
+tokens_dev, parity_dev = tokens.to(run.device), parity.to(run.device)
 for (name, switches), seed in tqdm(list(itertools.product(parity_models.items(), parity_seeds)), desc="parity"):
     torch.manual_seed(seed)
-    model = ParityClassifier(**switches)
+    model = ParityClassifier(**switches).to(run.device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    losses, step_accuracy = [], []
+    step_losses, step_correct = [], []           # kept on the device, read once after the loop
     for _ in range(run.parity_steps):                                       # full batch: all 32 inputs
-        logits = model(tokens)
-        loss = F.cross_entropy(logits, parity)
+        logits = model(tokens_dev)
+        loss = F.cross_entropy(logits, parity_dev)
         optimizer.zero_grad()
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        losses.append(loss.item())
-        step_accuracy.append((logits.argmax(-1) == parity).float().mean().item())   # before this step's update
+        step_losses.append(loss.detach())
+        step_correct.append((logits.argmax(-1) == parity_dev).float().mean())   # before this step's update
+    losses = torch.stack(step_losses).tolist()
+    step_accuracy = torch.stack(step_correct).tolist()
     with torch.no_grad():
-        accuracy = (model(tokens).argmax(-1) == parity).float().mean().item()
+        accuracy = (model(tokens_dev).argmax(-1) == parity_dev).float().mean().item()
     solved_at = next((k for k, acc in enumerate(step_accuracy) if acc == 1.0), None)
     largest_rise = float(np.max(np.array(losses) - np.minimum.accumulate(losses)))
     parity_results[name].append(dict(losses=losses, accuracy=accuracy, solved_at=solved_at, rise=largest_rise))
@@ -333,13 +375,10 @@ for name, runs in parity_results.items():
     print(f"{name:26s} " + " ".join(f"{r['accuracy']:8.1%}" for r in runs)
           + f"   {solved:18s}   {max(r['rise'] for r in runs):.2f} nats")
 fig, ax = plt.subplots(figsize=(7, 3.6))
-for color, (name, runs) in zip(("C0", "C1", "C2"), parity_results.items(), strict=True):
-    for k, r in enumerate(runs):
-        ax.plot(r["losses"], color=color, alpha=0.8, lw=1, label=name if k == 0 else None)
-ax.set(yscale="log", title=f"Parity of {n_bits} bits, one layer, {len(parity_seeds)} seeds each",
-       xlabel="optimisation step (full batch)", ylabel="cross-entropy (nats)")
-ax.grid(alpha=0.3)
-ax.legend()
+plot_over_seeds({name: np.array([r["losses"] for r in runs]) for name, runs in parity_results.items()},
+                x=np.arange(run.parity_steps), logy=True, ax=ax,
+                title=f"Parity of {n_bits} bits, one layer, {len(parity_seeds)} seeds each (median and range)",
+                xlabel="optimisation step (full batch)", ylabel="cross-entropy (nats)")
 plt.show()
 
 # %% [markdown]
@@ -650,6 +689,10 @@ assert variant_rows["eps outside: sigma + eps"][1] > 10 * variant_rows["correct"
 # \sum_l F_l(\cdot)$, which nothing normalises, so a pre-LN stack ends with one more LayerNorm.
 # In post-LN every path to the output passes through every LayerNorm. Section 9 measures what
 # this changes for training. `EncoderLayer` does both, chosen by `norm_first` (PyTorch's name).
+#
+# ![An encoder layer two ways: post-LN, self-attention then add then LN_1, FFN then add then LN_2; pre-LN, LN_1 then self-attention then add, LN_2 then FFN then add, with the residual path a plain sum](figures/07_post_pre_ln.svg)
+#
+# *The blue residual paths: in post-LN every path to the output passes through a LayerNorm; in pre-LN the residual path is an unnormalised sum, which is why a pre-LN stack ends with one more LN.*
 
 # %%
 # tfmlib-source: tfmlib.transformer.EncoderLayer
@@ -837,6 +880,10 @@ for norm_first in (False, True):
 # ends with a LayerNorm; the paper's post-LN stacks do not need one (their last sublayer ends
 # in one), but PyTorch's `nn.TransformerEncoder` and `nn.TransformerDecoder`, as built by
 # `nn.Transformer`, always add it (section 7 takes this into account).
+#
+# ![The encoder-decoder Transformer: source and shifted target embeddings times sqrt(d_model) plus positional encodings; N encoder layers of self-attention and FFN; N decoder layers of masked self-attention, cross-attention to the encoder memory m, and FFN, each sublayer followed by add & LN; a linear layer tied to E and a softmax](figures/07_transformer.svg)
+#
+# *The memory $m$, the encoder's final output, supplies the keys and values of the cross-attention in every decoder layer; the queries come from the decoder.*
 
 # %%
 # tfmlib-source: tfmlib.transformer.Encoder
@@ -1115,6 +1162,61 @@ assert 0.3 < logits.std().item() < 3, "with the tied, small embedding the logits
 #   `src_key_padding_mask=~src_mask` and `tgt_mask=~causal_mask(T)`;
 # * `nn.Transformer` always ends both stacks with a LayerNorm, post-LN or not, so we compare it
 #   with stacks built with `final_norm=True`.
+#
+# First the small helpers the copy functions share: copying a linear layer and a LayerNorm
+# (refusing LayerNorms of another shape or $\epsilon$), and checking that PyTorch's layer is of
+# the right kind and configured like ours (same `norm_first`, $d_\text{ff}$, activation and
+# dropout), so that a copy never silently pairs two different layers.
+
+# %%
+# tfmlib-source: tfmlib.transformer._copy_linear
+def _copy_linear(src: nn.Linear, dst: nn.Linear) -> None:
+    dst.weight.copy_(src.weight)
+    dst.bias.copy_(src.bias)
+
+
+# %%
+# tfmlib-source: tfmlib.transformer._copy_norm
+def _copy_norm(src: nn.LayerNorm, dst: nn.LayerNorm) -> None:
+    if src.normalized_shape != dst.normalized_shape or src.eps != dst.eps:
+        raise ValueError(f"LayerNorms differ: {src} vs {dst}")
+    dst.weight.copy_(src.weight)
+    dst.bias.copy_(src.bias)
+
+
+# %%
+# tfmlib-source: tfmlib.transformer._same_activation
+def _same_activation(theirs: Callable, ours: Callable) -> bool:
+    """Whether two activations compute the same function: the same callable, or both relu, or both
+    exact (erf) gelu, as a function or as a module."""
+    if theirs is ours:
+        return True
+
+    def kind(f: Callable) -> str | None:
+        if f is F.relu or isinstance(f, nn.ReLU):
+            return "relu"
+        if f is F.gelu or (isinstance(f, nn.GELU) and f.approximate == "none"):
+            return "gelu"
+        return None
+
+    return kind(theirs) is not None and kind(theirs) == kind(ours)
+
+
+# %%
+# tfmlib-source: tfmlib.transformer._check_layer_kind
+def _check_layer_kind(src: nn.Module, dst: nn.Module, kind: type) -> None:
+    if not isinstance(src, kind):
+        raise TypeError(f"expected an {kind.__name__}, got {type(src).__name__}")
+    if src.norm_first != dst.norm_first:
+        raise ValueError(f"norm_first differs: PyTorch's layer has {src.norm_first}, ours {dst.norm_first}")
+    if src.linear1.out_features != dst.ff.linear1.out_features:
+        raise ValueError(f"d_ff differs: {src.linear1.out_features} vs {dst.ff.linear1.out_features}")
+    if not _same_activation(src.activation, dst.ff.activation):
+        raise ValueError(f"activation differs: PyTorch's layer has {src.activation!r}, ours "
+                         f"{dst.ff.activation!r}")
+    if src.dropout.p != dst.ff.dropout.p or src.dropout1.p != dst.dropout1.p:
+        raise ValueError(f"dropout differs: PyTorch's layer has {src.dropout1.p}, ours {dst.dropout1.p}")
+
 
 # %%
 # tfmlib-source: tfmlib.transformer.copy_from_torch_encoder_layer
@@ -1457,17 +1559,15 @@ for name, formula, counted in param_counts:
 
 # %%
 V_base = 37_000
-start = time.perf_counter()
 torch.manual_seed(0)
 paper_base = Transformer(V_base, V_base, share_embeddings=True, tie_output=True)   # the defaults are the base model
-built_in = time.perf_counter() - start
 total = count_parameters(paper_base)
 breakdown = {"shared embedding (V x d)": paper_base.src_embed.weight.numel(),
              "encoder": count_parameters(paper_base.encoder), "decoder": count_parameters(paper_base.decoder),
              "output bias (the weight is the embedding)": paper_base.generator.bias.numel()}
 for name, n in breakdown.items():
     print(f"{name:44s} {n:12,}  {n / total:6.1%}")
-print(f"{'total (each shared tensor counted once)':44s} {total:12,}   (built in {built_in:.1f} s)")
+print(f"{'total (each shared tensor counted once)':44s} {total:12,}")
 untied = total + 2 * V_base * 512
 print(f"without any sharing (three V x d matrices):  {untied:12,}")
 print(f"the paper says 65M and gives no breakdown; we count {total / 1e6:.1f}M. Our arithmetic: the gap, "
@@ -1521,28 +1621,28 @@ del paper_base
 
 # %%
 init_data = TranslationDataset(corpus["train"][:32], src_vocab, tgt_vocab)
-init_batch = make_batch(init_data.examples)
+init_batch = make_batch(init_data.examples).to(run.device)
 init_sizes = dict(d_model=128, heads=4, encoder_layers=6, decoder_layers=6, d_ff=512)
-w2_norms = {}
+w2_norms, w2_per_seed = {}, {}
 for norm_first in (False, True):
     per_seed = []
     for seed in range(run.init_seeds):
         torch.manual_seed(seed)
-        m = Transformer(len(src_vocab), len(tgt_vocab), **init_sizes, dropout=0.0, norm_first=norm_first)
+        m = Transformer(len(src_vocab), len(tgt_vocab), **init_sizes, dropout=0.0,
+                        norm_first=norm_first).to(run.device)
         logits = m(init_batch.src, init_batch.src_mask, init_batch.tgt_in)
         F.cross_entropy(logits.flatten(0, 1), init_batch.tgt_out.flatten(), ignore_index=PAD_ID).backward()
         per_seed.append([lyr.ff.linear2.weight.grad.norm().item() for lyr in [*m.encoder.layers, *m.decoder.layers]])
     w2_norms["pre-LN" if norm_first else "post-LN"] = np.mean(per_seed, axis=0)
+    w2_per_seed["pre-LN" if norm_first else "post-LN"] = np.array(per_seed)     # (seeds, 12 layers)
 layer_names = [f"enc {i}" for i in range(1, 7)] + [f"dec {i}" for i in range(1, 7)]
 fig, ax = plt.subplots(figsize=(8, 3.6))
-for name, norms in w2_norms.items():
-    ax.plot(range(12), norms, "o-", label=name)
+plot_over_seeds(w2_per_seed, x=np.arange(12), estimator="mean", logy=True, ax=ax,
+                title="Gradient of each layer's FFN weight W2 at initialisation\n"
+                      f"(6 + 6 layers, d_model = 128, h = 4, d_ff = 512; mean and range of {run.init_seeds} seed(s))",
+                xlabel="layer", ylabel="||dL / dW2||")
 ax.axvline(5.5, color="grey", lw=0.8)
 ax.set_xticks(range(12), layer_names)
-ax.set(yscale="log", title="Gradient of each layer's FFN weight W2 at initialisation\n"
-       "(6 + 6 layers, d_model = 128, h = 4, d_ff = 512)", xlabel="layer", ylabel="||dL / dW2||")
-ax.grid(alpha=0.3)
-ax.legend()
 plt.show()
 print(f"sizes: {init_sizes}; mean over {run.init_seeds} initialisation(s)")
 for name, norms in w2_norms.items():
@@ -1576,7 +1676,8 @@ if run.profile != "smoke":
 # causal mask, which makes it a language model (chapter 09 builds one properly); the
 # task is to predict the next word of the French sentences of the corpus (those of up to 16
 # tokens, to keep the runs short). The four runs of one seed share their data, batch order and
-# initial weights; we repeat them for three seeds (in the `cpu` profile), each with its own
+# initial weights; we repeat them for several seeds (the setup cell's `seeds`: three in the
+# `cpu` and `gpu` profiles), each with its own
 # initial weights and batch order, so that what we conclude is not one lucky draw. Adam with the
 # paper's $\beta_2 = 0.98$ and $\epsilon = 10^{-9}$; no gradient clipping (the paper mentions
 # none). The warm-up rises linearly to the full learning rate and then stays there.
@@ -1644,30 +1745,33 @@ for seed in tqdm(stability_seeds, desc=f"{len(configurations)} runs per seed"):
         optimizer = torch.optim.Adam(lm.parameters(), lr=cfg["lr"], betas=(0.9, 0.98), eps=1e-9)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer,
                                                      lambda s, w=warmup: min(1.0, (s + 1) / w) if w else 1.0)
-        start = time.perf_counter()
+        lm = lm.to(run.device)
         try:
             history = fit(lm, lm_batches, lm_loss, optimizer, epochs=1, device=run.device, clip_norm=None,
-                          scheduler=schedule, desc=name, verbose=False)
-            losses, status = history.step_loss, "finished"
+                          scheduler=schedule, time_budget_s=cfg["budget_s"], desc=name, verbose=False)
+            losses, status, seconds = history.step_loss, "finished", history.seconds
         except ValueError as err:                                 # fit stops on a non-finite loss: divergence
-            losses, status = [], f"diverged ({err})"
-        stability[name].append(dict(losses=losses, status=status, seconds=time.perf_counter() - start))
+            losses, status, seconds = [], f"diverged ({err})", float("nan")
+        if status == "finished" and len(losses) < cfg["steps"]:  # the gpu profile's time cap ended it early
+            status = f"stopped by the time cap after {len(losses)} of {cfg['steps']} steps"
+        stability[name].append(dict(losses=losses, status=status, seconds=seconds))
 unigram = float(np.mean(baselines))
 
 fig, ax = plt.subplots(figsize=(8, 4))
 window = min(5, cfg["steps"])                                     # a moving average over 5 steps
-for color, (name, runs) in zip(("C0", "C1", "C2", "C3"), stability.items(), strict=True):
-    for k, r in enumerate(runs):
-        if r["losses"]:
-            smoothed = np.convolve(r["losses"], np.ones(window) / window, mode="valid")
-            ax.plot(range(window, len(r["losses"]) + 1), smoothed, color=color, lw=1, alpha=0.8,
-                    label=name if k == 0 else None)
+curves = {}
+for name, runs in stability.items():
+    kept = [r["losses"] for r in runs if r["losses"]]             # a diverged run has no curve
+    if kept:
+        shortest = min(len(c) for c in kept)
+        curves[name] = np.array([c[:shortest] for c in kept])
+plot_over_seeds(curves, smooth=window, ax=ax,
+                title=f"{cfg['layers']}-layer language model (d_model {cfg['d_model']}, 4 heads, "
+                      f"d_ff {4 * cfg['d_model']})\nlearning rate {cfg['lr']:g}, {len(stability_seeds)} seed(s) each "
+                      f"(median and range, moving average over {window} steps)",
+                xlabel="optimisation step", ylabel="training loss (nats per token)")
 ax.axhline(unigram, color="grey", ls="--", lw=1)
 ax.text(cfg["steps"], unigram, "word frequencies only ", ha="right", va="bottom", color="grey", fontsize=8)
-ax.set(title=f"{cfg['layers']}-layer language model (d_model {cfg['d_model']}, 4 heads, d_ff {4 * cfg['d_model']})\n"
-             f"learning rate {cfg['lr']:g}, {len(stability_seeds)} seed(s) each",
-       xlabel="optimisation step", ylabel="training loss (nats per token)")
-ax.grid(alpha=0.3)
 ax.legend(loc="upper right", fontsize=8)
 plt.show()
 
@@ -1687,33 +1791,44 @@ for name, runs in stability.items():
     diverged = [r["status"] for r in runs if r["status"] != "finished"]
     print(f"{name:28s} " + " ".join(f"{c:>18s}" for c in columns) + (f"  {diverged}" if diverged else ""))
 print(f"loss of predicting word frequencies only: {' '.join(f'{b:.2f}' for b in baselines)} (one per seed); "
-      f"{sum(r['seconds'] for runs in stability.values() for r in runs):.0f} s for all runs")
+      f"{np.nansum([r['seconds'] for runs in stability.values() for r in runs]):.0f} s of training for all runs "
+      f"on {run.device}")
 final = {name: np.array([mean_loss(r, last10) for r in runs]) for name, runs in stability.items()}
 early = {name: np.array([mean_loss(r, at_warmup_end) for r in runs]) for name, runs in stability.items()}
 post_cold, post_warm = final["post-LN, no warm-up"], final[f"post-LN, warm-up {cfg['warmup']} steps"]
 pre_cold, pre_warm = final["pre-LN, no warm-up"], final[f"pre-LN, warm-up {cfg['warmup']} steps"]
-if run.profile != "smoke":                                        # every assert holds for every seed
-    assert all(r["status"] == "finished" for runs in stability.values() for r in runs), "no run should diverge"
+full_runs = all(r["status"] == "finished" for runs in stability.values() for r in runs)
+if run.profile != "smoke" and full_runs:
+    # the headline, with wide margins, for every seed: post-LN stalls without warm-up and trains with it
     assert np.all(post_cold > post_warm + 0.5), "post-LN without warm-up should stall where warm-up trains it"
     assert np.all(post_cold > np.array(baselines) - 0.6), "post-LN without warm-up should stay near the baseline"
     assert np.all(pre_cold < post_cold - 0.5), "pre-LN without warm-up should train where post-LN without it does not"
-    assert np.all(post_warm > pre_cold), "post-LN with warm-up should end behind pre-LN without it"
-    assert np.all(np.abs(pre_cold - pre_warm) < 0.1), "pre-LN should not need the warm-up"
-    assert np.all(early["pre-LN, no warm-up"] < early[f"pre-LN, warm-up {cfg['warmup']} steps"]), \
+    # the finer comparisons, on the median over seeds (one seed may tie where a longer or
+    # nondeterministic GPU run lands both configurations on the same floor)
+    assert np.median(post_warm) >= np.median(pre_cold), "post-LN with warm-up should end no better than pre-LN without it"
+    assert np.median(np.abs(pre_cold - pre_warm)) < 0.1, "pre-LN should not need the warm-up"
+    assert np.median(early["pre-LN, no warm-up"]) < np.median(early[f"pre-LN, warm-up {cfg['warmup']} steps"]), \
         "without warm-up, pre-LN should be ahead while the warm-up is still running"
+elif run.profile != "smoke":
+    assert not any(r["status"].startswith("diverged") for runs in stability.values() for r in runs), \
+        "no run should diverge"
+    print("some runs were cut by the time cap: the comparisons above are printed, not asserted")
 
 # %% [markdown]
-# The curves and the table show Xiong et al.'s result at a small scale, the same for all three
-# seeds. Post-LN without warm-up is the configuration that fails. It does not diverge (no loss
-# becomes infinite); it stalls: after a first drop its loss stays near the dashed line, the
-# loss of a model that predicts each word by its frequency and ignores the context, and ends
-# about 0.3 nats below it (4.5 nats), while the other three configurations end between 2.9 and
-# 3.2. The same post-LN model, from the same initial weights and on the same batches, trains
+# The curves and the table show Xiong et al.'s result at a small scale, the same for every seed
+# (the numbers below are the `cpu` run's three). Post-LN without warm-up is the configuration
+# that fails. It does not diverge (no loss becomes infinite); it stalls: after a first drop its
+# loss stays near the dashed line, the loss of a model that predicts each word by its frequency
+# and ignores the context (4.83 nats), and ends between 4.5 and 4.8 nats, at most 0.3 below
+# it, while the other three configurations end between 2.9 and 3.2. The same post-LN model, from the same initial weights and on the same batches, trains
 # once the learning rate is warmed up over the first 50 steps, though it ends a little behind
 # pre-LN (3.1 to 3.2 against 2.9 to 3.0). Pre-LN trains with and without warm-up. Without it,
 # pre-LN is ahead while the warm-up would still be running (3.6 to 3.8 nats over steps 41-50,
 # against 4.1 to 4.2 with warm-up), and the two end within about 0.03 nats of each other: for pre-LN
-# the warm-up only delays training. The warm-up is a patch for post-LN's large early gradients
+# the warm-up only delays training. (The asserts hold the stall and its rescue, with margins of
+# half a nat, for every seed, and the finer comparisons for the median seed, so that a longer or
+# not bit-reproducible run on a GPU, where two configurations may end on the same floor, does
+# not fail on a tie.) The warm-up is a patch for post-LN's large early gradients
 # (the previous figure); pre-LN removes the need for it, one reason most models since GPT-2 use
 # it. How sharp the contrast is depends on the learning rate and the depth: the setup cell's
 # `stability` sizes let you try others.
@@ -1755,7 +1870,8 @@ copier = Transformer(len(copy_vocab), len(copy_vocab), d_model=ccfg["d_model"], 
 copy_history, _ = train_translator(copier, TranslationDataset(copy_train, copy_vocab, copy_vocab),
                                    epochs=ccfg["epochs"], batch_size=ccfg["batch"], lr=ccfg["lr"],
                                    warmup_steps=ccfg["warmup"], betas=(0.9, 0.98), adam_eps=1e-9,
-                                   device=run.device, seed=run.seed, desc="copy", verbose=False)
+                                   time_budget_s=ccfg["budget_s"], device=run.device, seed=run.seed,
+                                   desc="copy", verbose=False)
 copier.eval()
 copy_test_data = TranslationDataset(copy_test, copy_vocab, copy_vocab)
 test_batch = make_batch(copy_test_data.examples).to(run.device)
@@ -1766,7 +1882,7 @@ exact = float(np.mean([o == t for o, t in zip(outputs, targets, strict=True)]))
 token_acc = float(np.mean([a == b for o, t in zip(outputs, targets, strict=True)
                            for a, b in zip(o + [-1] * len(t), t, strict=False)]))
 steps = len(copy_history.step_loss)
-print(f"{count_parameters(copier):,} parameters, {steps} steps in {copy_history.seconds:.0f} s; loss "
+print(f"{count_parameters(copier):,} parameters, {steps} steps in {copy_history.seconds:.0f} s on {run.device}; loss "
       f"{np.mean(copy_history.step_loss[:10]):.2f} -> {np.mean(copy_history.step_loss[-10:]):.3f} nats per token "
       f"(ln V = {math.log(len(copy_vocab)):.2f} for V = {len(copy_vocab)} tokens)")
 print(f"held-out sequences: {exact:.1%} copied exactly, {token_acc:.1%} of the symbols right")
@@ -1804,7 +1920,8 @@ if run.profile != "smoke":
 # %% [markdown]
 # The loss falls from about 3.5 nats over the first 10 steps (a uniform guess scores
 # $\ln V = 3.0$; section 8 explains why an untrained model starts above it) to below 0.1 nat
-# after about 250 steps, and most held-out sequences come back exactly. The longer ones come
+# after about 250 steps (the `cpu` run's count is printed above; the `gpu` profile trains
+# longer), and most held-out sequences come back exactly. The longer ones come
 # back exactly less often (the lines by length above): one wrong symbol spoils a whole
 # sequence, and a long sequence has more symbols to get wrong. The heatmap shows
 # how: on average, the share printed under it of the cross-attention weight of the target word
@@ -1821,7 +1938,7 @@ if run.profile != "smoke":
 #   non-linearity the softmax that chooses where to look. The feed-forward network transforms
 #   each position non-linearly. One attention layer with two heads provably cannot compute the
 #   parity of five bits (it scores at most 31/32); one layer with a feed-forward network learned
-#   it for each of three seeds, after a plateau (section 1).
+#   it for every seed, after a plateau (section 1).
 # * Without residual connections, a deep attention stack maps every token of a sentence onto the
 #   same vector within a few layers (Dong et al.'s rank collapse, doubly exponential), and
 #   without LayerNorm its gradient vanishes too; feed-forward networks and LayerNorm do not
@@ -1850,7 +1967,7 @@ if run.profile != "smoke":
 #   and most of the stacks is in the feed-forward networks (section 8).
 # * Post-LN gives the layers near the output large gradients at initialisation and, at a large
 #   learning rate, needs a warm-up to train: without it, a 12-layer model stalled near the
-#   word-frequency baseline for each of three seeds. Pre-LN's gradients are smaller near the
+#   word-frequency baseline for every seed. Pre-LN's gradients are smaller near the
 #   output and more even across the layers (largest / smallest 2.3 against post-LN's 5.5, at
 #   $d_\text{model} = 128$), and it trained with or without warm-up (section 9). The assembled model learns a
 #   sequence task in seconds (section 10). Chapter 08 trains it to translate.
