@@ -137,6 +137,32 @@ def test_01_reset_before_differs_from_nn_gru():
     _rejects("01.gru_step_reset_before", nn_gru_cell)
 
 
+
+def test_01_reset_before_step_is_cho_et_al():
+    """Chapter 01 shows reset-before vs nn.GRU with the checkers' reference: it must be Cho et al.'s form,
+    and differ from nn.GRUCell with the same weights unless W_hn is zero."""
+    from tfmlib.exercises.ch01 import reset_before_step
+
+    g = torch.Generator().manual_seed(3)
+    x, h = torch.randn(4, 5, generator=g), torch.randn(4, 6, generator=g)
+    w = (torch.randn(18, 5, generator=g), torch.randn(18, 6, generator=g),
+         torch.randn(18, generator=g), torch.randn(18, generator=g))
+    assert torch.allclose(reset_before_step(x, h, w), reset_before_ref(x, h, *w), atol=1e-6), \
+        "reset_before_step should compute W_hn (r * h) + b_hn"
+    cell = torch.nn.GRUCell(5, 6)
+    with torch.no_grad():
+        for p, t in zip((cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh), w, strict=True):
+            p.copy_(t)
+        assert (cell(x, h) - reset_before_step(x, h, w)).abs().max() > 1e-2, \
+            "nn.GRUCell (reset-after) should differ from the reset-before reference"
+        w_no_hn = (w[0], torch.cat([w[1][:12], torch.zeros(6, 6)]), w[2], w[3].clone())
+        w_no_hn[3][12:] = 0  # no W_hn and no b_hn: nothing for the reset gate to act on
+        cell.weight_hh.copy_(w_no_hn[1])
+        cell.bias_hh.copy_(w_no_hn[3])
+        assert torch.allclose(cell(x, h), reset_before_step(x, h, w_no_hn), atol=1e-6), \
+            "with W_hn = 0 and b_hn = 0 the two placements should agree"
+
+
 # ----------------------------------------------------------------------------- 01.reset_before_as_nn_gru
 
 
