@@ -24,7 +24,6 @@
 # %%
 import math
 import random
-import time
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +34,7 @@ from tfmlib.attention import MultiHeadAttention, causal_mask, padding_mask
 from tfmlib.config import setup
 from tfmlib.data import PAD_ID, Vocab, pad_sequences
 from tfmlib.synthetic import NOUNS, Noun
+from tfmlib.timing import interleaved_medians
 
 # %% [markdown]
 # ## Coding exercises
@@ -290,21 +290,12 @@ assert torch.allclose(residual[0, 2], x[0, 2] + layer.out_proj.bias, atol=1e-6),
 # GRU's $n d^2$ grows four times, attention's $n^2 d$ only twice. On a GPU the crossover in
 # *time* moves much further out, because the GRU's $n$ small sequential steps leave most of the
 # GPU idle while attention's few large products fill it. A small measurement on this machine
-# (forward only, batch 8, medians of 5; timings jump about on a shared machine, so read them as
+# (on the CPU, forward only, batch 8, medians of 5 interleaved rounds with
+# `interleaved_medians`; timings jump about on a shared machine, so read them as
 # a direction, not a number):
 
 # %%
 torch.manual_seed(0)
-
-
-def median_ms(fn, repeats: int = 5) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * sorted(times)[len(times) // 2]
 
 
 with torch.no_grad():
@@ -313,7 +304,9 @@ with torch.no_grad():
         ratios = {}
         for n in (32, 256):
             x = torch.randn(8, n, width)
-            ratios[n] = median_ms(lambda: mha(x)) / median_ms(lambda: gru(x))   # noqa: B023 (called at once)
+            t = interleaved_medians({"attention": lambda: mha(x), "GRU": lambda: gru(x)},  # noqa: B023 (called at once)
+                                    repeats=5, device="cpu")
+            ratios[n] = t.ratio("attention", "GRU")
         print(f"d_model {width}: attention / GRU time at n = 32: {ratios[32]:.2f}, at n = 256: {ratios[256]:.2f}; "
               f"FLOP ratio at n = 256: {(4 * width + 2 * 256) / (6 * width):.2f}")
 
@@ -351,6 +344,8 @@ with torch.no_grad():
 # combinations or of differing genders only:
 
 # %%
+# These models are tiny (two layers of width 64, batches of 64): they train on the CPU in every profile,
+# a few seconds each on one thread (gpu: 2 x 5 models, about a minute of CPU).
 run = setup(seed=0, smoke=dict(runs=1, steps=30), cpu=dict(runs=3, steps=376), gpu=dict(runs=5, steps=376))
 animals = [n for n in NOUNS if n.kind == "animal"]
 places = [n for n in NOUNS if n.en in ("river", "bridge", "forest", "garden", "city", "village", "island", "market")]
