@@ -153,7 +153,10 @@ def cached_self_attention(attn: MultiHeadAttention, x: Tensor, cache: KVCache, *
     v = split_heads(attn.v_proj(x), attn.heads)
     if attn.rotary is not None:
         positions = torch.arange(t, t + T, device=x.device)
-        q, k = attn.rotary(q, k, q_positions=positions, k_positions=positions)
+        if hasattr(attn.rotary, "rotate"):  # RotaryEmbedding: queries and keys in one call
+            q, k = attn.rotary.rotate(torch.cat([q, k], dim=1), positions).split(attn.heads, dim=1)
+        else:
+            q, k = attn.rotary(q, k, q_positions=positions, k_positions=positions)
     keys, values = cache.append(k, v)                                     # (B, h, t + T, d_k)
     dropout_p = attn.dropout if attn.training else 0.0
     out = fast_attention(q, keys, values, mask, causal=T > 1, dropout_p=dropout_p)  # T = 1 sees every key
