@@ -1,10 +1,11 @@
-"""The preface's checkers accept a right answer and reject typical wrong ones."""
+"""The preface's checker accepts a right answer and rejects typical wrong ones; the checker machinery
+(hints, crash reports, mask grids) tested on chapter 02's padding exercises, which began here."""
 
 import pytest
 import torch
 
 from tfmlib import exercises
-from tfmlib.data import padding_fraction
+from tfmlib.data import tokenize
 
 
 def right_mask(lengths, max_len):
@@ -15,58 +16,64 @@ def stub(*args):
     raise NotImplementedError
 
 
-@pytest.mark.parametrize("wrong", [
-    lambda l, m: torch.arange(m)[None, :] <= l[:, None],           # off by one
-    lambda l, m: torch.arange(m)[None, :] >= l[:, None],           # True at padding
-    lambda l, m: (torch.arange(m)[None, :] < l[:, None]).long(),   # not bool
-    lambda l, m: torch.arange(m)[:, None] < l[None, :],            # transposed
-    lambda l, m: [[True] * m for _ in l],                          # not a tensor
-])
-def test_padding_mask_rejects_wrong_answers(wrong, capsys):
-    assert exercises.check("00.padding_mask", right_mask)
-    assert not exercises.check("00.padding_mask", wrong)
-    assert "not correct yet" in capsys.readouterr().out
-    with pytest.raises(exercises.ExerciseFailed):
-        exercises.check("00.padding_mask", wrong, must_pass=True)
-
-
-@pytest.mark.parametrize("wrong", [
-    lambda b, l: 1 - padding_fraction(b, l),                                    # real fraction
-    lambda b, l: sum(max(l[i] for i in x) * len(x) - sum(l[i] for i in x) for x in b),  # a count
-    lambda b, l: 1 - sum(l) / (max(l) * len(l)),                                # ignores batches
-])
-def test_padding_fraction_rejects_wrong_answers(wrong):
-    assert exercises.check("00.padding_fraction", padding_fraction)
-    assert not exercises.check("00.padding_fraction", wrong)
-
-
 def test_unsolved_reports_hint_and_never_raises(capsys):
-    assert not exercises.check("00.padding_mask", stub)
+    assert not exercises.check("02.padding_mask", stub)
     out = capsys.readouterr().out
     assert "not solved yet" in out and "Hint" in out
     with pytest.raises(exercises.ExerciseFailed, match="not solved yet"):
-        exercises.check("00.padding_mask", stub, must_pass=True)
+        exercises.check("02.padding_mask", stub, must_pass=True)
 
 
 def test_crashing_answer_is_reported_not_raised(capsys):
-    assert not exercises.check("00.padding_mask", lambda l, m: 1 / 0)
+    assert not exercises.check("02.padding_mask", lambda l, m: 1 / 0)
     assert "ZeroDivisionError" in capsys.readouterr().out
 
 
 def test_verdict_is_a_bool_that_displays_nothing(capsys):
-    verdict = exercises.check("00.padding_mask", right_mask)
-    assert verdict and verdict.passed and verdict.name == "00.padding_mask"
-    assert not exercises.check("00.padding_mask", stub)
+    verdict = exercises.check("02.padding_mask", right_mask)
+    assert verdict and verdict.passed and verdict.name == "02.padding_mask"
+    assert not exercises.check("02.padding_mask", stub)
     assert verdict._ipython_display_() is None  # IPython shows nothing more than the printed line
     assert "correct!" in capsys.readouterr().out
 
 
+def right_unknown_rate(sentences, vocab):
+    tokens = [t for s in sentences for t in tokenize(s)]
+    return sum(t not in vocab for t in tokens) / len(tokens)
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda s, v: sum(t not in v for x in s for t in x.split()) / sum(len(x.split()) for x in s),  # spaces
+    lambda s, v: len({t for x in s for t in tokenize(x) if t not in v})
+    / sum(len(tokenize(x)) for x in s),                                                   # distinct words
+    lambda s, v: 1 - right_unknown_rate(s, v),                                            # known rate
+    lambda s, v: sum(t not in v for x in s for t in tokenize(x)),                         # a count
+    lambda s, v: str(right_unknown_rate(s, v)),                                           # not a number
+], ids=["whitespace-split", "distinct", "known-rate", "count", "string"])
+def test_unknown_rate_rejects_wrong_answers(wrong, capsys):
+    assert exercises.check("00.unknown_rate", right_unknown_rate)
+    assert not exercises.check("00.unknown_rate", wrong)
+    assert "not correct yet" in capsys.readouterr().out
+    with pytest.raises(exercises.ExerciseFailed):
+        exercises.check("00.unknown_rate", wrong, must_pass=True)
+
+
+def test_unknown_rate_names_the_usual_mistakes(capsys):
+    exercises.check("00.unknown_rate", lambda s, v: len({t for x in s for t in tokenize(x) if t not in v})
+                    / sum(len(tokenize(x)) for x in s))
+    assert "count every occurrence" in capsys.readouterr().out
+    exercises.check("00.unknown_rate", lambda s, v: sum(t not in v for x in s for t in x.split())
+                    / sum(len(x.split()) for x in s))
+    assert "tokenize" in capsys.readouterr().out
+
+
 def test_registry():
-    assert {"00.padding_mask", "00.padding_fraction"} <= set(exercises.names(0))
+    assert exercises.names(0) == ["00.unknown_rate"]
+    assert {"02.padding_mask", "02.padding_fraction"} <= set(exercises.names(2))
     with pytest.raises(KeyError, match="no exercise named"):
         exercises.check("99.nope", right_mask)
     with pytest.raises(ValueError, match="registered twice"):
-        exercises.checker("00.padding_mask", hint="")(right_mask)
+        exercises.checker("00.unknown_rate", hint="")(right_mask)
     with pytest.raises(ValueError, match="must look like 'NN.short_name'"):
         exercises.checker("1.padding", hint="")  # names(1) could never find it
 
@@ -95,7 +102,7 @@ def test_a_crash_is_reported_with_the_failing_line_and_the_input_shapes(capsys):
         grid = torch.arange(max_len + 1)
         return grid < lengths  # (max_len + 1,) against (batch,): the reader's bug
 
-    verdict = exercises.check("00.padding_mask", padding_mask)
+    verdict = exercises.check("02.padding_mask", padding_mask)
     assert not verdict
     message = capsys.readouterr().out
     assert "your code raised RuntimeError" in message, message
@@ -104,7 +111,7 @@ def test_a_crash_is_reported_with_the_failing_line_and_the_input_shapes(capsys):
 
 
 def test_a_wrong_mask_is_shown_as_a_grid(capsys):
-    verdict = exercises.check("00.padding_mask", lambda lengths, max_len: torch.arange(max_len)[None, :]
+    verdict = exercises.check("02.padding_mask", lambda lengths, max_len: torch.arange(max_len)[None, :]
                               <= lengths[:, None])
     assert not verdict
     message = capsys.readouterr().out

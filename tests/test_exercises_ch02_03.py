@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from test_exercises import _accepts, _rejects, _stub  # the helpers of chapter 01's checker tests
 
 from tfmlib import exercises
+from tfmlib.data import padding_fraction
 
 
 @pytest.mark.parametrize("chapter", [2, 3])
@@ -92,9 +93,38 @@ def test_02_brevity_penalty(wrong):
     _rejects("02.brevity_penalty", wrong)
 
 
+def right_mask(lengths, max_len):
+    return torch.arange(max_len)[None, :] < lengths[:, None]
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda l, m: torch.arange(m)[None, :] <= l[:, None],           # off by one
+    lambda l, m: torch.arange(m)[None, :] >= l[:, None],           # True at padding
+    lambda l, m: (torch.arange(m)[None, :] < l[:, None]).long(),   # not bool
+    lambda l, m: torch.arange(m)[:, None] < l[None, :],            # transposed
+    lambda l, m: [[True] * m for _ in l],                          # not a tensor
+])
+def test_02_padding_mask_rejects_wrong_answers(wrong, capsys):
+    assert exercises.check("02.padding_mask", right_mask)
+    assert not exercises.check("02.padding_mask", wrong)
+    assert "not correct yet" in capsys.readouterr().out
+    with pytest.raises(exercises.ExerciseFailed):
+        exercises.check("02.padding_mask", wrong, must_pass=True)
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda b, l: 1 - padding_fraction(b, l),                                    # real fraction
+    lambda b, l: sum(max(l[i] for i in x) * len(x) - sum(l[i] for i in x) for x in b),  # a count
+    lambda b, l: 1 - sum(l) / (max(l) * len(l)),                                # ignores batches
+])
+def test_02_padding_fraction_rejects_wrong_answers(wrong):
+    assert exercises.check("02.padding_fraction", padding_fraction)
+    assert not exercises.check("02.padding_fraction", wrong)
+
+
 def test_chapter_02_exercises_are_registered():
     assert exercises.names(2) == ["02.brevity_penalty", "02.cut_at_eos", "02.masked_token_loss",
-                                  "02.reverse_source"]
+                                  "02.padding_fraction", "02.padding_mask", "02.reverse_source"]
 
 
 # ----------------------------------------------------------------------------- chapter 03

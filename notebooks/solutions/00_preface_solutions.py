@@ -16,45 +16,33 @@
 # %% [markdown]
 # # 00 · Preface: solutions
 #
-# Worked answers to the exercises of chapter 00. Each coding answer is checked with
+# Worked answers to the exercises of chapter 00. The coding answer is checked with
 # `must_pass=True`, which raises if the checker does not accept it (the tests run this notebook).
 
 # %%
-import torch
-
 from tfmlib import exercises
+from tfmlib.data import Vocab, tokenize
+from tfmlib.synthetic import load_bundled
 
 # %% [markdown]
-# ## Coding exercises
+# ## Coding exercise
 #
-# **1. `padding_mask`.** Position $j$ of sentence $b$ is real exactly when $j < \text{length}_b$.
-# Broadcasting a `(1, max_len)` row of positions against a `(batch, 1)` column of lengths compares
-# every pair at once.
+# **1. `unknown_rate`.** Tokenize every sentence with the book's `tokenize` (so `l'oiseau` and
+# the final `.` are tokens of their own, as the vocabulary saw them), then count the tokens the
+# vocabulary does not contain: every occurrence, since the model reads `<unk>` at each one.
 
 # %%
-def padding_mask(lengths: torch.Tensor, max_len: int) -> torch.Tensor:
-    positions = torch.arange(max_len, device=lengths.device)
-    return positions[None, :] < lengths[:, None]
+def unknown_rate(sentences: list[str], vocab: Vocab) -> float:
+    tokens = [token for sentence in sentences for token in tokenize(sentence)]
+    return sum(token not in vocab for token in tokens) / len(tokens)
 
 
-exercises.check("00.padding_mask", padding_mask, must_pass=True)
-print(padding_mask(torch.tensor([3, 1, 2]), 4).int())
-
-# %% [markdown]
-# **2. `padding_fraction`.** Each batch is padded to its longest sentence, so it occupies
-# `len(batch) * max(lengths)` slots, of which `sum(lengths)` are real.
-
-# %%
-def my_padding_fraction(batches: list[list[int]], lengths: list[int]) -> float:
-    real = slots = 0
-    for batch in batches:
-        batch_lengths = [lengths[i] for i in batch]
-        real += sum(batch_lengths)
-        slots += len(batch) * max(batch_lengths)
-    return 1 - real / slots
-
-
-exercises.check("00.padding_fraction", my_padding_fraction, must_pass=True)
+exercises.check("00.unknown_rate", unknown_rate, must_pass=True)
+train, test = load_bundled("train"), load_bundled("test")
+tgt_vocab = Vocab.build(tokenize(fr) for _, fr in train)
+print(f"French test tokens missing from the training vocabulary: {unknown_rate([fr for _, fr in test], tgt_vocab):.3%}")
+print(f"with a vocabulary of the first 1,000 training pairs only: "
+      f"{unknown_rate([fr for _, fr in test], Vocab.build(tokenize(fr) for _, fr in train[:1000])):.3%}")
 
 # %% [markdown]
 # ## Questions
@@ -64,15 +52,10 @@ exercises.check("00.padding_fraction", my_padding_fraction, must_pass=True)
 #    translate them any better. But `<unk>` would appear less often in the test data, and the
 #    unknown-word rate (and, on real corpora, some scores) would look better than a deployed model
 #    could achieve. Building it from training data only keeps the evaluation honest.
-# 2. **Pools, not a full sort.** A full sort makes every epoch present the batches in nearly the
-#    same composition: each batch holds the same neighbouring lengths every epoch, and if the
-#    batches are not shuffled, training walks from short to long sentences, a curriculum you did
-#    not choose. Shrinking the pool gives more randomness but more padding; at a pool of one batch
-#    the sampler is random batching again.
-# 3. **Leaky Tatoeba splits.** Test BLEU would be inflated: the model has seen the test English
+# 2. **Leaky Tatoeba splits.** Test BLEU would be inflated: the model has seen the test English
 #    sentence in training, with a French translation that often shares most words with the
 #    reference.
-# 4. **The whole difference in token types.** Sort every token type of the training split into
+# 3. **The whole difference in token types.** Sort every token type of the training split into
 #    the grammar's word classes (from its lexicon: nouns, adjectives, verbs) and the rest
 #    (articles, prepositions, pronouns, negation, conjunctions, adverbs), in both languages, and
 #    subtract. The cell below does it; a type claimed by two classes (French *porte* is a door
@@ -90,10 +73,8 @@ exercises.check("00.padding_fraction", my_padding_fraction, must_pass=True)
 #    *loin de*; *in front of*: *devant*).
 
 # %%
-from tfmlib.data import tokenize
-from tfmlib.synthetic import ADJECTIVES, NOUNS, VERBS, load_bundled
+from tfmlib.synthetic import ADJECTIVES, NOUNS, VERBS
 
-train = load_bundled("train")
 english_types = {t for en, _ in train for t in tokenize(en)}
 french_types = {t for _, fr in train for t in tokenize(fr)}
 word_classes = {  # class -> (English forms, French forms) from the grammar's lexicon
@@ -126,7 +107,7 @@ assert max(fr_counts[n] - en_counts[n] for n in en_counts) == fr_counts["adjecti
     "adjective agreement should be the largest source of extra French types"
 
 # %% [markdown]
-# 5. **Unknown words.** The model reads `<unk>` in place of every unknown source word, so all of
+# 4. **Unknown words.** The model reads `<unk>` in place of every unknown source word, so all of
 #    them look alike; it can only write words of its target vocabulary, so a name or a rare word
 #    comes out as `<unk>` or as a wrong guess. Two standard remedies: copy the source word when
 #    the model emits `<unk>` (using attention to find which source word to copy, Luong et al.

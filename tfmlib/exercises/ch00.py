@@ -1,51 +1,46 @@
 """Checkers for chapter 00 (preface).
 
 Registered on import by ``tfmlib.exercises``; a reader calls ``exercises.check("00.name", answer)``.
+(The padding exercises that lived here moved to chapter 02 with the section on batches.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
-
-from .core import Wrong, checker, mask_mismatch
+from .core import Wrong, checker
 
 
-@checker(
-    "00.padding_mask",
-    hint=("the section 'From text to tensors' builds this mask for a batch: compare every position index "
-          "with every sentence's length, and let broadcasting make the grid (one axis from the positions, "
-          "one from the lengths)"),
-)
-def _check_padding_mask(padding_mask: Callable[[torch.Tensor, int], torch.Tensor]) -> None:
-    for lengths, max_len in [([3, 1, 2], 3), ([1], 4), ([5, 5], 5), ([2, 4, 1, 3], 6)]:
-        got = padding_mask(torch.tensor(lengths), max_len)
-        want = torch.arange(max_len)[None, :] < torch.tensor(lengths)[:, None]
-        if not isinstance(got, torch.Tensor):
-            raise Wrong(f"return a torch.Tensor, got {type(got).__name__}")
-        if got.dtype != torch.bool:
-            raise Wrong(f"the mask should be a bool tensor, got dtype {got.dtype}")
-        if got.shape != want.shape:
-            raise Wrong(f"for lengths {lengths} and max_len {max_len} the mask should have shape "
-                        f"{tuple(want.shape)}, got {tuple(got.shape)}")
-        if not torch.equal(got, want):
-            raise Wrong(mask_mismatch(got, want, f"for lengths {lengths} and max_len {max_len} "
-                                                 "(True at real tokens)"))
+def _unknown_rate_cases() -> list[tuple[list[str], object, float]]:
+    from tfmlib.data import Vocab, tokenize
+
+    vocab = Vocab.build([tokenize("le chat voit l'oiseau ."), tokenize("les chats dorment .")])
+    # (sentences, vocab, expected fraction of tokens missing from vocab); "l'oiseau" is two tokens,
+    # "." a token of its own, and repeated unknown words count every time they occur
+    return [
+        (["le chat voit l'oiseau ."], vocab, 0.0),
+        (["le chien voit l'ours ."], vocab, 2 / 6),
+        (["le chien voit le chien ."], vocab, 2 / 6),
+        (["un zèbre", "les chats dorment ."], vocab, 2 / 6),
+    ]
 
 
 @checker(
-    "00.padding_fraction",
-    hint=("padding is every slot of a batch's padded grid that holds no token: count each batch's grid "
-          "(its size times its longest sentence) and its real tokens, over all batches; the section "
-          "'Bucketing' prints the number to compare with"),
+    "00.unknown_rate",
+    hint=("the section 'From text to ids' computes this rate for the French test split: tokenize each "
+          "sentence as the book does (punctuation and elisions are tokens of their own), count every "
+          "token, not every distinct word, and ask the vocabulary whether it contains each one"),
 )
-def _check_padding_fraction(fraction: Callable[[list[list[int]], list[int]], float]) -> None:
-    cases = [([[0, 1], [2]], [3, 1, 2], 1 - 6 / 8), ([[0], [1], [2]], [3, 1, 2], 0.0),
-             ([[0, 1, 2]], [4, 4, 1], 1 - 9 / 12)]
-    for batches, lengths, want in cases:
-        got = fraction(batches, lengths)
+def _check_unknown_rate(unknown_rate: Callable[[list[str], object], float]) -> None:
+    for sentences, vocab, want in _unknown_rate_cases():
+        got = unknown_rate(list(sentences), vocab)
         if not isinstance(got, (float, int)) or isinstance(got, bool):
-            raise Wrong(f"return a number, got {type(got).__name__}")
+            raise Wrong(f"return a number (a fraction between 0 and 1), got {type(got).__name__}")
         if abs(got - want) > 1e-9:
-            raise Wrong(f"for batches {batches} and lengths {lengths}: expected {want:.4f}, got {got:.4f}")
+            extra = ""
+            if sentences[0].startswith("le chien voit le chien") and abs(got - 1 / 6) < 1e-9:
+                extra = " (count every occurrence of an unknown word, not each distinct word once)"
+            elif sentences[0].endswith("l'oiseau .") and got > 0:
+                extra = (" (split the sentences with the book's tokenize, which separates elisions and "
+                         "punctuation)")
+            raise Wrong(f"for sentences {sentences}: expected {want:.4f}, got {got:.4f}{extra}")

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import torch
 
-from .core import Wrong, checker, expect_close
+from .core import Wrong, checker, expect_close, mask_mismatch
 
 
 def _random_logits_and_targets(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,3 +115,42 @@ def _check_brevity_penalty(brevity_penalty: Callable[[int, int], float]) -> None
         if abs(got - want) > 1e-9:
             raise Wrong(f"for h={h}, r={r} expected {want:.6f}, got {got:.6f}"
                         + (" (too-long output is not penalised)" if h > r else ""))
+
+
+@checker(
+    "02.padding_mask",
+    hint=("section 1 builds this mask for every batch (`src_mask`): compare every position index "
+          "with every sentence's length, and let broadcasting make the grid (one axis from the positions, "
+          "one from the lengths)"),
+)
+def _check_padding_mask(padding_mask: Callable[[torch.Tensor, int], torch.Tensor]) -> None:
+    for lengths, max_len in [([3, 1, 2], 3), ([1], 4), ([5, 5], 5), ([2, 4, 1, 3], 6)]:
+        got = padding_mask(torch.tensor(lengths), max_len)
+        want = torch.arange(max_len)[None, :] < torch.tensor(lengths)[:, None]
+        if not isinstance(got, torch.Tensor):
+            raise Wrong(f"return a torch.Tensor, got {type(got).__name__}")
+        if got.dtype != torch.bool:
+            raise Wrong(f"the mask should be a bool tensor, got dtype {got.dtype}")
+        if got.shape != want.shape:
+            raise Wrong(f"for lengths {lengths} and max_len {max_len} the mask should have shape "
+                        f"{tuple(want.shape)}, got {tuple(got.shape)}")
+        if not torch.equal(got, want):
+            raise Wrong(mask_mismatch(got, want, f"for lengths {lengths} and max_len {max_len} "
+                                                 "(True at real tokens)"))
+
+
+@checker(
+    "02.padding_fraction",
+    hint=("padding is every slot of a batch's padded grid that holds no token: count each batch's grid "
+          "(its size times its longest sentence) and its real tokens, over all batches; section 1 "
+          "prints the number to compare with"),
+)
+def _check_padding_fraction(fraction: Callable[[list[list[int]], list[int]], float]) -> None:
+    cases = [([[0, 1], [2]], [3, 1, 2], 1 - 6 / 8), ([[0], [1], [2]], [3, 1, 2], 0.0),
+             ([[0, 1, 2]], [4, 4, 1], 1 - 9 / 12)]
+    for batches, lengths, want in cases:
+        got = fraction(batches, lengths)
+        if not isinstance(got, (float, int)) or isinstance(got, bool):
+            raise Wrong(f"return a number, got {type(got).__name__}")
+        if abs(got - want) > 1e-9:
+            raise Wrong(f"for batches {batches} and lengths {lengths}: expected {want:.4f}, got {got:.4f}")
