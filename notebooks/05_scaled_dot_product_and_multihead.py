@@ -1497,10 +1497,10 @@ if run.profile != "smoke":
 # %% [markdown]
 # What the run shows (read the tables for your machine):
 #
-# * **The GRU's time grows with $n$, step by step**: its fitted exponent is close to 1, and its
-#   time per position (printed) changes far less across the lengths than attention's, because it
-#   takes $n$ small steps, one after the other (on a busy machine both jump about; the
-#   exponents are the robust part). That is Table 1's $O(n)$ sequential operations, which no
+# * **The GRU's time grows with $n$, step by step**: its fitted exponent is near 1 and well below
+#   attention's, and on a quiet machine its time per position (printed) is nearly the same at
+#   every length, because it takes $n$ small steps, one after the other (on a busy machine both
+#   jump about; the exponents are the robust part). That is Table 1's $O(n)$ sequential operations, which no
 #   hardware can shorten.
 # * **At short lengths attention is faster** (the ratio below 1): a few large matrix products
 #   instead of $n$ small steps, so the sequential overhead disappears. This is the regime of
