@@ -847,6 +847,41 @@ def fig_08_beam_search() -> Canvas:
     return c
 
 
+def fig_09_kv_cache() -> Canvas:
+    """One decoding step with the KV cache: the new token's query reads every cached key and value."""
+    c = Canvas(7.6, 4.2)
+    c.text(3.8, 4.0, "step $t$ of one layer: only the new token is computed; $K$ and $V$ grow by one column",
+           fs=9.5, color="#444444")
+    x_new = c.box(0.7, 0.55, 0.9, 0.42, "$x_t$", "input", fs=11)
+    q = c.box(0.7, 1.75, 0.7, 0.42, "$q_t$", "weight", fs=11)
+    c.arrow(x_new.top(), q.bottom())
+    c.text(1.12, 1.15, "$W^Q, W^K, W^V$", fs=8.5, color="#444444", ha="left")
+    cols = [2.0 + 0.62 * i for i in range(6)]
+    news: dict[str, Node] = {}
+    for row_y, name in ((3.05, "K"), (2.15, "V")):
+        c.text(1.55, row_y, f"${name}$", fs=11, weight="bold")
+        for i, x in enumerate(cols[:-1]):
+            label = f"${name.lower()}_{{{i + 1}}}$" if i < 3 else ("$\\cdots$" if i == 3 else
+                                                                    f"${name.lower()}_{{t-1}}$")
+            c.box(x, row_y, 0.6, 0.5, label, "state", fs=9.5)
+        news[name] = c.box(cols[-1], row_y, 0.6, 0.5, f"${name.lower()}_t$", "input", fs=9.5, lw=1.8)
+    c.arrow(x_new.right(), (cols[-1], 0.55), news["V"].bottom(), color="#3c78b4", lw=1.0)
+    c.arrow((cols[-1], 0.55), (cols[-1] - 0.42, 0.55), (cols[-1] - 0.42, 2.6), (cols[-1], 2.6),
+            news["K"].bottom(), color="#3c78b4", lw=1.0, halo=True)
+    c.frame((cols[0] + cols[-2]) / 2, 2.6, 0.62 * 5 + 0.1, 1.55, color="#3d8b3d")
+    c.text((cols[0] + cols[-2]) / 2, 3.55, "cache: written at steps $1..t-1$, read again, never recomputed",
+           fs=8.5, color="#3d8b3d")
+    out = c.box(6.75, 2.6, 0.95, 0.5, "$o_t$", "output", fs=11)
+    c.arrow(q.right(), (1.5, 1.75), (1.5, 1.45), (6.75, 1.45), out.bottom())
+    c.text(5.0, 1.25, "$o_t = \\mathrm{softmax}(q_t K^\\top / \\sqrt{d_k})\\, V$: one query, $t$ keys",
+           fs=8.5, color="#444444")
+    c.arrow(news["K"].right(), (cols[-1] + 0.55, 3.05), (cols[-1] + 0.55, 2.6), out.left())
+    c.arrow(news["V"].right(), (cols[-1] + 0.55, 2.15), (cols[-1] + 0.55, 2.6), head=False)
+    c.legend(0.35, 0.12, [("input", "new this step"), ("state", "cached"), ("weight", "query"),
+                          ("output", "output")], fs=8.5, dx=1.6)
+    return c
+
+
 FIGURES: dict[str, Callable[[], Canvas]] = {
     "01_unrolled_rnn.svg": fig_01_unrolled_rnn,
     "01_gru_cell.svg": fig_01_gru_cell,
@@ -859,6 +894,7 @@ FIGURES: dict[str, Callable[[], Canvas]] = {
     "07_post_pre_ln.svg": fig_07_post_pre_ln,
     "07_transformer.svg": fig_07_transformer,
     "08_beam_search.svg": fig_08_beam_search,
+    "09_kv_cache.svg": fig_09_kv_cache,
 }
 
 
