@@ -55,7 +55,6 @@ from __future__ import annotations  # lets the classes below name themselves in 
 
 import math
 import os
-import time
 from collections.abc import Callable
 
 import matplotlib.pyplot as plt
@@ -100,6 +99,7 @@ from tfmlib.seq2seq import (
     train_translator,
 )
 from tfmlib.synthetic import ADJECTIVES, NOUNS
+from tfmlib.timing import interleaved_medians
 from tfmlib.train import checkpoint_dir, load_checkpoint, save_checkpoint
 from tfmlib.transformer import Transformer
 
@@ -119,13 +119,21 @@ run = setup(
              transformer=dict(d_model=128, heads=4, encoder_layers=2, decoder_layers=2, d_ff=256, dropout=0.0),
              peak_lr=3e-3, warmup=100, label_smoothing=0.1, control_pairs=400,
              search_pairs=200, beam_sizes=[1, 2, 4], alphas=[0.0, 0.6], head_pairs=300),
-    gpu=dict(train_pairs=50_000, test_pairs=2_500, batch_size=128, budget_s=180.0, steps=None,
-             eval_every=250, curve_pairs=500,
+    # gpu, estimated on one H100 from issue 13's step costs (launch-bound at these sizes), each
+    # model capped by the wall clock (budget_s, fit's time_budget_s), so a slower GPU takes fewer steps:
+    #   seq2seq (cuDNN GRUs, 4-10 ms a step): 30 s -> some 3,000-7,000 steps
+    #   RNNsearch (decoder stepped in Python, ~17 target steps x 1-3 ms): 30 s -> some 600-1,700 steps
+    #   Transformer (3 + 3 layers, batch 128, 25-35 ms a step): 30 s -> some 850-1,200 steps
+    #   control without smoothing: the Transformer's steps, ~30 s (capped at 45 s)
+    #   total ~ 120 s of training, all above the cpu profile's steps (325 / 190 / 385 at batch 64);
+    #   the curve evaluations (300 sentences every 250 steps) and decoding add about a minute
+    gpu=dict(train_pairs=50_000, test_pairs=2_500, batch_size=128, budget_s=30.0, steps=None,
+             eval_every=250, curve_pairs=300,
              seq2seq=dict(embed=256, hidden=512), rnnsearch=dict(embed=256, enc_hidden=256, hidden=512, attn_size=512),
              rnn_lr=1e-3,
-             transformer=dict(d_model=256, heads=8, encoder_layers=3, decoder_layers=3, d_ff=1024, dropout=0.1),
-             peak_lr=1e-3, warmup=400, label_smoothing=0.1, control_pairs=2_500,
-             search_pairs=1_000, beam_sizes=[1, 2, 4, 8], alphas=[0.0, 0.6], head_pairs=1_000),
+             transformer=dict(d_model=256, heads=8, encoder_layers=3, decoder_layers=3, d_ff=1024, dropout=0.0),
+             peak_lr=1e-3, warmup=200, label_smoothing=0.1, control_pairs=1_000,
+             search_pairs=500, beam_sizes=[1, 2, 4, 8], alphas=[0.0, 0.6], head_pairs=1_000),
 )
 
 # %% [markdown]
@@ -369,7 +377,6 @@ axes[1].set(title=f"The same shape with this chapter's peak {run.peak_lr:g}", xl
             ylabel="learning rate")
 for ax in axes:
     ax.legend()
-    ax.grid(alpha=0.3)
 plt.show()
 
 # %% [markdown]
@@ -410,20 +417,20 @@ plt.show()
 # (`run.peak_lr`, below what eq. (3) would give this model after so short a warm-up: the
 # second peak printed in section 2), and clipping. Two choices of the model depart from the paper
 # too, both because our budget is
-# `run.budget_s` seconds of CPU per model (25 in the `cpu` profile) rather than 100,000 steps on
-# 8 GPUs:
+# `run.budget_s` seconds of training per model (25 in the `cpu` profile, 30 on a GPU) rather
+# than 100,000 steps on 8 GPUs:
 #
 # * **pre-LN** (`norm_first=True`, chapter 07) instead of the paper's post-LN: its gradients
 #   are well behaved at initialisation, so it trains with a larger learning rate and a short
 #   warm-up (Xiong et al. 2020, §3), which is what a short budget needs (question 3 asks what
 #   happens with post-LN);
 # * **no dropout**, like the recurrent models: in so short a budget each model sees less than
-#   one pass over the training pairs (printed below: steps times batch size), so there is
-#   nothing to overfit yet, and dropout would only slow learning down. (The `gpu` profile, which
-#   trains longer, uses the paper's 0.1.)
+#   one pass over the training pairs in the `cpu` profile and a few in the `gpu` one (printed
+#   below: steps times batch size), so there is little to overfit yet, and dropout would only
+#   slow learning down.
 #
-# **The budget.** Every model gets the same training time, `run.budget_s` seconds on a quiet
-# two-core CPU. A wall-clock budget on *your* machine would make the result depend on how busy
+# **The budget.** Every model gets the same training time: in the `cpu` profile, `run.budget_s`
+# seconds on a quiet two-core CPU. A wall-clock budget on *your* machine would make the result depend on how busy
 # it is (on a loaded machine the models get fewer steps, and not in the same proportion), so
 # the `cpu` profile turns the budget into a number of steps per model, `run.steps`: what each
 # model completed in `run.budget_s` seconds when we timed the three on a quiet two-core CPU
@@ -431,7 +438,7 @@ plt.show()
 # machine, and close ones on another (floating-point results differ a little between CPUs), and
 # the output below shows what the steps cost on yours. (The `gpu` profile, for which we have no
 # reference timing, uses the wall clock itself: `fit`'s `time_budget_s`, and records how many
-# steps each model took.)
+# steps each model took; a slower GPU simply takes fewer.)
 #
 # On a machine faster or slower than ours the three trainings take more or less than
 # `run.budget_s` seconds, but in about the same proportion, so the budgets stay nearly equal:
@@ -516,7 +523,6 @@ axes[0].set(title="Greedy BLEU against training time", xlabel="training seconds 
 axes[1].set(title="Greedy BLEU against optimisation steps", xlabel="optimisation step", ylabel="BLEU")
 for ax in axes:
     ax.legend()
-    ax.grid(alpha=0.3)
 plt.show()
 evals_at = {name: {e["step"]: e for e in h.evals} for name, h in histories.items()}   # model -> step -> eval
 print(f"{'step':>6s}" + "".join(f"{name:>20s}" for name in evals_at))
@@ -589,11 +595,20 @@ plt.show()
 bleu_of = {name: r["report"].bleu.score for name, r in results.items()}
 longest_of = {name: r["report"].by_length[-1]["bleu"] for name, r in results.items()}
 speed_of = {name: r["train_tokens_per_s"] for name, r in results.items()}
+CEILING = 95.0     # BLEU above which a model translates nearly every sentence right: a tie is legitimate there
+
+
+def leads(ours: float, best_other: float) -> bool:
+    """Ahead of the best other model; within one point of it where both are at the ceiling."""
+    return ours > best_other if best_other < CEILING else ours >= best_other - 1.0
+
+
 if run.profile != "smoke":
-    assert bleu_of["Transformer"] > max(bleu_of["RNNsearch (ch. 03)"], bleu_of["seq2seq (ch. 02)"]), \
+    assert leads(bleu_of["Transformer"], max(bleu_of["RNNsearch (ch. 03)"], bleu_of["seq2seq (ch. 02)"])), \
         "with the same budget, the Transformer should beat both recurrent models"
-    assert longest_of["Transformer"] > max(longest_of["RNNsearch (ch. 03)"], longest_of["seq2seq (ch. 02)"]), \
+    assert leads(longest_of["Transformer"], max(longest_of["RNNsearch (ch. 03)"], longest_of["seq2seq (ch. 02)"])), \
         "the Transformer should also win on the longest sentences"
+if run.profile != "smoke" and run.device.type == "cpu":    # a wall-clock comparison: claimed for the CPU only
     assert speed_of["Transformer"] > speed_of["RNNsearch (ch. 03)"], \
         "the Transformer should read more tokens per second in training than RNNsearch"
 print(f"RNNsearch {'leads' if bleu_of['RNNsearch (ch. 03)'] > bleu_of['seq2seq (ch. 02)'] else 'trails'} seq2seq "
@@ -606,35 +621,41 @@ print("the Transformer leads on BLEU overall by "
 
 # %% [markdown]
 # **What the table shows.** With the same training time, the Transformer translates best,
-# overall and on the longest sentences (both asserted), and RNNsearch is ahead of seq2seq (the
-# line under the table). The learning curves say where the Transformer's lead comes from:
-# throughput, not learning more per step.
+# overall and on the longest sentences (both asserted; where the best recurrent model is above
+# 95 BLEU, as a longer `gpu` run can make it, a tie within a point passes, since a model
+# cannot do much better than nearly every sentence right), and RNNsearch is ahead of seq2seq
+# (the line under the table). The learning curves say where the Transformer's lead comes from
+# in the `cpu` profile: throughput, not learning more per step.
 #
-# * **Throughput.** A Transformer step costs less than half an RNNsearch step here (the ms per
-#   step printed after training): it reads every position of a batch at once, while the
-#   recurrent models walk through each sentence one position at a time. In the same seconds it
-#   takes twice the steps and reads over twice the tokens per second (the printed ratio).
-#   Against training time (left panel) it is ahead from early on.
+# * **Throughput.** The Transformer reads every position of a batch at once, while the
+#   recurrent models walk through each sentence one position at a time. On the CPU a
+#   Transformer step costs about half an RNNsearch step (the ms per step printed after
+#   training; 65 against 131 ms on the quiet two-core CPU the `cpu` profile was sized on), so in
+#   the same seconds it takes about twice the steps and reads about twice the tokens per second
+#   (the printed ratio; asserted on the CPU only, since on a GPU both are bound by kernel
+#   launches and the ratio is whatever it measures). Against training time (left panel) it is
+#   ahead from early on.
 # * **Not learning per step, at first.** Against steps (right panel) RNNsearch learns faster at
-#   the start: after the same 150 steps it scores higher than the Transformer (the line printed
-#   under the curves; the Transformer spends its first 100 steps in the warm-up of section 2).
-#   By step 200 the Transformer is above RNNsearch's last score (at step 190, where its budget
-#   runs out; the table under the curves), so this race cannot say which would be ahead at
-#   equal steps beyond that. Per step, the two attention models learn at a similar pace, and both far
-#   faster than seq2seq: per step, what separates the models here is attention, not recurrence.
+#   the start: in the `cpu` run, after the same 150 steps it scores higher than the Transformer
+#   (the line printed under the curves; the Transformer spends its first `run.warmup` steps, 100
+#   in the `cpu` profile, in the warm-up of section 2). By step 200 the Transformer is above
+#   RNNsearch's last score (at step 190, where its budget runs out; the table under the curves),
+#   so this race cannot say which would be ahead at equal steps beyond that. Per step, the two
+#   attention models learn at a similar pace, and both far faster than seq2seq: per step, what
+#   separates the models here is attention, not recurrence.
 #
 # The BLEU-by-length figure tells the bottleneck story of chapters 02 and 03 once more. All three
 # models lose quality as the sentences grow; seq2seq, with its fixed vector, collapses on the
 # longest ones, and the Transformer keeps the most. RNNsearch is still far from what it can do:
-# chapter 03 trained it for 782 steps, four times this budget's 190, and it reached 89.3 BLEU overall
-# and 72.9 on sentences of 40 tokens or more. With 190 steps it has not yet learned to align long
-# sentences, so this table is about *early* learning, at an equal and small budget, not about
-# where each model ends up.
+# chapter 03 trained it for 782 steps, four times the `cpu` profile's 190, and it reached 89.3
+# BLEU overall and 72.9 on sentences of 40 tokens or more. With 190 steps it has not yet learned
+# to align long sentences, so the `cpu` table is about *early* learning, at an equal and small
+# budget, not about where each model ends up.
 #
-# Decoding is where the Transformer pays: its decoder re-reads the whole prefix at every step
-# (chapter 09 caches it), so it translates fewer sentences per second than the recurrent
-# models, which carry one state vector forward (the `sent/s` column; its translations are not
-# longer than theirs by much, the `words` column, so the difference is the cost per token).
+# Decoding is where the Transformer can pay: without a cache its decoder re-reads the whole
+# prefix at every step (chapter 09 caches it), while the recurrent models carry one state vector
+# forward. The `sent/s` column says how the three compare on this machine (the `words` column
+# says whether a difference comes from longer translations or from the cost per token).
 #
 # The comparison is fair in time, not in tuning. Each recurrent model uses its own chapter's
 # recipe, and the Transformer the paper's optimiser with the changes above; none was tuned
@@ -654,8 +675,11 @@ print("the Transformer leads on BLEU overall by "
 control = transformer_model()
 control_history, _ = train_translator(
     control, train_data, epochs=1_000, max_steps=results["Transformer"]["steps"], batch_size=run.batch_size,
+    time_budget_s=None if run.steps else 1.5 * run.budget_s,   # a wall-clock cap in the gpu profile
     device=run.device, seed=run.seed, desc="no smoothing", verbose=False, **transformer_recipe, label_smoothing=0.0)
-assert len(control_history.step_loss) == results["Transformer"]["steps"], "the control takes the same steps"
+if run.steps:
+    assert len(control_history.step_loss) == results["Transformer"]["steps"], "the control takes the same steps"
+print(f"control: {len(control_history.step_loss):,} steps (the smoothed model took {results['Transformer']['steps']:,})")
 control_pairs = test_pairs[: run.control_pairs]
 smoothed = results["Transformer"]
 hypothesis_of = dict(zip(smoothed["report"].sources, smoothed["report"].hypotheses, strict=True))
@@ -696,13 +720,18 @@ print(f"over all test tokens the smoothed model's perplexity is {higher}: {smoot
 # The tokens both models are sure of (each gives the reference more than 1/2, so both rank it first):
 # there the smoothed model's cap at 1 - eps + eps/V must cost it perplexity.
 sure = (smoothed["p_ref"] > 0.5) & (plain["p_ref"] > 0.5)
-sure_ppl = {label: float(np.exp(-np.log(r["p_ref"][sure]).mean())) for label, r in compared.items()}
-print(f"on the {sure.mean():.0%} of reference tokens both models give more than 1/2, perplexity "
-      + " and ".join(f"{v:.3f} ({k})" for k, v in sure_ppl.items()))
-sure_median = {label: float(np.median(r["p_ref"][sure])) for label, r in compared.items()}
-print("their median p(reference): " + " and ".join(f"{v:.3f} ({k})" for k, v in sure_median.items())
-      + f"; the smoothed loss is smallest at {cap:.3f}")
+if sure.any():
+    sure_ppl = {label: float(np.exp(-np.log(r["p_ref"][sure]).mean())) for label, r in compared.items()}
+    print(f"on the {sure.mean():.0%} of reference tokens both models give more than 1/2, perplexity "
+          + " and ".join(f"{v:.3f} ({k})" for k, v in sure_ppl.items()))
+    sure_median = {label: float(np.median(r["p_ref"][sure])) for label, r in compared.items()}
+    print("their median p(reference): " + " and ".join(f"{v:.3f} ({k})" for k, v in sure_median.items())
+          + f"; the smoothed loss is smallest at {cap:.3f}")
+else:     # a model trained for a few dozen steps (the smoke profile) is sure of no token yet
+    print("no reference token gets more than 1/2 from both models: neither is sure of any token yet, "
+          "so there is nothing to compare on them")
 if run.profile != "smoke":
+    assert sure.any(), "after a real budget, both models should be sure of some reference tokens"
     assert sure_ppl[f"eps = {run.label_smoothing}"] > sure_ppl["eps = 0"], \
         "on tokens both models are sure of, smoothing should raise the perplexity"
     assert above_cap[f"eps = {run.label_smoothing}"] < above_cap["eps = 0"] / 3, \
@@ -935,9 +964,8 @@ def beam_search(model: EncoderDecoder, src: Tensor, src_mask: Tensor, beam_size:
 def decode(model: EncoderDecoder, pairs: list[tuple[str, str]], beam_size: int | None, alpha: float = 0.0,
            batch_size: int = 64) -> dict:
     """Greedy decoding (beam_size=None) or beam search over the sources of pairs, in batches.
-    Returns the hypotheses (texts), their model scores log p(y|x) and token lengths, and seconds."""
+    Returns the hypotheses (texts), their model scores log p(y|x) and token lengths."""
     hypotheses, scores, lengths = [], [], []
-    start = time.perf_counter()
     for k in range(0, len(pairs), batch_size):
         chunk = TranslationDataset(pairs[k:k + batch_size], src_vocab, tgt_vocab).examples
         batch = make_batch(chunk).to(run.device)
@@ -951,8 +979,7 @@ def decode(model: EncoderDecoder, pairs: list[tuple[str, str]], beam_size: int |
             hypotheses.append(detokenize(tgt_vocab.decode(row[:n])))
         scores += score.tolist()
         lengths += out.lengths.tolist()
-    return dict(hypotheses=hypotheses, scores=np.array(scores), lengths=np.array(lengths),
-                seconds=time.perf_counter() - start)
+    return dict(hypotheses=hypotheses, scores=np.array(scores), lengths=np.array(lengths))
 
 
 search_pairs = sorted(test_pairs[: run.search_pairs], key=lambda p: len(tokenize(p[0])))
@@ -972,16 +999,31 @@ for K in run.beam_sizes:
         sweep[K, alpha] = dict(out, bleu=bleu(out["hypotheses"], references, lowercase=real_corpus).score)
 ref_len = np.mean([len(tgt_vocab.encode(tokenize(r))) for r in references])
 print(f"{len(search_pairs)} test sentences; mean reference length {ref_len:.2f} tokens")
-print(f"{'beam':>4s} {'alpha':>5s} {'BLEU':>6s} {'mean log p(y|x)':>16s} {'mean length':>12s} {'seconds':>8s}")
+print(f"{'beam':>4s} {'alpha':>5s} {'BLEU':>6s} {'mean log p(y|x)':>16s} {'mean length':>12s}")
 for (K, alpha), r in sweep.items():
-    print(f"{K:>4d} {alpha:>5.1f} {r['bleu']:>6.2f} {r['scores'].mean():>16.4f} {r['lengths'].mean():>12.2f} "
-          f"{r['seconds']:>8.1f}")
+    print(f"{K:>4d} {alpha:>5.1f} {r['bleu']:>6.2f} {r['scores'].mean():>16.4f} {r['lengths'].mean():>12.2f}")
 widest = max(run.beam_sizes)
+changed = sum(a != b for a, b in zip(sweep[widest, 0.0]["hypotheses"], greedy["hypotheses"], strict=True))
+print(f"the widest beam (K = {widest}, alpha = 0) changes {changed} of {len(search_pairs)} greedy translations")
 if run.profile != "smoke":
-    assert sweep[widest, 0.0]["lengths"].mean() < sweep[1, 0.0]["lengths"].mean(), \
-        "the widest beam should write shorter translations than greedy decoding"
-    assert sweep[widest, 0.0]["scores"].mean() > sweep[1, 0.0]["scores"].mean(), \
-        "the widest beam should find more probable translations on average"
+    # non-strict: a near-perfect model gives greedy's output on (nearly) every sentence, and ties are legitimate
+    assert sweep[widest, 0.0]["lengths"].mean() <= sweep[1, 0.0]["lengths"].mean(), \
+        "the widest beam should write translations no longer than greedy decoding's"
+    assert sweep[widest, 0.0]["scores"].mean() >= sweep[1, 0.0]["scores"].mean() - 1e-4, \
+        "the widest beam should find translations at least as probable on average"
+    if changed >= 10:                                  # enough changed outputs for the difference to show
+        assert sweep[widest, 0.0]["scores"].mean() > sweep[1, 0.0]["scores"].mean(), \
+            "where it changes outputs, the widest beam should find more probable translations on average"
+
+# decoding speed, measured apart from the sweep: one batch of the longest search sentences
+timing_batch = make_batch(TranslationDataset(search_pairs[-64:], src_vocab, tgt_vocab).examples).to(run.device)
+decode_times = interleaved_medians(
+    {"greedy": lambda: greedy_decode(transformer, timing_batch.src, timing_batch.src_mask),
+     **{f"beam {K}, alpha 0.6": (lambda K=K: beam_search(transformer, timing_batch.src, timing_batch.src_mask,
+                                                          beam_size=K, alpha=0.6))
+        for K in run.beam_sizes if K > 1}},
+    repeats=3, warmup=1, device=run.device)
+print(f"decoding one batch of the {len(timing_batch.src)} longest search sentences:\n{decode_times}")
 
 fig, axes = plt.subplots(1, 2, figsize=(13, 3.5))
 for alpha in run.alphas:
@@ -993,7 +1035,6 @@ axes[1].set(title="Model score against beam size", xlabel="beam size K", ylabel=
             xticks=run.beam_sizes)
 for ax in axes:
     ax.legend()
-    ax.grid(alpha=0.3)
 plt.show()
 
 # %% [markdown]
@@ -1018,9 +1059,10 @@ for K in wider:
 # The counts above say how much search there is to gain with this model. The more of its
 # probability a model puts on one translation, the more often greedy decoding finds it: here
 # most sentences come out identical, and where a wider beam changes the output its score is
-# almost always higher (the counts). BLEU moves much less than the model score: about a point
-# between greedy and the widest beam in the table above, on 200 sentences, where one sentence
-# more or less right is worth a fraction of a point. The `mean length` column shows the bias
+# almost always higher (the counts). BLEU moves much less than the model score (the table
+# above, on `run.search_pairs` sentences, 200 in the `cpu` profile, where one sentence more or
+# less right is worth a fraction of a point). The timing under the table gives the price of
+# the search on this device: each wider beam decodes more prefixes per step. The `mean length` column shows the bias
 # that the length penalty is for: the wider the beam, the shorter the translations (the
 # references are longer than all of them), and $\alpha = 0.6$ restores only a little of the
 # length. On real data, where many translations are plausible, beam search changes far more
@@ -1089,6 +1131,10 @@ assert abs(math.exp(float(beams[3].scores[0])) - greedy_p) < 1e-6, "a beam of th
 # beam wide enough to hold every prefix finds the exact best output.) Beam search is a
 # heuristic: widening the beam usually helps, and on this model, at this width, it hurts.
 #
+# ![Beam search with K = 2 on the table model: after step 1 it keeps a (0.5) and b (0.4); at step 2 b a and b b (0.2 each) beat a a (0.15), which is pruned; the beam ends with b a <eos> at 0.10, below greedy's a a <eos> at 0.15](figures/08_beam_search.svg)
+#
+# *Green prefixes survive, grey ones are pruned, rose ones are finished hypotheses; the numbers are prefix probabilities from the table above. Greedy's path (dashed) dies at step 2 because the beam ranks prefixes, not their continuations.*
+#
 # ## 6. Inside the trained Transformer: attention, layer by layer, head by head
 #
 # `Transformer.attention_maps` runs the model on a source and a target prefix (teacher forcing,
@@ -1140,7 +1186,8 @@ head_grid(maps.cross, source_labels, target_labels, "Cross-attention: each Frenc
 
 # %% [markdown]
 # Each panel is one head; a row sums to one over the source. Unlike chapter 03's single
-# alignment, the Transformer has eight (two layers of four heads), and they need not agree:
+# alignment, the Transformer has one per decoder layer and head (eight in the `cpu` profile:
+# two layers of four heads), and they need not agree:
 # which of them align, and how often, is a measurement, not an impression. Over the
 # first `run.head_pairs` test sentences (teacher-forced on the references), for every French
 # noun and adjective whose English counterpart occurs exactly once in the source, we ask of
@@ -1193,7 +1240,7 @@ else:
     for ax, matrix, title in ((axes[0], writing, "Peak on the English of the word written"),
                               (axes[1], reading, "Peak on the English of the word just read"),
                               (axes[2], at_end, "Peak on the final period or <eos> (all rows)")):
-        plot_heatmap(matrix, ax=ax, vmin=0, vmax=1, annotate=True, colorbar=False,
+        plot_heatmap(matrix, ax=ax, vmin=0, vmax=1, annotate=True, fmt=".0%", colorbar=False,
                      x_labels=[f"head {h + 1}" for h in range(matrix.shape[1])],
                      y_labels=[f"layer {layer + 1}" for layer in range(matrix.shape[0])],
                      title=title, xlabel="head", ylabel="decoder layer")
@@ -1207,18 +1254,23 @@ else:
               f"{'rows' if matrix is at_end else 'words'})")
     print(f"({counted:,} French nouns and adjectives counted, over {len(test_pairs[: run.head_pairs])} sentences; "
           f"{int((writing > 0.5).sum())} of {writing.size} heads peak on the word being written for more than half)")
+    best_layer = int(writing.mean(1).argmax())
+    print(f"layer {best_layer + 1} aligns best: its heads peak on the word being written for "
+          f"{writing[best_layer].mean():.0%} of the words on average")
     if run.profile != "smoke":
         assert writing.max() > 0.5, "some cross-attention head should align the word being written"
-        assert writing.mean() > 0.5, "most cross-attention heads should align the word being written"
+        assert writing[best_layer].mean() > 0.5, "in the best layer, the heads should align the word being written"
 
 # %% [markdown]
-# The three grids say what the heads do. In this small model *every* cross-attention head is an
-# alignment head in chapter 03's sense (the left grid; the last printed line counts them): when
+# The three grids say what the heads do. In the `cpu` profile's small model *every*
+# cross-attention head is an alignment head in chapter 03's sense (the left grid; the printed
+# count of heads above one half says how many in your run; asserted: most heads of the best
+# layer, since a bigger model may leave the job to some layers only): when
 # the decoder writes a French noun or adjective, each head's peak is on the English word being
 # translated for most of the words, crossing where French puts the adjective after the noun. No
 # head follows the word just *read* (the middle grid), so the heads look where the decoder is
 # going, not where it is. And no head parks its peak on the final period or `<eos>` for most
-# rows (the right grid; Clark et al. 2019, §3, found such "no-op" heads in BERT). Eight heads
+# rows (the right grid; Clark et al. 2019, §3, found such "no-op" heads in BERT). Many heads
 # doing one job is redundancy, which fits what Voita et al. (2019) found when they pruned most
 # heads of a trained translation Transformer with little loss. The peak is not the whole map,
 # though: the panels above show that the heads spread the rest of their weight differently,
@@ -1356,10 +1408,12 @@ assert beam_new == translate(transformer, new_sentences, src_vocab, tgt_vocab, b
 print("the restored model translates exactly as the original, greedily and with beam search")
 
 # %% [markdown]
-# Where the model goes wrong on new sentences, it is in the places this corpus was built to make
-# hard (the data card in `data/`): agreement with a noun not yet written (an adjective placed
-# before its noun) or far away (a predicate adjective after a relative clause), and a negation
-# after a relative clause, dropped altogether. A model trained
+# Where the model goes wrong on new sentences (the lines marked `differs`), it is in the grammar,
+# not the words. In the `cpu` run: agreement with a noun far away, a predicate adjective after a
+# relative clause (`heureux` for `heureuses`), one of the places this corpus was built to make
+# hard (the data card in `data/`; an adjective placed before its noun and a negation after a
+# relative clause are the others), and the elision `qu'` before `elle`, written out as
+# `parce que elle`. A model trained
 # for `run.budget_s` seconds has learned the word-for-word part of the task and much of the
 # reordering, and not yet all of the grammar; the exact-match column of section 3's table
 # measures the same thing on the whole test split.
@@ -1377,23 +1431,23 @@ print("the restored model translates exactly as the original, greedily and with 
 # * **The schedule** of Vaswani et al. rises linearly for $w$ steps and decays as $1/\sqrt{s}$;
 #   the package writes it as a peak times a shape, checked equal to eq. (3). With Adam at
 #   $\beta_2 = 0.98$, $\epsilon = 10^{-9}$ and clipping at norm 1 it trains a small pre-LN
-#   Transformer to translate in `run.budget_s` seconds of CPU (25 in the `cpu` profile).
+#   Transformer to translate in `run.budget_s` seconds of training (25 in the `cpu` profile).
 # * **Same data, same split, same time**: the Transformer beats chapter 03's RNNsearch and
 #   chapter 02's fixed-vector model, overall and on the longest sentences (the table and the
-#   BLEU-by-length figure of section 3). Its lead comes from throughput (twice RNNsearch's
-#   steps in the same time), not from learning more per step at first: against steps,
-#   RNNsearch is ahead for the first 150 (the learning curves). It translates fewer sentences
-#   per second, since it re-reads its prefix at every decoding step.
+#   BLEU-by-length figure of section 3). On the CPU its lead comes from throughput (about twice
+#   RNNsearch's steps in the same time), not from learning more per step at first: against
+#   steps, RNNsearch is ahead at first (the learning curves). Without a cache it re-reads its
+#   prefix at every decoding step (the `sent/s` column says what that costs here).
 # * **Beam search** keeps the $K$ best prefixes and ranks finished outputs by $\log p(y \mid x)
 #   / \mathrm{lp}(y)$. A beam of one with $\alpha = 0$ is greedy decoding (checked). Here a
 #   wider beam changes a minority of the outputs (counted), mostly into more probable ones;
 #   and it is a heuristic: on a hand-made model a beam of two returns a less probable
 #   output than greedy decoding.
-# * **Attention maps**, counted over 300 test sentences: every cross-attention head of this
-#   small model puts its peak on the English counterpart of the French word being written, for
-#   most words, while each spreads the rest of its weight its own way; most decoder
-#   self-attention heads look mostly at the token just read, and no encoder head has one
-#   dominant pattern yet.
+# * **Attention maps**, counted over `run.head_pairs` test sentences (300 in the `cpu`
+#   profile): in the `cpu` run every cross-attention head of the small model puts its peak
+#   on the English counterpart of the French word being written, for most words, while each
+#   spreads the rest of its weight its own way; most decoder self-attention heads look mostly
+#   at the token just read, and no encoder head has one dominant pattern yet.
 # * **A checkpoint** holds the weights, the optimiser, both vocabularies and the model's
 #   config; a fresh model built from the config and loaded from it translates exactly as the
 #   original.
