@@ -1957,8 +1957,8 @@ assert len({w for w, _ in it_positions}) > 1, "'it' stands at more than one posi
 # * **Taken together, the heads at *it* look more at the noun that is meant than at the other**
 #   (the last line: the difference averaged over all layers and heads, and over the runs, is
 #   positive). In that sense the famous picture is right: the weights at *it* carry the referent.
-#   How much varies from run to run (the per-run values): nothing in the loss asks for it, so it
-#   need not be large.
+#   How much varies from run to run (the per-run values, and section 7c's three more runs):
+#   nothing in the loss asks for it, so it need not be large.
 # * **Where, and how sharply, is each run's own.** Compare the runs' tables, their lists of
 #   pointing heads and their rows of panels. A run may have a head that points at both nouns,
 #   each when it is meant: the blog post's picture. It may have heads that point at one of the
@@ -2014,12 +2014,15 @@ def test_loss_and_accuracy(model: AttentionClassifier, examples: list[dict]) -> 
 head_counts = [h for h in (1, 2, 4, 8) if run.coref["d_model"] % h == 0]
 head_seeds = [run.seed + i for i in range(run.coref["head_runs"])]       # section 7b's seeds come first
 by_heads: dict[int, list[tuple[float, float]]] = {}
+more_models: dict[int, AttentionClassifier] = {}
 for h in head_counts:
     for seed in head_seeds:
         reuse = h == run.coref["heads"] and seed in coref_models
         model = coref_models[seed] if reuse else train_classifier(
             len(coref_vocab), coref_train, dict(run.coref, heads=h), max_len=20, seed=seed)
         by_heads.setdefault(h, []).append(test_loss_and_accuracy(model, coref_test))
+        if h == run.coref["heads"] and not reuse:
+            more_models[seed] = model                      # section 7b's model, from more seeds
 print(f"d_model {run.coref['d_model']}, {run.coref['layers']} layers, {run.coref['epochs']} epochs, "
       f"seeds {head_seeds}; per head count: every run's test accuracy and test loss")
 print(f"{'heads':>5} {'d_k':>4} {'accuracy (each run)':>50} {'test loss (each run)':>44} {'median loss':>12}")
@@ -2033,6 +2036,17 @@ below_100 = {h: sum(a < 1 for _, a in rows) for h, rows in by_heads.items()}
 print("runs below 100% test accuracy: " + ", ".join(f"{h} head(s) {n} of {len(head_seeds)}" for h, n in below_100.items()))
 print(f"lowest median test loss: {min(median_loss, key=median_loss.get)} head(s); highest median: "
       f"{max(median_loss, key=median_loss.get)} head(s); highest single run: {max(worst, key=worst.get)} head(s)")
+# section 7b's reading of the query at 'it', on every run with its number of heads
+all_readings = readings | {seed: read_coreference(m) for seed, m in more_models.items()}
+print(f"section 7b's model ({run.coref['heads']} heads), every run: meant - other averaged over all layers and heads, "
+      "and the heads that point at the noun meant:")
+for seed, r in all_readings.items():
+    pointing = ", ".join(f"{name} ({' and '.join(kinds)})" for name, kinds in r["pointers"].items())
+    print(f"  seed {seed}: accuracy {r['accuracy_different']:.1%} (nouns differ), meant - other "
+          f"{r['meant_minus_other'].mean():+.3f}; pointing: {pointing or 'none'}")
+if run.profile != "smoke":
+    assert all(r["meant_minus_other"].mean() > 0 for r in all_readings.values()), \
+        "in every run, the heads at 'it' together look more at the noun meant than at the other"
 
 # what grows with h: the (B, h, L, L) weights and their softmax. One training step (forward, backward,
 # Adam) of a fresh model per head count, on one batch of 64 sentences, timed in turns on the device
@@ -2082,11 +2096,18 @@ plt.show()
 # put every one-head run below 100%, the last three put two of them at 100%. Read the
 # differences between head counts against the spread between runs, not as single numbers.
 #
+# The extra runs with section 7b's number of heads also test 7b's reading on more seeds (the
+# lines printed after the table). Every run resolves *it*, and in every run the heads at *it*,
+# taken together, look more at the noun meant than at the other (the sign of `meant - other`,
+# asserted), by amounts that differ severalfold between runs. Which heads point, and whether any
+# does by the rule of section 7b, is each run's own: one of the new runs has no pointing head at
+# all, and another has one of its pointers in the first layer.
+#
 # The price of more heads is the weights tensor (the printed counts per sentence of 20 tokens,
 # both layers) and its softmax. The step times show what that costs on your machine; at 20
-# tokens the projections, the same for every $h$, are a large part of the work, so the time
-# grows more slowly than the number of weights, and on a shared machine the quartiles overlap
-# (section 6's memory table shows where the weights start to count). That is the shape of
+# tokens the projections, the same for every $h$, are a large part of the work, so the step
+# time grows far more slowly than the number of weights (compare the medians with their
+# quartiles; section 6's memory table shows where the weights start to count). That is the shape of
 # Vaswani et al.'s Table 3(A) on a much smaller scale: too few heads hurt (here, by making a run
 # less reliable), and beyond some number more heads do not help. (Question 8 asks how to find
 # which heads a trained model actually uses.)
@@ -2133,9 +2154,9 @@ plt.show()
 #   $n$; the fast path and the GRU keep memory linear in $n$.
 # * **Heads on sentences**: the `<bos>` heads found the subject whose gender decides a French
 #   article. For *it*, every run resolved the referent, and the heads at *it*, taken together,
-#   looked more at the noun meant than at the other; which head does it, in which layer, and how
-#   sharply, is left to each run (compare the runs). Attention maps show where a layer read, not
-#   the whole of how a model decided.
+#   looked more at the noun meant than at the other (six runs); which head does it, in which
+#   layer, how sharply, and whether any single head does, is left to each run (compare the
+#   runs). Attention maps show where a layer read, not the whole of how a model decided.
 #
 # ## Exercises
 #
