@@ -1464,10 +1464,13 @@ print("saved memory, explicit attention above the GRU from n = "
          if first_over else f"none of the lengths measured (predicted crossover n = {crossover:.0f})"))
 spread_last = {name: (q[-1][1] - q[-1][0]) / timings[name][-1] for name, q in quartiles.items()
                if name in ("GRU forward", "attention forward")}
+noise_last = max(spread_last.values())
+verdict_last = ("within the timing noise" if abs(ratio[-1] - 1) <= noise_last
+                else "larger than the timing noise")
 print("forward: attention/GRU above 1 at n = " + (", ".join(map(str, slower)) if slower else "none")
       + f" (the longest n has {cfg['repeats']} rounds; there the interquartile range of the rounds is "
       + ", ".join(f"{100 * v:.0f}% of the median for {name}" for name, v in spread_last.items())
-      + ": a ratio that close to 1 is within the timing noise)")
+      + f": the ratio {ratio[-1]:.2f} at n = {int(lengths[-1])} is {verdict_last})")
 if run.profile != "smoke":
     if run.device.type == "cpu":                      # wall-clock claims: asserted on the CPU, printed everywhere
         gru_growth = timings["GRU forward"][-1] / timings["GRU forward"][0]
