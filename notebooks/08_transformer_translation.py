@@ -438,7 +438,8 @@ plt.show()
 # machine, and close ones on another (floating-point results differ a little between CPUs), and
 # the output below shows what the steps cost on yours. (The `gpu` profile, for which we have no
 # reference timing, uses the wall clock itself: `fit`'s `time_budget_s`, and records how many
-# steps each model took; a slower GPU simply takes fewer.)
+# steps each model took; a slower GPU simply takes fewer. Its numbers are close from run to run,
+# not bit-identical: GPU kernels do not promise the same order of floating-point sums.)
 #
 # On a machine faster or slower than ours the three trainings take more or less than
 # `run.budget_s` seconds, but in about the same proportion, so the budgets stay nearly equal:
