@@ -59,9 +59,11 @@
 #    compared with count-based baselines and with the exact perplexity of the process that
 #    generated the corpus, and a look inside its gates.
 #
-# **It assumes** chapter 00 (profiles, the corpus, `Vocab` and padding), a little PyTorch
+# **It assumes** chapter 00 (profiles, the corpus, text to ids with `Vocab`), a little PyTorch
 # (`nn.Module`, autograd, an optimiser step), and the chain rule for vectors: the Jacobian of a
-# composition is the product of the Jacobians.
+# composition is the product of the Jacobians. Section 5 pads sentences into batches of similar
+# length (`BucketBatchSampler`); chapter 02, where padding first matters, explains and measures
+# that.
 #
 # The code that this chapter finishes lives in `tfmlib.rnn` (the cells) and `tfmlib.train`
 # (the training loop); later chapters import it from there.

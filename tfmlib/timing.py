@@ -1,6 +1,6 @@
 """Timing on any device: synchronise, warm up, interleave, take medians, say where it ran.
 
-Introduced in chapter 00 (preface), the first chapter that times something; every notebook and
+Introduced in chapter 01 (RNN and GRU), the first chapter that times something; every notebook and
 every script of ``benchmarks/`` times with :func:`interleaved_medians`.
 
 Three things make a wall-clock time on a GPU mean something:
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-INTRODUCED_IN = 0
+INTRODUCED_IN = 1
 
 Clock = Callable[[], float]
 
