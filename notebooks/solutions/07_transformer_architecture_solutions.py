@@ -124,3 +124,202 @@ print(f"package masks vs the solution's: max output difference {(out_a - out_b).
       f"bit for bit equal: {torch.equal(out_a, out_b)}")
 assert torch.equal(out_a, out_b), "the solution's masks must act as the package's"
 assert torch.equal(self_w > 0, self_mask.expand_as(self_w)) and torch.equal(cross_w > 0, cross_mask.expand_as(cross_w))
+
+# %% [markdown]
+# ## Questions
+#
+# **1. Deeper attention-only stacks.** The chapter's one-layer argument needs the query to be
+# the same for every input: at `<cls>` in layer 1 it is the embedding of `<cls>`, so a head's
+# scores take only two values over the bits and its output is a ratio of degree-one polynomials
+# in the count $n$. In layer 2 the query at `<cls>` is layer 1's output, which already depends on
+# $n$, and so do the keys and values; the scores $s(n)$ are then non-linear in $n$, the softmax
+# weights $e^{s(n)}$ are exponentials of them, and the degree bound is gone. Measured with the
+# chapter's recipe (residual + LayerNorm around each attention sublayer, no feed-forward network,
+# $d = 32$, 2 heads, Adam at $10^{-3}$, clipping at 1, full batch), with 250 steps instead of 500:
+
+# %%
+import itertools  # noqa: E402
+
+import torch.nn.functional as F  # noqa: E402
+
+from tfmlib.attention import MultiHeadAttention  # noqa: E402
+
+
+class AttentionOnlyParity(nn.Module):
+    """The chapter's ParityClassifier with `layers` attention-only sublayers (residual + post-LN)."""
+
+    def __init__(self, layers: int, d_model: int = 32, heads: int = 2):
+        super().__init__()
+        self.embed = nn.Embedding(3, d_model)                   # ids: 0 and 1 are bits, 2 is <cls>
+        self.attn = nn.ModuleList(MultiHeadAttention(d_model, heads) for _ in range(layers))
+        self.norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(layers))
+        self.readout = nn.Linear(d_model, 2)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        x = self.embed(tokens)
+        for attn, norm in zip(self.attn, self.norms, strict=True):
+            x = norm(x + attn(x)[0])
+        return self.readout(x[:, 0])
+
+
+parity_bits = torch.tensor(list(itertools.product([0, 1], repeat=5)))                 # all 32 inputs
+parity_tokens = torch.cat([torch.full((len(parity_bits), 1), 2), parity_bits], dim=1)  # <cls> first
+parity = parity_bits.sum(1) % 2
+deep_parity = {}
+for layers, seed in itertools.product((2, 4), range(3)):
+    torch.manual_seed(seed)
+    model = AttentionOnlyParity(layers)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    solved_at = None
+    for step in range(250):
+        logits = model(parity_tokens)
+        if solved_at is None and bool((logits.argmax(-1) == parity).all()):
+            solved_at = step
+        loss = F.cross_entropy(logits, parity)
+        optimizer.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+    with torch.no_grad():
+        accuracy = (model(parity_tokens).argmax(-1) == parity).float().mean().item()
+    deep_parity[layers, seed] = (accuracy, solved_at)
+    print(f"{layers} attention-only layers, seed {seed}: {accuracy:.1%} of the 32 inputs after 250 steps "
+          f"(first at 100%: step {solved_at})")
+assert all(acc == 1.0 for acc, _ in deep_parity.values()), \
+    "two or more attention-only layers should learn 5-bit parity from every seed here"
+
+# %% [markdown]
+# Every run learns parity, with two layers as with four, while one layer stayed at 65.6% for every
+# seed in the chapter (and cannot pass 96.9%). So attention-only stacks are not weak because
+# they lack a non-linearity: the softmax *is* one, of the input through the scores, and once
+# the queries depend on the input (from layer 2 on) it composes like any other. What the
+# feed-forward network adds is a non-linearity per position that needs no second layer; and
+# Dong et al. (2021, §2) show that without the residual connections a pure attention stack
+# loses rank with depth (chapter 07's section 2 measured the spread collapse), so the skips
+# here matter as much as the depth.
+#
+# **2. Heads and parameters.** Counted with the package's `EncoderLayer`:
+
+# %%
+layer_params = {h: sum(p.numel() for p in EncoderLayer(512, h, 2048).parameters()) for h in (1, 8, 64)}
+for h, n in layer_params.items():
+    print(f"h = {h:2d} (d_k = {512 // h:3d}): {n:,} parameters; score entries for one sentence of 50 "
+          f"tokens: h * T^2 = {h * 50 * 50:,}")
+assert len(set(layer_params.values())) == 1, "the number of heads must not change the parameter count"
+
+# %% [markdown]
+# The same 3,152,384 for every $h$, the chapter's formula for the encoder layer. $W^Q$, $W^K$,
+# $W^V$ are each one $d \times d$ matrix whatever $h$: splitting into heads only *reshapes*
+# their output, $(B, T, d) \to (B, h, T, d/h)$, and $W^O$ stays $d \times d$. What changes:
+# the score tensor is $(B, h, T, T)$, so its memory grows with $h$ (the $h \cdot T^2$ column
+# above); the arithmetic of $QK^\top$ and of weights times values is $h \cdot T^2 \cdot d/h =
+# T^2 d$ multiply-adds, the same for every $h$ (the projections, $4Td^2$, too), but the softmax
+# and the masking run over $h$ times more entries, and many small matrix products are slower in
+# practice than few large ones. What one head can represent shrinks: it mixes values with
+# *one* distribution per query, and its scores are dot products in $d/h$ dimensions, so at
+# $h = 64$ a head compares 8-dimensional projections (a score matrix of rank at most 8); at
+# $h = 1$ the layer can attend to only one mixture per position. Vaswani et al. (2017, Table 3,
+# rows (A)) found 1 head 0.9 BLEU worse than 8, and 32 heads worse too.
+#
+# **3. Causal mask plus padding.** When padding comes after the real tokens, a real query
+# position $t$ has every padded key at $u > t$, which the causal mask already hides; the padding
+# part removes nothing more from real rows, so their weights are the same. It changes only the
+# rows of *padded* queries (which without it could attend to earlier padded keys), and those
+# rows' outputs are never scored: the loss ignores the positions whose target is padding
+# (chapter 02's masked loss), and nothing at a real position reads a padded position's output,
+# because later layers apply the same masks. Checked on a `DecoderLayer`:
+
+# %%
+torch.manual_seed(0)
+layer = DecoderLayer(16, 4, 32, dropout=0.0).eval()
+tgt_mask = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])     # the second target ends in 2 pads
+src_mask = torch.ones(2, 7, dtype=torch.bool)
+y, memory = torch.randn(2, 6, 16), torch.randn(2, 7, 16)
+with torch.no_grad():
+    causal_only, _, _ = layer(y, memory, padding_mask(src_mask), None)
+    causal_and_padding, _, _ = layer(y, memory, padding_mask(src_mask), padding_mask(tgt_mask))
+real_gap = (causal_only - causal_and_padding)[tgt_mask].abs().max().item()
+padded_gap = (causal_only - causal_and_padding)[~tgt_mask].abs().max().item()
+print(f"causal only vs causal + padding: real positions differ by {real_gap:.1e} "
+      f"(bit for bit equal: {torch.equal(causal_only[tgt_mask], causal_and_padding[tgt_mask])}); "
+      f"padded positions by {padded_gap:.2f}")
+assert torch.equal(causal_only[tgt_mask], causal_and_padding[tgt_mask]), "real positions must not change"
+assert padded_gap > 0, "the padding part should change the padded positions"
+
+# %% [markdown]
+# **4. Pre-LN's growing residual stream.** In pre-LN, $x_{l+1} = x_l + F_l(\mathrm{LN}(x_l))$:
+# each sublayer reads a normalised input, so its output has a size that does not depend on
+# $l$, and the stream adds them up. If the additions are roughly uncorrelated with $x_l$,
+# $\|x_l\|^2 \approx \|x_0\|^2 + c\, l$, a norm growing like $\sqrt{l}$ (Xiong et al. 2020,
+# §3.3, use this growth in their pre-LN analysis). A 24-layer pre-LN stack ($d = 64$) at
+# initialisation, from inputs of variance 1 (norm about $\sqrt{64} = 8$ per position):
+
+# %%
+torch.manual_seed(0)
+stack = nn.ModuleList(EncoderLayer(64, 4, 256, dropout=0.0, norm_first=True) for _ in range(24)).eval()
+x = torch.randn(16, 20, 64)
+stream_norms = [x.norm(dim=-1).mean().item()]
+with torch.no_grad():
+    for encoder_layer in stack:
+        x, _ = encoder_layer(x)
+        stream_norms.append(x.norm(dim=-1).mean().item())
+    final_norm = nn.LayerNorm(64)(x).norm(dim=-1).mean().item()
+gain = {l: (stream_norms[l] ** 2 - stream_norms[0] ** 2) / l for l in (4, 8, 16, 24)}
+print("mean norm of x_l at l = 0, 4, 8, 16, 24:", ", ".join(f"{stream_norms[l]:.1f}" for l in (0, 4, 8, 16, 24)))
+print("(|x_l|^2 - |x_0|^2) / l:", ", ".join(f"{g:.1f} (l = {l})" for l, g in gain.items()),
+      f"; after a final LayerNorm: {final_norm:.1f}")
+assert stream_norms[24] > 1.5 * stream_norms[0], "the pre-LN stream should grow with depth"
+assert max(gain.values()) < 2 * min(gain.values()), "the squared norm should grow about linearly in l"
+
+# %% [markdown]
+# The squared norm grows about linearly (the gain per layer stays within a small range), so the
+# norm grows like $\sqrt{l}$. Without a final LayerNorm the output layer would see vectors whose
+# size depends on the depth $L$ (and keeps drifting in training as the sublayers' outputs grow),
+# so the logits' scale, and the softmax's sharpness, would depend on $L$; with the tied output
+# layer of section 6, the logits $E\,x_L$ would be about $\|x_L\|/\|x_0\|$ times larger than
+# for a normalised vector. The final LayerNorm brings every position back to norm $\sqrt{d}$
+# (printed above). Post-LN needs none: its stream leaves every sublayer through a LayerNorm.
+#
+# **5. $\sqrt{d}$ without tying.** The scale exists because the tied matrix must serve as an
+# output layer: initialised with small entries (norm about 1 per row, as chapter 07 printed:
+# 1.00, and logits of standard deviation 1.07 at initialisation), the embedding vectors are much
+# smaller than the sinusoidal encoding (norm 16.0), and $\sqrt{512}$ brings them to 22.6.
+# Without tying, nothing forces the embedding's scale: initialise it with entries of variance
+# 1 (PyTorch's `nn.Embedding` default, norm $\sqrt{d}$), and the scale is unnecessary.
+# Other ways to give tokens and positions a similar scale: scale
+# the positional encoding *down* instead; use learned positional embeddings initialised like
+# the token embeddings; apply a LayerNorm to the sum (as BERT does); or put positions inside the
+# attention scores (rotary or relative positions, chapter 06), so no sum of two scales exists.
+#
+# **6. BatchNorm in a decoder.** BatchNorm normalises each feature with a mean and variance
+# over the batch (and positions). At inference a decoder sees one sentence, one new token at a
+# time: the batch statistics are those of one vector, or have to be replaced by running
+# averages from training, which were computed over whole padded batches of all positions and
+# need not match the statistics of one prefix; during training, the statistics would mix
+# positions, so position $t$'s normalisation would depend on later tokens (a leak through the
+# causal mask) and on padding and on the other sentences of the batch. LayerNorm (Ba et al.
+# 2016, §3) computes its statistics over the $d$ features of one position of one example: the
+# same in training and at inference, for any batch size, and causal by construction.
+#
+# **7. Adam's early steps.** Adam's update is $\hat m / (\sqrt{\hat v} + \epsilon)$, with $\hat v$
+# an exponential average of $g^2$ corrected for its start at zero. In the first steps $\hat v$
+# is an average over only a few gradients, so it has a large variance (at step 1, $\hat v = g_1^2$
+# and the update is $\pm$ the learning rate in every coordinate, whatever the gradient's size);
+# where $\hat v$ happens to be small, the step is large. Liu et al. (2020, §3) show the variance
+# of the adaptive rate is unbounded for the first few steps and shrinks as the average fills. A
+# warm-up keeps the learning rate small while $\hat v$ is unreliable, and lets it grow once the
+# estimate covers many steps. Post-LN suffers more because its gradients at initialisation are
+# largest near the output and uneven across layers (Xiong et al. 2020, §3.3; chapter 07's section
+# 9 measured the spread of the $W_2$ gradient norms over the 12 layers: post-LN 5.5x, pre-LN 2.3x),
+# so large early updates land where they do most damage; in chapter 07's stability run post-LN
+# without warm-up ended at 4.53, 4.82, 4.54 nats (last 10 steps, three seeds), at or near the
+# 4.83 of predicting word frequencies, against 3.10, 3.06, 3.16 with warm-up, while pre-LN
+# reached 2.97, 2.92, 2.98 without it.
+#
+# **8. Cross-attention once per sentence.** The encoder's output does not change while the
+# decoder writes, so in each decoder layer the cross-attention keys $K = \text{memory}\, W^K$ and
+# values $V = \text{memory}\, W^V$, both $(B, h, S, d_k)$, can be computed once per sentence and
+# reused at every step (and the source padding mask too). At each step only the new position's
+# query, $W^Q$ of one vector, and its $S$ scores are computed. That saves two $S \times d$ by
+# $d \times d$ products per layer per step; the decoder's own keys and values grow by one
+# position per step, and caching those is chapter 09's KV cache.
