@@ -467,10 +467,10 @@ if run.profile != "smoke":  # 10 BLEU better, or half of what the fixed vector m
 
 # %% [markdown]
 # The figure is the one of Bahdanau et al. (2014, Figure 2), measured on our corpus. In the
-# committed `cpu` run the two models are close on the shortest sentences (about 95 and 99 BLEU
-# on 3 to 10 tokens), and then they part: on sentences of 40 tokens or more the fixed-vector
-# model keeps about 11 BLEU and the attention model about 73, with 80% of all test sentences
-# translated exactly against 50%. The two models have about the same number of parameters
+# committed `cpu` run the two models are close on the shortest sentences (96 and 99 BLEU on 3
+# to 10 tokens), and then they part: on sentences of 40 tokens or more the fixed-vector model
+# keeps 12 BLEU and the attention model 84, with 88% of all test sentences translated exactly
+# against 52%. The two models have about the same number of parameters
 # (printed in section 2), and the attention model was trained for fewer epochs than chapter
 # 02's (one against three in the `cpu` profile; the steps and seconds of your run are printed
 # below). The table above holds the numbers of your run. The training loss, step by step on the
@@ -491,9 +491,11 @@ print(f"training time on {run.device}: seq2seq {baseline_seconds:.0f} s for {len
 # %% [markdown]
 # Attention is not free: each decoder step computes a score for every source position, and the
 # decoder must run as a Python loop over steps, because $c_i$ depends on $s_{i-1}$, where chapter
-# 02's decoder runs inside one fused GRU call (compare the milliseconds per step above; when
-# chapter 02's model was loaded from its checkpoint, its seconds are those of chapter 02's run).
-# Chapters 04 and 05 remove that loop, too.
+# 02's decoder runs inside one fused GRU call. The milliseconds per step above compare the two
+# fairly only when both models were trained in this run: when chapter 02's model was loaded from
+# its checkpoint, its seconds were measured in chapter 02's run, under whatever load the machine
+# had then (in the committed `cpu` run that load was heavier, and chapter 02's steps look the
+# slower ones). Chapters 04 and 05 remove the loop, too.
 #
 # ## 4. What the model attends to
 #
@@ -565,7 +567,7 @@ plt.show()
 # negation French turns the indefinite article into `de`, and the model has found the word that
 # decides it. In the third sentence agreement shows twice: `fâchées` is feminine plural like
 # `tantes` and crosses like the first example, and `jeunes`, after the verb, is plural because
-# `aunts` is, three words earlier. The attention of `jeunes` is on `young` and `are`, not on
+# `aunts` is, three words earlier. The attention of `jeunes` is on `young`, not on
 # `aunts`: the number reaches it through the annotations (each one a bidirectional summary) and
 # the decoder's own state. Determiners, finally, look at their noun rather than at `the`: the
 # French article depends on the noun's gender and number.
@@ -630,10 +632,10 @@ if run.profile != "smoke" and not real_corpus:
 # %% [markdown]
 # The percentages say how far the heatmaps generalise. When the model writes a noun or an
 # adjective, its attention peaks on the English word it translates in the large majority of
-# cases (about 95% in the committed `cpu` run), for adjectives that cross as often as for those that
+# cases (about 98% in the committed `cpu` run), for adjectives that cross as often as for those that
 # keep their place. That is alignment learned from translation alone. The negation words behave
 # differently, as the counts show: `ne` peaks on the auxiliary (`does`, `do`, `is`) in most
-# cases, and `pas` peaks on `not` only about a fifth of the time, otherwise on nearby verbs and
+# cases, and `pas` peaks on `not` only about a quarter of the time, otherwise on nearby verbs and
 # adverbs: the place of `pas` is fixed by the French verb, and the model looks where the verb is.
 # An attention peak is where the model found the information it needed, which is often but not
 # always "the word being translated"; Jain and Wallace (2019) make the general point that
@@ -684,8 +686,8 @@ plt.show()
 
 # %% [markdown]
 # In the committed `cpu` run, at this small size and budget, the two bilinear scores learned
-# *faster* than the additive one: lower loss and higher BLEU after the same number of steps (about
-# 60 BLEU for general and dot against 46 for additive, after 400 steps in the `cpu` profile),
+# *faster* than the additive one: lower loss and higher BLEU after the same number of steps (62 and
+# 65 BLEU for general and dot against 28 for additive, after 400 steps in the `cpu` profile),
 # and in less time per step (the `ms/step` column), since they need no $\tanh$ layer over every
 # source position. That is one budget and one seed,
 # and the literature is divided too: Luong et al. (2015, §4.4) found their additive ("concat")
@@ -918,7 +920,7 @@ plt.show()
 #   close on short sentences and far better on long ones (the BLEU-by-length figure of section 3):
 #   the bottleneck is gone.
 # * The weights are an alignment learned from translation alone: for nouns and adjectives the
-#   attention peak is on the English word being translated about 95% of the time, crossing where
+#   attention peak is on the English word being translated about 98% of the time, crossing where
 #   French reorders. Function words (articles, `ne ... pas`) look where their form is decided
 #   (the noun, the verb), which is not always the word they translate (section 4).
 # * Luong's dot and general scores replace the small network by a bilinear form, cheaper per
