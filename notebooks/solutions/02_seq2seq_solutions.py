@@ -126,10 +126,116 @@ def my_padding_fraction(batches: list[list[int]], lengths: list[int]) -> float:
 exercises.check("02.padding_fraction", my_padding_fraction, must_pass=True)
 
 # %% [markdown]
-# ## Question 8: pools, not a full sort
+# ## Questions
 #
-# A full sort makes every epoch present the batches in nearly the same composition: each batch
-# holds the same neighbouring lengths every epoch, and if the batches are not shuffled, training
+# **1. $c$ at every step, or only in $s_0$.** With $c$ only in the initial state (Sutskever et
+# al. 2014), everything the decoder knows about the source must survive in $s_i$ through $i$
+# updates, each of which also has to track what has been written; the GRU's gates overwrite it
+# bit by bit, the fading of old inputs that chapter 01 measured (sections 2 and 4).
+# With $c$ at every step (Cho et al. 2014, §2.2, the chapter's choice), the source is re-read
+# at every position, so the state only has to track the progress of the translation.
+# The model with $c$ only in $s_0$ should suffer more on long *targets*: the later the word, the more updates the source
+# information had to survive (its decoder also has fewer parameters: no $c$ in the GRU's input or
+# in the output layer). Both share the encoder's bottleneck, which dominates for long *sources*:
+# even with $c$ at every step the chapter measured 96.3 BLEU on sources of 3-10 tokens and 11.6
+# at 40+. Sutskever et al. compensated with four-layer LSTMs, large models and a reversed source
+# (§3.3).
+
+# %% [markdown]
+# **2. Greedy decoding with a perfect encoder.** Yes: greedy decoding maximises each word given
+# the words already written, not the whole sentence. The probability of a first word is the sum
+# over all the sentences that begin with it, so a word shared by several acceptable but less
+# likely translations can beat the first word of the single best one. Say "I must leave" has
+# "je dois partir" (0.45), "il faut que je parte" (0.30) and "il me faut partir" (0.25): the first
+# word "il" has 0.55 against "je"'s 0.45, greedy writes "il", and the best it can end with is the
+# 0.30 sentence. Worse, a likely first word can lead into a construction the model then handles
+# poorly (a long subordinate clause, a word order that needs agreement far later), and greedy
+# cannot go back. Beam search (chapter 08) keeps several prefixes to soften this; only exact
+# search removes it, and even exact search returns the model's most probable sentence, not the
+# best translation.
+
+# %% [markdown]
+# **3. Averaging per sentence instead of per token.** Within one batch the two losses weight
+# the sentences the same way: the token mean is $\sum_{s,t} \ell_{s,t} / N_\text{tokens}$ and the
+# sentence version $\sum_{s,t} \ell_{s,t} / B$, so in both a sentence counts in proportion to its
+# length (section 4 printed the token mean equal to the token-weighted mean of the sentences:
+# 5.970495 both). What changes is the scale: the sentence version is the token mean times the
+# batch's mean target length, so a batch of long sentences gives a gradient several times
+# larger than a batch of short ones, an effective learning rate that varies with length. With
+# the bucketed batches of section 1, where each batch holds similar lengths, long-sentence
+# batches then dominate the updates. For long sentences that is more weight where the model is
+# worst, but also larger and noisier steps on the hardest batches (clipping and Adam's
+# normalisation absorb part of it), and a loss whose value depends on the lengths, so it cannot
+# be compared between batches or read as nats per token. (Averaging each *sentence's* mean
+# loss, so that every sentence counts once, would do the opposite: short sentences, whose
+# tokens each weigh more, would dominate.)
+
+# %% [markdown]
+# **4. A word never seen in training.** The source vocabulary maps it to `<unk>` (`UNK_ID`), so
+# the encoder reads the same `<unk>` embedding for every unknown word: its meaning, spelling and
+# even whether it is a noun or a name are lost, though its position in the sentence remains.
+# The decoder can only output words of its target vocabulary (394 tokens here). It can write
+# `<unk>` if it learned to, but on the bundled data every training word is in the vocabulary,
+# so `<unk>` never appears as a target and the model instead writes some word that fits the
+# context, typically a frequent one of the right kind: a plausible but wrong translation. With
+# characters or subwords (byte-pair encoding, Sennrich et al. 2016, "Neural machine translation
+# of rare words with subword units", ACL), an unseen word is split into known pieces: the encoder
+# reads its spelling, and the decoder can write it piece by piece, copying names and numbers or
+# composing unseen forms from known stems and endings. The costs are longer sequences (more
+# steps for the GRUs, a harder long-range problem) and pieces that carry less meaning each.
+
+# %% [markdown]
+# **5. A brevity penalty but no length penalty.** BLEU's modified n-gram precisions (Papineni et
+# al. 2002, §2.1) already punish output that is too long: every extra n-gram that is not in the
+# reference lowers the precision, and clipping stops repeated words from counting more often
+# than the reference has them. Output that is too short is not punished by precision: a
+# hypothesis of three sure words has a high precision while it translates a fraction of the
+# sentence. That is the job of recall, which BLEU does not compute (with several references it
+# is ill-defined, §2.2); the brevity penalty (§2.2.2) stands in for it, over the whole corpus so
+# that short and long sentences can balance. In the chapter the penalty did nothing: BP 1.000 on
+# the 2,500 test sentences, since the greedy translations were not shorter than the references
+# overall.
+
+# %% [markdown]
+# **6. Judging free running by teacher-forced loss, and scheduled sampling.** It is not fair: the
+# validation loss under teacher forcing is exactly what the $p = 1$ model was trained to
+# minimise, on correct prefixes, while the free-running model trained on its own prefixes and is
+# then scored in a situation it never trained for. (The gap was large here: 2.418 for $p = 1$
+# against 4.046 for $p = 0$ after 313 steps.) A measurement that favours neither is a property of
+# what each model *produces* at test time with the same decoder: BLEU or exact matches of
+# greedy (or beam) outputs on held-out sentences, the measure the chapter also prints (4.8
+# against 0.5 BLEU), or a human judgement. A scheduled-sampling run (Bengio et al. 2015, §2):
+# same model, batches and steps as section 5, with the probability of reading the reference
+# decaying with the step $k$, linearly ($p_k = \max(p_\min, 1 - c\,k)$), exponentially ($p_k =
+# a^k$) or as an inverse sigmoid ($p_k = b / (b + e^{k/b})$), their §2.4; measure greedy BLEU on
+# the same held-out sentences every few dozen steps. Expectation: early on it behaves like
+# teacher forcing (and learns as fast), since $p \approx 1$ while the model's own guesses are
+# nonsense; later it trains the model on its own mistakes, so a gain over $p = 1$, if any, should
+# come late in training and on long outputs, where errors have time to compound (Bengio et al.
+# report gains on captioning, parsing and speech, §4). With section 5's budget of 313 steps, when
+# no model translates yet, expect nothing, and each step with $p < 1$ is slower (1.34x for $p = 0$
+# against $p = 1$ on the CPU here).
+
+# %% [markdown]
+# **7. Bits in a sentence and in $c$.** A sentence of 40 words from a vocabulary of 300 is one
+# of $300^{40}$ sequences, so it needs at most $40 \log_2 300 \approx 40 \times 8.23 \approx 329$
+# bits; real sentences need fewer, since grammar rules most sequences out. The chapter's $c$ has
+# $H = 256$ float32 numbers, $256 \times 32 = 8{,}192$ bits: 25 times more than the worst case.
+# Yet translation of 40+ word sources was poor (11.6 BLEU against 96.3 at 3-10 tokens), so
+# capacity in bits is not the limit. The encoder is a smooth function trained by gradient
+# descent: it cannot use the low-order bits of a float, since nearby vectors must decode to
+# similar outputs for learning (and robustness to noise) to work, which leaves a few useful bits
+# per dimension, and the GRU's state is squashed into $(-1, 1)$. The information must also be
+# *written* by a recurrent update that forgets early words (chapter 01, section 2) and
+# *read out* word by word by a decoder that learns what to look for; and the training signal for
+# packing a long sentence into $c$ is weak and rare. The limit is what the network can learn to
+# encode and decode, which is what attention (chapter 03) relaxes by letting the decoder read
+# every encoder state.
+
+# %% [markdown]
+# **8. Pools, not a full sort.** A full sort makes every epoch present the batches in nearly the
+# same composition: each batch holds the same neighbouring lengths every epoch, and if the
+# batches are not shuffled, training
 # walks from short to long sentences, a curriculum you did not choose. Shrinking the pool gives
 # more randomness but more padding; at a pool of one batch the sampler is random batching again.
 # Measured on the bundled training split, in batches of 64, as the pool shrinks:
