@@ -73,6 +73,7 @@ from tfmlib.data import (
 from tfmlib.decoding import Decoded, decode_length, evaluate_translator, translate
 from tfmlib.decoding import greedy_decode as package_greedy_decode  # compared with the one built below
 from tfmlib.plot import plot_bleu_by_length, plot_curves, plot_heatmap, plot_history
+from tfmlib.rnn import MPS_RNN_ISSUES, recurrent_device
 from tfmlib.seq2seq import (
     EncoderDecoder,
     EncoderOutput,
@@ -80,6 +81,8 @@ from tfmlib.seq2seq import (
     check_source,
     count_parameters,
     first_token_batch,
+    host_checked,
+    host_lengths,
 )
 from tfmlib.timing import interleaved_medians
 from tfmlib.train import History, checkpoint_dir, fit, load_checkpoint, save_checkpoint, warmup_inverse_sqrt
@@ -279,12 +282,18 @@ class GRUEncoder(nn.Module):
         return self.directions * self.hidden
 
     def forward(self, src: Tensor, src_mask: Tensor) -> tuple[Tensor, Tensor]:
-        lengths = src_mask.sum(dim=1).cpu()
-        packed = pack_padded_sequence(self.dropout(self.embed(src)), lengths, batch_first=True,
-                                      enforce_sorted=False)
+        # What pack_padded_sequence(enforce_sorted=False) and pad_packed_sequence do, with the
+        # sorting done on the CPU lengths: pad_packed_sequence would read its permutation back from
+        # the device (a host sync per call) only to return lengths we already know.
+        lengths, order = torch.sort(host_lengths(src_mask), descending=True)
+        unorder = torch.empty_like(order)
+        unorder[order] = torch.arange(order.numel())
+        order, unorder = order.to(src.device), unorder.to(src.device)
+        packed = pack_padded_sequence(self.dropout(self.embed(src)).index_select(0, order), lengths,
+                                      batch_first=True)
         states, final = self.rnn(packed)
         states, _ = pad_packed_sequence(states, batch_first=True, total_length=src.shape[1])
-        return states, final
+        return states.index_select(0, unorder), final.index_select(1, unorder)
 
 
 # %% [markdown]
@@ -462,17 +471,21 @@ def translation_loss(model: nn.Module, batch: Batch, teacher_forcing: float = 1.
 
     Padded target positions (``PAD_ID`` in ``tgt_out``) do not count, so a sentence's loss does
     not depend on how long its batch neighbours are. ``model(src, src_mask, tgt_in, ...)`` must
-    return logits ``(B, T, V)``.
+    return logits ``(B, T, V)``. A batch from :func:`~tfmlib.data.make_batch` is counted and
+    checked from its CPU-side facts (:func:`host_checked`): no step waits for the device to read
+    a length, a count or an id back.
     """
     if not isinstance(batch, Batch):
         raise TypeError(f"translation_loss: expected a Batch, got {type(batch).__name__}")
     n_tokens = batch.num_target_tokens
     if n_tokens == 0:
         raise ValueError("translation_loss: the batch has no target tokens")
-    if teacher_forcing == 1.0:
-        logits = model(batch.src, batch.src_mask, batch.tgt_in)
-    else:
-        logits = model(batch.src, batch.src_mask, batch.tgt_in, teacher_forcing=teacher_forcing)
+    with host_checked(batch, type(model).__name__, getattr(model, "max_source_len", None),
+                      getattr(model, "src_vocab_size", None), getattr(model, "tgt_vocab_size", None)):
+        if teacher_forcing == 1.0:
+            logits = model(batch.src, batch.src_mask, batch.tgt_in)
+        else:
+            logits = model(batch.src, batch.src_mask, batch.tgt_in, teacher_forcing=teacher_forcing)
     if logits.shape[:2] != batch.tgt_out.shape:
         raise ValueError(f"translation_loss: logits {tuple(logits.shape)} do not match the targets "
                          f"{tuple(batch.tgt_out.shape)}")
@@ -642,7 +655,17 @@ def train_translator(
     Adam's ``betas`` (0.9, 0.98) and ``adam_eps`` (1e-9), and ``warmup_steps``, which makes ``lr``
     the peak of :func:`~tfmlib.train.warmup_inverse_sqrt`'s schedule (a constant ``lr`` when
     ``None``).
+
+    On Apple's MPS a model with PyTorch's recurrent modules (the GRU encoders) trains on the CPU
+    instead, with a printed line saying so (:func:`~tfmlib.rnn.recurrent_device`): their MPS
+    kernels are known to fail in the backward pass of packed sequences and to give NaN.
     """
+    wanted = torch.device(device)
+    device = recurrent_device(wanted, model)
+    if device != wanted:
+        print(f"train_translator: {type(model).__name__} trains on the {device.type.upper()}, not "
+              f"{wanted}: PyTorch's recurrent modules are known to fail there "
+              f"({', '.join(MPS_RNN_ISSUES.values())})")
     torch.manual_seed(seed)
     loader = make_loader(dataset, batch_size, shuffle=True, seed=seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, betas=betas, eps=adam_eps)
@@ -704,9 +727,13 @@ def _select_rows(enc: EncoderOutput, rows: Tensor) -> EncoderOutput:
 # %%
 # tfmlib-source: tfmlib.decoding._select_state
 def _select_state(state: object, rows: Tensor) -> object:
-    """A decoder ``state`` (a tensor, or a tuple/list of them, batch first) at the given rows."""
+    """A decoder ``state`` (a tensor, a tuple/list of them, batch first, or an object with a
+    ``select(rows)`` method such as chapter 09's :class:`~tfmlib.kv_cache.DecoderCache`) at the
+    given rows."""
     if isinstance(state, Tensor):
         return state.index_select(0, rows)
+    if hasattr(state, "select") and callable(state.select):
+        return state.select(rows)
     if isinstance(state, (tuple, list)):
         return type(state)(_select_state(s, rows) for s in state)
     raise TypeError(f"decoding: a decoder state must be a tensor or a tuple of tensors, got "
@@ -741,6 +768,7 @@ def greedy_decode(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len:
         enc = model.encode(src, src_mask)
         B = src.shape[0]
         prev, state = first_token_batch(B, src.device), enc.state
+        enc = enc._replace(state=None)  # the state lives on in `state` only
         running = torch.arange(B, device=src.device)  # the rows of the batch still decoding
         tokens, weights = [], []
         for _ in range(max_len):
@@ -750,12 +778,11 @@ def greedy_decode(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len:
             if return_attention and step.weights is not None:
                 weights.append(step.weights.new_zeros((B, *step.weights.shape[1:]))
                                .index_copy(0, running, step.weights))
-            ended = prev == EOS_ID
-            n_ended = int(ended.sum())
-            if n_ended == len(running):
+            ended = (prev == EOS_ID).tolist()                           # the step's one device read
+            if all(ended):
                 break
-            if n_ended:  # the rows that ended leave the batch: keep the others' inputs and state
-                keep = (~ended).nonzero().flatten()
+            if any(ended):  # the rows that ended leave the batch: keep the others' inputs and state
+                keep = torch.tensor([i for i, e in enumerate(ended) if not e], device=src.device)
                 running, prev = running[keep], prev[keep]
                 state, enc = _select_state(step.state, keep), _select_rows(enc, keep)
             else:

@@ -70,7 +70,7 @@ import math
 import os
 import warnings
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -105,6 +105,9 @@ from tfmlib.seq2seq import (
 )
 from tfmlib.train import fit
 from tfmlib.transformer import ACTIVATIONS
+
+if TYPE_CHECKING:  # only for a type hint of Transformer.decode_step: the cache itself is chapter 09's
+    from tfmlib.kv_cache import DecoderCache
 
 run = setup(
     seed=0,
@@ -969,10 +972,12 @@ class Decoder(nn.Module):
 # positions' (variance 1/2). The package initialises $E \sim \mathcal{N}(0, 1/d)$ for this reason.
 #
 # `Transformer` implements chapter 02's `EncoderDecoder` interface: `encode` runs the encoder
-# once; `decode_step`'s state is the target prefix read so far, which the decoder re-reads at
-# every step (chapter 09 caches keys and values instead), so chapter 02's greedy decoding and
-# training recipe run it unchanged; `decode_teacher_forced` runs the decoder over a whole target
-# at once, the causal mask standing in for the step-by-step order.
+# once; `decode_step` writes one more target token. Its state is a cache of every layer's keys
+# and values so far (chapter 09 builds and measures it; with `model.kv_cache = False` the state
+# is the target prefix read so far, which the decoder re-reads at every step, with the same
+# outputs), so chapter 02's greedy decoding and training recipe run it unchanged;
+# `decode_teacher_forced` runs the decoder over a whole target at once, the causal mask standing
+# in for the step-by-step order.
 
 # %%
 # tfmlib-source: tfmlib.transformer.AttentionMaps
@@ -1002,8 +1007,11 @@ class Transformer(EncoderDecoder):
     source embedding (needs one vocabulary for both sides).
 
     Implements :class:`~tfmlib.seq2seq.EncoderDecoder`: ``encode`` runs the encoder once;
-    ``decode_step``'s state is the target prefix ``(B, t)`` read so far (the decoder re-reads it
-    at every step; chapter 09 caches its keys and values instead); ``decode_teacher_forced`` runs
+    ``decode_step``'s state is a :class:`~tfmlib.kv_cache.DecoderCache` (chapter 09): every
+    decoder layer's keys and values of the target tokens read so far, and its cross-attention keys
+    and values of the source, so a step computes the new token only. With ``model.kv_cache =
+    False`` the state is the target prefix ``(B, t)`` and the decoder re-reads it at every step
+    (chapters 07-08's form; the outputs are the same); ``decode_teacher_forced`` runs
     the decoder on the whole target at once, the causal mask keeping each position from seeing
     later ones. :meth:`attention_maps` returns every layer's and head's weights.
     """
@@ -1049,6 +1057,7 @@ class Transformer(EncoderDecoder):
         self.encoder = Encoder(encoder_layers, **layer_args)
         self.decoder = Decoder(decoder_layers, **layer_args)
         self.generator = nn.Linear(d_model, tgt_vocab_size)
+        self.kv_cache = True  # decode_step reuses keys and values (chapter 09); False re-reads the prefix
         self._reset_parameters()
         if tie_output:
             self.generator.weight = self.tgt_embed.weight
@@ -1086,8 +1095,15 @@ class Transformer(EncoderDecoder):
 
     def encode(self, src: Tensor, src_mask: Tensor) -> EncoderOutput:
         memory, _ = self.encoder(self.embed_source(src), padding_mask(src_mask))
-        empty_prefix = src.new_zeros((src.shape[0], 0))  # decode_step's state: no target token read yet
-        return EncoderOutput(memory, src_mask, empty_prefix)
+        if not self.kv_cache:  # decode_step's state: the target prefix, no token read yet
+            return EncoderOutput(memory, src_mask, src.new_zeros((src.shape[0], 0)))
+        # chapter 09: decode_step's state is a cache: every layer's self-attention keys and values
+        # (none yet) and its cross-attention keys and values of the source, computed once here
+        from tfmlib.kv_cache import DecoderCache, cross_attention_kv
+
+        cross = [cross_attention_kv(layer.cross_attn, memory) for layer in self.decoder.layers]
+        return EncoderOutput(memory, src_mask, DecoderCache.empty(
+            len(self.decoder.layers), self.max_target_len, initial=min(self.max_target_len, 32), cross=cross))
 
     def decode(self, tgt_in: Tensor, enc: EncoderOutput) -> Tensor:
         """The decoder's output ``(B, T, d)`` for the target prefix ``tgt_in`` ``(B, T)``."""
@@ -1097,12 +1113,26 @@ class Transformer(EncoderDecoder):
     def decode_teacher_forced(self, tgt_in: Tensor, enc: EncoderOutput) -> Tensor:
         return self.generator(self.decode(tgt_in, enc))
 
-    def decode_step(self, prev: Tensor, state: Tensor, enc: EncoderOutput) -> StepOutput:
-        prefix = torch.cat([state, prev[:, None]], dim=1)               # (B, t + 1)
-        if prefix.shape[1] > self.max_target_len:
-            raise ValueError(f"Transformer: a target of {prefix.shape[1]} tokens is longer than this model's "
+    def decode_step(self, prev: Tensor, state: Tensor | DecoderCache, enc: EncoderOutput) -> StepOutput:
+        if isinstance(state, Tensor):  # kv_cache=False: re-read the whole prefix
+            prefix = torch.cat([state, prev[:, None]], dim=1)           # (B, t + 1)
+            if prefix.shape[1] > self.max_target_len:
+                raise ValueError(f"Transformer: a target of {prefix.shape[1]} tokens is longer than this "
+                                 f"model's max_len={self.max_target_len}")
+            return StepOutput(self.generator(self.decode(prefix, enc)[:, -1]), prefix)
+        from tfmlib.kv_cache import decoder_layer_step
+
+        t = state.length                                                 # tokens read so far
+        if t + 1 > self.max_target_len:
+            raise ValueError(f"Transformer: a target of {t + 1} tokens is longer than this model's "
                              f"max_len={self.max_target_len}")
-        return StepOutput(self.generator(self.decode(prefix, enc)[:, -1]), prefix)
+        x = self.tgt_pos(self.tgt_embed(prev[:, None]) * math.sqrt(self.d_model), offset=t)  # (B, 1, d)
+        memory_mask = padding_mask(enc.mask)
+        for layer, cache, (k, v) in zip(self.decoder.layers, state.layers, state.cross, strict=True):
+            x = decoder_layer_step(layer, x, cache, k, v, memory_mask)
+        if self.decoder.norm is not None:
+            x = self.decoder.norm(x)
+        return StepOutput(self.generator(x[:, -1]), state)
 
     @torch.no_grad()
     def attention_maps(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> AttentionMaps:

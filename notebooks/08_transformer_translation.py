@@ -96,6 +96,7 @@ from tfmlib.seq2seq import (
     check_source,
     count_parameters,
     first_token_batch,
+    host_checked,
     train_translator,
 )
 from tfmlib.synthetic import ADJECTIVES, NOUNS
@@ -220,17 +221,21 @@ def translation_loss(model: nn.Module, batch: Batch, teacher_forcing: float = 1.
 
     Padded target positions (``PAD_ID`` in ``tgt_out``) do not count, so a sentence's loss does
     not depend on how long its batch neighbours are. ``model(src, src_mask, tgt_in, ...)`` must
-    return logits ``(B, T, V)``.
+    return logits ``(B, T, V)``. A batch from :func:`~tfmlib.data.make_batch` is counted and
+    checked from its CPU-side facts (:func:`host_checked`): no step waits for the device to read
+    a length, a count or an id back.
     """
     if not isinstance(batch, Batch):
         raise TypeError(f"translation_loss: expected a Batch, got {type(batch).__name__}")
     n_tokens = batch.num_target_tokens
     if n_tokens == 0:
         raise ValueError("translation_loss: the batch has no target tokens")
-    if teacher_forcing == 1.0:
-        logits = model(batch.src, batch.src_mask, batch.tgt_in)
-    else:
-        logits = model(batch.src, batch.src_mask, batch.tgt_in, teacher_forcing=teacher_forcing)
+    with host_checked(batch, type(model).__name__, getattr(model, "max_source_len", None),
+                      getattr(model, "src_vocab_size", None), getattr(model, "tgt_vocab_size", None)):
+        if teacher_forcing == 1.0:
+            logits = model(batch.src, batch.src_mask, batch.tgt_in)
+        else:
+            logits = model(batch.src, batch.src_mask, batch.tgt_in, teacher_forcing=teacher_forcing)
     if logits.shape[:2] != batch.tgt_out.shape:
         raise ValueError(f"translation_loss: logits {tuple(logits.shape)} do not match the targets "
                          f"{tuple(batch.tgt_out.shape)}")
@@ -826,9 +831,13 @@ def _select_rows(enc: EncoderOutput, rows: Tensor) -> EncoderOutput:
 # %%
 # tfmlib-source: tfmlib.decoding._select_state
 def _select_state(state: object, rows: Tensor) -> object:
-    """A decoder ``state`` (a tensor, or a tuple/list of them, batch first) at the given rows."""
+    """A decoder ``state`` (a tensor, a tuple/list of them, batch first, or an object with a
+    ``select(rows)`` method such as chapter 09's :class:`~tfmlib.kv_cache.DecoderCache`) at the
+    given rows."""
     if isinstance(state, Tensor):
         return state.index_select(0, rows)
+    if hasattr(state, "select") and callable(state.select):
+        return state.select(rows)
     if isinstance(state, (tuple, list)):
         return type(state)(_select_state(s, rows) for s in state)
     raise TypeError(f"decoding: a decoder state must be a tensor or a tuple of tensors, got "
@@ -877,22 +886,25 @@ def beam_search(model: EncoderDecoder, src: Tensor, src_mask: Tensor, beam_size:
     was_training = model.training
     model.eval()
     try:
-        enc = _repeat_rows(model.encode(src, src_mask), K)
-        state, prev = enc.state, first_token_batch(B * K, device)
+        enc = model.encode(src, src_mask)
+        state = _select_state(enc.state, torch.arange(B, device=device).repeat_interleave(K))
+        enc = _repeat_rows(enc._replace(state=None), K)  # the state lives on in `state` only
+        prev = first_token_batch(B * K, device)
         # The sentences still searching (their ids in the batch); a sentence that is done leaves
-        # the rows the model runs on. Below, n = len(searching) and every tensor has n * K rows.
-        searching = torch.arange(B, device=device)
-        prefixes = torch.empty(B * K, 0, dtype=torch.long, device=device)
+        # the rows the model runs on. Below, n = len(sentence_of) and every tensor has n * K rows.
+        sentence_of = list(range(B))
+        prefixes: list[list[int]] = [[] for _ in range(B * K)]  # on the host: read once per step
         # Only the first of a sentence's K identical start prefixes is live, so that the first step
         # gives K different extensions instead of K copies of the best one.
         beam_scores = torch.full((B, K), -math.inf, device=device)
         beam_scores[:, 0] = 0.0
+        host_scores = beam_scores.tolist()
         # per sentence, its finished hypotheses as (normalized score, raw score, token ids)
         finished: list[list[tuple[float, float, list[int]]]] = [[] for _ in range(B)]
         best_finished = [-math.inf] * B
         best_bound_penalty = length_penalty(max_len, alpha)
         for step in range(1, max_len + 1):
-            n = len(searching)
+            n = len(sentence_of)
             out = model.decode_step(prev, state, enc)
             log_probs = F.log_softmax(out.logits.float(), dim=-1)             # (n*K, V)
             V = log_probs.shape[-1]
@@ -904,50 +916,68 @@ def beam_search(model: EncoderDecoder, src: Tensor, src_mask: Tensor, beam_size:
             # finished hypotheses: EOS among the first K candidates
             rank = torch.arange(n_best, device=device)[None, :]
             new_finished = is_eos & (rank < K) & torch.isfinite(top_scores)
-            sentence_of = searching.tolist()
-            for i, j in new_finished.nonzero().tolist():
-                b, raw = sentence_of[i], float(top_scores[i, j])
-                ids = prefixes[i * K + int(top_beam[i, j])].tolist() + [EOS_ID]
-                finished[b].append((raw / length_penalty(step, alpha), raw, ids))
-                best_finished[b] = max(best_finished[b], finished[b][-1][0])
             # live prefixes: the first K candidates that do not end with EOS (there are at least K:
             # each of the K prefixes contributes at most one EOS candidate)
             order = (is_eos.long() * n_best + rank).argsort(dim=1)[:, :K]    # non-EOS first, by rank
             beam_scores = top_scores.gather(1, order)
-            keep_rows = (torch.arange(n, device=device)[:, None] * K + top_beam.gather(1, order)).view(-1)
+            chosen_beam = top_beam.gather(1, order)                           # (n, K)
+            keep_rows = (torch.arange(n, device=device)[:, None] * K + chosen_beam).view(-1)
             prev = top_token.gather(1, order).view(-1)
-            prefixes = torch.cat([prefixes.index_select(0, keep_rows), prev[:, None]], dim=1)
             state = _select_state(out.state, keep_rows)
-            # a sentence is done when no live prefix can beat its best finished hypothesis
-            bound = (beam_scores.max(dim=1).values / best_bound_penalty).tolist()
-            still = [i for i, b in enumerate(sentence_of) if not finished[b] or best_finished[b] < bound[i]]
+            bound = beam_scores.max(dim=1).values / best_bound_penalty       # (n,)
+            # The one read from the device in this step: everything the host-side bookkeeping needs.
+            host = torch.cat([top_scores.double(), top_index.double(), new_finished.double(),
+                              chosen_beam.double(), prev.view(n, K).double(), beam_scores.double(),
+                              bound[:, None].double()], dim=1).tolist()
+            still = []
+            new_prefixes = []
+            for i, row in enumerate(host):
+                b = sentence_of[i]
+                scores_i, index_i = row[:n_best], row[n_best:2 * n_best]
+                flags = row[2 * n_best:3 * n_best]
+                beams_i, tokens_i = row[3 * n_best:3 * n_best + K], row[3 * n_best + K:3 * n_best + 2 * K]
+                for j in range(n_best):
+                    if flags[j]:
+                        raw = scores_i[j]
+                        ids = prefixes[i * K + int(index_i[j]) // V] + [EOS_ID]
+                        finished[b].append((raw / length_penalty(step, alpha), raw, ids))
+                        best_finished[b] = max(best_finished[b], finished[b][-1][0])
+                new_prefixes.extend(prefixes[i * K + int(beam)] + [int(token)]
+                                    for beam, token in zip(beams_i, tokens_i, strict=True))
+                # a sentence is done when no live prefix can beat its best finished hypothesis
+                if not finished[b] or best_finished[b] < row[-1]:
+                    still.append(i)
+            prefixes = new_prefixes
+            host_scores = [row[3 * n_best + 2 * K:3 * n_best + 3 * K] for row in host]
             if not still:
                 break
             if len(still) < n:  # the sentences that are done leave the batch
                 keep = torch.tensor(still, device=device)
-                rows = (keep[:, None] * K + torch.arange(K, device=device)).view(-1)
-                searching, beam_scores = searching[keep], beam_scores[keep]
-                prefixes, prev = prefixes[rows], prev[rows]
+                rows_list = [i * K + j for i in still for j in range(K)]
+                rows = torch.tensor(rows_list, device=device)
+                sentence_of = [sentence_of[i] for i in still]
+                host_scores = [host_scores[i] for i in still]
+                prefixes = [prefixes[r] for r in rows_list]
+                beam_scores, prev = beam_scores[keep], prev[rows]
                 state, enc = _select_state(state, rows), _select_rows(enc, rows)
     finally:
         model.train(was_training)
     results = []
-    row_of = {b: i for i, b in enumerate(searching.tolist())}
+    row_of = {b: i for i, b in enumerate(sentence_of)}
     for b in range(B):
         if finished[b]:
             results.append(max(finished[b], key=lambda f: f[0]))
         else:  # max_len reached without an EOS: the best live prefix
             i = row_of[b]
-            j = int(beam_scores[i].argmax())
-            raw = float(beam_scores[i, j])
-            normalized = raw / length_penalty(prefixes.shape[1], alpha)
-            results.append((normalized, raw, prefixes[i * K + j].tolist()))
+            j = max(range(K), key=lambda j: (host_scores[i][j], -j))  # the first of the best, as argmax
+            raw = host_scores[i][j]
+            normalized = raw / length_penalty(len(prefixes[i * K + j]), alpha)
+            results.append((normalized, raw, prefixes[i * K + j]))
     width = max(len(ids) for _, _, ids in results)
-    tokens = torch.full((B, width), PAD_ID, dtype=torch.long, device=device)
-    lengths = torch.empty(B, dtype=torch.long, device=device)
-    for b, (_, _, ids) in enumerate(results):
-        tokens[b, : len(ids)] = torch.tensor(ids, dtype=torch.long, device=device)
-        lengths[b] = len(ids) - 1 if ids[-1] == EOS_ID else len(ids)
+    rows_out = [ids + [PAD_ID] * (width - len(ids)) for _, _, ids in results]
+    tokens = torch.tensor(rows_out, dtype=torch.long, device=device)
+    lengths = torch.tensor([len(ids) - 1 if ids[-1] == EOS_ID else len(ids) for _, _, ids in results],
+                           dtype=torch.long, device=device)
     scores = torch.tensor([r[1] for r in results], device=device)
     normalized = torch.tensor([r[0] for r in results], device=device)
     return BeamDecoded(tokens, lengths, scores, normalized)
@@ -1479,9 +1509,9 @@ print("the restored model translates exactly as the original, greedily and with 
 # 8. Stahlberg and Byrne (2019) found the empty output to be the most probable one for most
 #    sentences. Which term of the model score favours it, and how does $\mathrm{lp}(y)$ change the
 #    comparison between the empty output and a full translation?
-# 9. Decoding the Transformer re-runs the decoder over the whole prefix at each step. How does
-#    the cost of translating $L$ tokens grow with $L$? What could be kept from one step to the
-#    next (chapter 09)?
+# 9. Decoding without a cache (`model.kv_cache = False`) re-runs the decoder over the whole prefix
+#    at each step. How does the cost of translating $L$ tokens grow with $L$? What can be kept
+#    from one step to the next (chapter 09 builds it, and this chapter's decoding already uses it)?
 #
 # ### Coding exercises
 #

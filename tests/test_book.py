@@ -426,6 +426,26 @@ def test_import_parser_forms():
     broken = "%time x = 1\nfrom tfmlib.train import fit\n"
     assert [m for m, _ in booksync.tfmlib_imports(broken)] == ["train"]
     ast.parse("x = 1")
+    # an import only a type checker reads loads nothing; its else branch does run
+    hinted = (
+        "from typing import TYPE_CHECKING\nimport typing\n"
+        "if TYPE_CHECKING:\n    from tfmlib.kv_cache import C\n"
+        "if typing.TYPE_CHECKING:\n    import tfmlib.lm\nelse:\n    from tfmlib.rnn import GRU\n"
+        "if True:\n    from tfmlib.train import fit\n"
+    )
+    assert sorted(m for m, _ in booksync.tfmlib_imports(hinted)) == ["rnn", "train"]
+
+
+def test_marked_cells_do_not_count_as_the_chapters_imports():
+    nb = (
+        "# %%\nfrom tfmlib.rnn import GRU\n\n"
+        "# %%\n# tfmlib-source: tfmlib.transformer.Transformer\nclass Transformer:\n"
+        "    def encode(self):\n        from tfmlib.kv_cache import DecoderCache\n\n"
+        "# %%\nfrom tfmlib.lm import DecoderLM\n"
+    )
+    kept = booksync.without_marked_cells(nb)
+    assert kept.count("\n") == nb.count("\n"), "line numbers must be kept"
+    assert sorted(m for m, _ in booksync.tfmlib_imports(kept)) == ["lm", "rnn"]
 
 
 def test_execution_and_structure_checks_can_fail(tmp_path):

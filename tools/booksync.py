@@ -284,9 +284,32 @@ def package_modules(package_dir: Path | str = PACKAGE_DIR) -> dict[str, Path]:
     return mods
 
 
+def _is_type_checking_block(node: ast.AST) -> bool:
+    """``if TYPE_CHECKING:`` (or ``typing.TYPE_CHECKING``): code that never runs; type checkers read it."""
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node of ``tree`` except the bodies of ``if TYPE_CHECKING:`` blocks (their ``else`` runs)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        if _is_type_checking_block(node):
+            stack.extend([node.test, *node.orelse])
+        else:
+            stack.extend(ast.iter_child_nodes(node))
+
+
 def _imports_from_tree(tree: ast.AST, package_names: set[str] | None) -> list[tuple[str, int]]:
+    """Imports that run: an import a type checker alone reads (under ``if TYPE_CHECKING:``) loads
+    nothing, so it may name a later chapter's module for a type hint."""
     found = []
-    for node in ast.walk(tree):
+    for node in _runtime_nodes(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 parts = alias.name.split(".")
@@ -335,6 +358,24 @@ def tfmlib_imports(source: str, package_names: set[str] | None = None) -> list[t
     return found
 
 
+def without_marked_cells(py_source: str) -> str:
+    """A percent-format notebook with the bodies of its marked cells blanked (line numbers kept).
+
+    A marked cell is the package's own source, shown verbatim; what it imports inside a function
+    is the package's dependency, not the chapter's. The chapter's own imports are what count.
+    """
+    lines = py_source.split("\n")
+    in_marked = False
+    for i, line in enumerate(lines):
+        if line.startswith("# %%"):
+            following = lines[i + 1] if i + 1 < len(lines) else ""
+            in_marked = MARKER_RE.match(following.strip()) is not None
+            continue
+        if in_marked:
+            lines[i] = ""
+    return "\n".join(lines)
+
+
 def progressive_violations(
     notebook_files: list[Path | str], package_dir: Path | str = PACKAGE_DIR
 ) -> list[str]:
@@ -351,7 +392,7 @@ def progressive_violations(
         nn = chapter_of(nb)
         if nn is None:
             continue
-        source = nb.read_text(encoding="utf-8")
+        source = without_marked_cells(nb.read_text(encoding="utf-8"))
         for mod, line in tfmlib_imports(source, set(modules)):
             if mod not in modules:
                 problems.append(f"{nb}:{line}: imports tfmlib.{mod}, which does not exist")
