@@ -535,3 +535,27 @@ def test_execute_shuts_down_the_kernel_it_started(tmp_path, monkeypatch):
     assert nb.cells[0].outputs[0]["text"].strip() == "2"
     assert len(managers) == 1, "execute should start exactly one kernel"
     assert not run_sync(managers[0].is_alive)(), "the notebook's kernel is still running after execute()"
+
+
+def private_imports(py_files: list[Path]) -> list[str]:
+    """``file:line: name`` for every private name a notebook imports from tfmlib."""
+    found = []
+    for path in py_files:
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tfmlib"):
+                found += [f"{rel(path)}:{node.lineno}: {node.module}.{a.name}"
+                          for a in node.names if a.name.startswith("_")]
+    return found
+
+
+def test_notebooks_import_no_private_names(tmp_path):
+    """A chapter shows what it needs (a marked cell) or imports a public name, never ``_private``."""
+    problems = private_imports(py_files())
+    assert not problems, "notebooks import private tfmlib names:\n" + "\n".join(problems)
+    bad = tmp_path / "01_x.py"
+    bad.write_text("from tfmlib.positional import _check_base, sinusoidal_encoding\n")
+    assert private_imports([bad]) == [f"{rel(bad)}:1: tfmlib.positional._check_base"]
