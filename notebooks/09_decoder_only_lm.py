@@ -62,7 +62,7 @@ from tfmlib.data import BOS_ID, EOS_ID, UNK_ID, BucketBatchSampler, Vocab, detok
 from tfmlib.decoding import beam_search, greedy_decode
 from tfmlib.kv_cache import KVCache, kv_bytes_per_token
 from tfmlib.lm import DecoderLM, generate
-from tfmlib.plot import plot_curves, plot_grouped_bars
+from tfmlib.plot import plot_curves, plot_grouped_bars, plot_over_seeds
 from tfmlib.rnn import GRULanguageModel, collate_lm, lm_loss
 from tfmlib.sampling import next_token_probs
 from tfmlib.synthetic import corpus_log_probs, length_rejection_rate, load_bundled
@@ -74,21 +74,23 @@ run = setup(
     seed=0,
     smoke=dict(lm_sentences=2_000, valid_sentences=200, epochs=1, d_model=32, heads=2, layers=1,
                gru_embed=16, gru_hidden=32, batch_size=32, lr=3e-3, floor_history=2_000, floor_draws=2_000,
-               gen_lengths=(16, 32, 64), time_d_model=32, time_layers=1, time_repeats=1,
-               time_budget_s=None),
-    # cpu: 20-35 s per epoch for each model on one core; the 1024-token run without the cache ~40 s
+               gen_lengths=(16, 32, 64), time_d_model=32, time_layers=1, time_repeats=1, long_repeats=1,
+               lm_seeds=(0,), lm_budget_s=None, gru_budget_s=None),
+    # cpu: 7-10 s per epoch for each model on one core, x 2 epochs x 3 seeds x 2 models ~100 s; the 1024-token run without the cache
+    # ~25 s, so it is timed once (long_repeats), the shorter lengths three times
     cpu=dict(lm_sentences=20_000, valid_sentences=2_500, epochs=2, d_model=64, heads=4, layers=2,
              gru_embed=64, gru_hidden=128, batch_size=64, lr=3e-3, floor_history=50_000, floor_draws=50_000,
-             gen_lengths=(64, 256, 1024), time_d_model=128, time_layers=2, time_repeats=1,
-             time_budget_s=None),
+             gen_lengths=(64, 256, 1024), time_d_model=128, time_layers=2, time_repeats=3, long_repeats=1,
+             lm_seeds=(0, 1, 2), lm_budget_s=None, gru_budget_s=None),
     # gpu: from the H100 step costs (a 3+3-layer Transformer at batch 128: 25-35 ms per step; this
     # 4-layer decoder at batch 128 is about as costly): 50,000 sentences / 128 = 390 steps per
-    # epoch, x 8 epochs = 3,100 steps, ~100 s; the GRU LM (4-10 ms per step) ~30 s; each training
-    # call is capped at 120 s. Generation is timed on the GPU at batch 1 (launch-bound).
-    gpu=dict(lm_sentences=50_000, valid_sentences=2_500, epochs=8, d_model=256, heads=8, layers=4,
+    # epoch, x 3 epochs = 1,170 steps, 29-41 s per seed; the GRU LM (4-10 ms per step) 5-12 s per
+    # seed; 3 seeds. Each decoder run is capped at 34 s and each GRU run at 15 s of training:
+    # 3 x (34 + 15) = 147 s in all. Generation is timed on the GPU at batch 1 (launch-bound).
+    gpu=dict(lm_sentences=50_000, valid_sentences=2_500, epochs=3, d_model=256, heads=8, layers=4,
              gru_embed=128, gru_hidden=512, batch_size=128, lr=1e-3, floor_history=50_000, floor_draws=50_000,
-             gen_lengths=(64, 256, 1024), time_d_model=256, time_layers=4, time_repeats=3,
-             time_budget_s=120.0),
+             gen_lengths=(64, 256, 1024), time_d_model=256, time_layers=4, time_repeats=3, long_repeats=3,
+             lm_seeds=(0, 1, 2), lm_budget_s=34.0, gru_budget_s=15.0),
 )
 
 # %% [markdown]
@@ -221,7 +223,9 @@ assert floor_nats < min(baseline_nats.values()), "no count model may beat the ge
 #
 # Both models see the same training sentences in the same bucketed batches for the same number of
 # epochs (the same token budget), with Adam and `tfmlib.train.fit`. The GRU is chapter 01's
-# `GRULanguageModel` at chapter 01's sizes.
+# `GRULanguageModel` at chapter 01's sizes. Each pair is trained from `run.lm_seeds` (three seeds
+# in the `cpu` profile: initialisation and batch order), since one run cannot say which model is
+# closer; the first seed's decoder is the one sampled from and cached in sections 4-5.
 
 # %%
 def loader(seed: int) -> torch.utils.data.DataLoader:
@@ -247,49 +251,67 @@ def evaluate(model: torch.nn.Module) -> dict[str, float]:
     return {"valid_loss": total / count, "valid_ppl": perplexity(total / count)}
 
 
-torch.manual_seed(run.seed)
-lm = DecoderLM(len(vocab), d_model=run.d_model, heads=run.heads, layers=run.layers, context=1100).to(run.device)
-gru = GRULanguageModel(len(vocab), run.gru_embed, run.gru_hidden).to(run.device)
-histories = {}
-for name, model in (("decoder-only", lm), ("GRU (ch. 01)", gru)):
-    optimizer = torch.optim.Adam(model.parameters(), lr=run.lr)
-    histories[name] = fit(model, loader(run.seed), lm_loss, optimizer, epochs=run.epochs, device=run.device,
-                          eval_fn=evaluate, desc=name, time_budget_s=run.time_budget_s)
-    print(f"{name}: {sum(p.numel() for p in model.parameters()):,} parameters, "
-          f"{histories[name].seconds:.0f} s of training")
+histories = {"decoder-only": [], "GRU (ch. 01)": []}
+for seed in run.lm_seeds:
+    torch.manual_seed(seed)
+    models = {"decoder-only": (DecoderLM(len(vocab), d_model=run.d_model, heads=run.heads, layers=run.layers,
+                                         context=1100).to(run.device), run.lm_budget_s),
+              "GRU (ch. 01)": (GRULanguageModel(len(vocab), run.gru_embed, run.gru_hidden).to(run.device),
+                               run.gru_budget_s)}
+    for name, (model, budget) in models.items():
+        optimizer = torch.optim.Adam(model.parameters(), lr=run.lr)
+        history = fit(model, loader(seed), lm_loss, optimizer, epochs=run.epochs, device=run.device,
+                      eval_fn=evaluate, desc=f"{name}, seed {seed}", time_budget_s=budget)
+        histories[name].append(history)
+        print(f"{name}, seed {seed}: {sum(p.numel() for p in model.parameters()):,} parameters, "
+              f"{history.seconds:.0f} s of training, {len(history.epochs)} epochs")
+    if seed == run.lm_seeds[0]:
+        lm = models["decoder-only"][0]  # the first seed's model is the one sampled and cached below
 
 # %%
-bits = {name: [e["valid_loss"] / math.log(2) for e in h.epochs] for name, h in histories.items()}
+floor_bits = floor_nats / math.log(2)
+n_epochs = min(len(h.epochs) for hs in histories.values() for h in hs)  # a time budget may cut a run short
+bits = {name: np.array([[e["valid_loss"] / math.log(2) for e in h.epochs[:n_epochs]] for h in hs])
+        for name, hs in histories.items()}                                 # (seeds, epochs)
 fig, ax = plt.subplots(figsize=(7.5, 3.8))
-plot_curves({name: [b - floor_nats / math.log(2) for b in v] for name, v in bits.items()},
-            x=np.arange(1, len(next(iter(bits.values()))) + 1), ax=ax,
-            title="Held-out cross-entropy above the generator's floor", xlabel="epoch",
-            ylabel="bits per token above the floor")
+plot_over_seeds({name: b - floor_bits for name, b in bits.items()}, x=np.arange(1, n_epochs + 1), ax=ax,
+                title=f"Held-out cross-entropy above the generator's floor ({len(run.lm_seeds)} seed(s))",
+                xlabel="epoch", ylabel="bits per token above the floor")
 ax.axhline((baseline_nats["trigram (interp.)"] - floor_nats) / math.log(2), color="gray", ls="--",
            label="trigram (interp.)")
 ax.legend()
 plt.tight_layout()
 plt.show()
-print(f"{'model':20s}{'bits/token':>12s}{'perplexity':>12s}{'above floor (bits)':>20s}")
+print(f"{'model':20s}{'bits/token':>12s}{'perplexity':>12s}{'above floor (bits)':>20s}   "
+      f"(neural models: median of {len(run.lm_seeds)} seed(s), after {n_epochs} epoch(s))")
 for name, nats in baseline_nats.items():
     print(f"{name:20s}{nats / math.log(2):12.3f}{math.exp(nats):12.2f}{(nats - floor_nats) / math.log(2):20.3f}")
-for name, v in bits.items():
-    print(f"{name:20s}{v[-1]:12.3f}{2 ** v[-1]:12.2f}{v[-1] - floor_nats / math.log(2):20.3f}")
-print(f"{'floor (generator)':20s}{floor_nats / math.log(2):12.3f}{math.exp(floor_nats):12.2f}{0:20.3f}")
-assert all(v[-1] > floor_nats / math.log(2) for v in bits.values()), "no model may beat the generator"
-assert bits["decoder-only"][-1] < baseline_nats["unigram"] / math.log(2), "the LM must beat the unigram"
+for name, b in bits.items():
+    last = float(np.median(b[:, -1]))
+    print(f"{name:20s}{last:12.3f}{2 ** last:12.2f}{last - floor_bits:20.3f}   "
+          f"seeds: {', '.join(f'{x - floor_bits:.3f}' for x in b[:, -1])}")
+print(f"{'floor (generator)':20s}{floor_bits:12.3f}{math.exp(floor_nats):12.2f}{0:20.3f}")
+gru_closer = (bits["GRU (ch. 01)"][:, -1] < bits["decoder-only"][:, -1]).tolist()
+print(f"seeds at which the GRU ends closer to the floor: {sum(gru_closer)} of {len(gru_closer)}")
+assert (np.concatenate(list(bits.values())) > floor_bits).all(), "no model may beat the generator"
+assert (bits["decoder-only"][:, -1] < baseline_nats["unigram"] / math.log(2)).all(), "the LM must beat the unigram"
 if run.profile != "smoke":
-    assert bits["decoder-only"][-1] < baseline_nats["trigram (interp.)"] / math.log(2), \
-        "the decoder-only LM should beat the trigram"
+    assert (bits["decoder-only"][:, -1] < baseline_nats["trigram (interp.)"] / math.log(2)).all(), \
+        "the decoder-only LM should beat the trigram at every seed"
 
 # %% [markdown]
 # Read the last column: how many bits per word each model is from the best any model could do on
-# these sentences. The figure shows each neural model's gap to the floor after every epoch, against
-# the trigram's, and how it shrinks with training. The
-# table says which of the two is closer after the same sentences and epochs; with models this
-# small and a few epochs, the difference between them is a small part of what separates the
-# counted models from the floor, and a longer run or other sizes may order them differently
-# (question 2).
+# these sentences. The figure shows each neural model's gap to the floor after every epoch (the
+# line is the median over the seeds, the band their range), against the trigram's, and how it
+# shrinks with training. Both neural models close most of the trigram's gap in a couple of
+# epochs. Which of the two is closer is a smaller question than it looks: the difference between
+# them is a small part of what separates the counted models from the floor, so the printed
+# per-seed gaps and the count of seeds at which the GRU ends closer are what to read, not one
+# run. In the committed `cpu` run the GRU ends closer at all three seeds (medians 0.233 against
+# 0.273 bits above the floor), by 0.02 to 0.08 bits depending on the seed, while the decoder's own
+# gap moves by 0.09 bits from one seed to another: the order holds across these seeds, but the
+# margin is of the size of the seed-to-seed spread. With models this small and two epochs, a longer
+# run or other sizes may order them differently (question 2).
 #
 # ## 4. Choosing the next token: greedy, temperature, top-k, top-p
 #
@@ -445,7 +467,7 @@ print(f"for comparison, a 12-layer d = 768 model (GPT-2 small): {kv_bytes_per_to
 assert measured == computed, "the pre-allocated buffers hold exactly 2 L d numbers per token"
 
 # %% [markdown]
-# **Speed.** A model of $d = $ `run.time_d_model` and `run.time_layers` layers (untrained: the cost
+# **Speed.** A wider model than the one trained above (its size is printed; untrained: the cost
 # of a step does not depend on the weights) generates after an 8-token prompt, batch 1, greedily,
 # three ways: recomputing, with a cache concatenated at every step (`torch.cat` copies the whole
 # cache each time), and with the cache pre-allocated (written in place). All three give the same
@@ -456,6 +478,8 @@ torch.manual_seed(1)
 timing_lm = DecoderLM(len(vocab), d_model=run.time_d_model, heads=4, layers=run.time_layers,
                       context=1100).to(run.device).eval()
 timing_prompt = torch.randint(4, len(vocab), (1, 8), device=run.device)
+print(f"timing model: d = {run.time_d_model}, {run.time_layers} layers, "
+      f"{sum(p.numel() for p in timing_lm.parameters()):,} parameters, on {run.device}")
 speed = {}
 for n in run.gen_lengths:
     outs = {}
@@ -466,7 +490,8 @@ for n in run.gen_lengths:
     t = interleaved_medians({"recompute": lambda: gen("recompute", use_cache=False),
                              "cache (concatenated)": lambda: gen("concat", preallocate=False),
                              "cache (pre-allocated)": lambda: gen("prealloc")},
-                            repeats=run.time_repeats, warmup=1 if n < 1024 else 0, device=run.device)
+                            repeats=run.time_repeats if n < 1024 else run.long_repeats,
+                            warmup=1 if n < 1024 else 0, device=run.device)
     assert torch.equal(outs["recompute"], outs["prealloc"]) and torch.equal(outs["recompute"], outs["concat"])
     speed[n] = t
     print(f"{n:5d} tokens: recompute {t['recompute']:6.2f} s, concatenated {t['cache (concatenated)']:5.2f} s, "
@@ -481,6 +506,11 @@ plot_curves({name: [n / speed[n][name] for n in run.gen_lengths] for name in spe
 ax.set_xscale("log", base=2)
 plt.tight_layout()
 plt.show()
+for n, goal in ((256, 5), (1024, 10)):
+    if n in speed:
+        ratio = speed[n]["recompute"] / speed[n]["cache (pre-allocated)"]
+        print(f"goal at {n} tokens: >= {goal}x; measured {ratio:.1f}x on {run.device} "
+              f"({run.threads} thread(s)): {'met' if ratio >= goal else 'missed'}")
 if run.device.type == "cpu" and run.profile != "smoke":
     assert speed[run.gen_lengths[-1]]["recompute"] > 5 * speed[run.gen_lengths[-1]]["cache (pre-allocated)"], \
         "the cache should be several times faster at the longest length"
@@ -488,15 +518,20 @@ if run.device.type == "cpu" and run.profile != "smoke":
 # %% [markdown]
 # Without the cache the tokens per second fall as the sequence grows (each step re-reads
 # everything); with it they stay of the same order, so the speed-up is largest at the longest
-# length (the printed ratios; each is one timed run on a shared machine, so the shorter lengths'
-# ratios are noisy). The goal set for this chapter was at least 5x at 256 tokens and 10x at 1024 on a 2-core
-# CPU; compare the printed ratios with it. A cached step of a model this small is bounded by the
-# fixed cost of Python and kernel calls, not by arithmetic, so a wider model gains more from the
-# cache: `benchmarks/kv_cache.py` measures a $d = 256$, 4-layer one. Pre-allocating saves the copy
-# of the whole cache that concatenation makes at every step, but at these widths and lengths that
-# copy is small next to a step's fixed costs: with one timed run of each on a shared machine, the
-# printed ratio between the two cached columns is small and noisy next to the gap to
-# recomputation. It matters where the cache is large (long contexts, big batches, many layers).
+# length. The goal set for this chapter was at least 5x at 256 tokens and 10x at 1024 on a 2-core
+# CPU, and the cell's last lines put the measured ratios beside it. In the committed `cpu` run
+# (one thread of that 2-core machine) the cache was 16.5x faster at 1024 tokens, past the goal,
+# and 4.2x at 256 tokens, short of it. These are wall-clock medians of a few interleaved runs on a
+# machine shared with other work: they move from run to run (at 256 tokens, three separate runs
+# measured 3.8x, 4.2x and 4.9x; at 1024, 16x to 28x), so the goal at 1024 is met with room and the
+# one at 256 is missed by 0 to 25% with this model; read the ratios as orders of magnitude. The short lengths gain less
+# because a cached step of a model this small is bounded by the fixed cost of Python and kernel
+# calls, not by arithmetic: recomputing 256 tokens is still cheap, and a wider model gains more
+# from the cache (`benchmarks/kv_cache.py` measures a $d = 256$, 4-layer one). Pre-allocating
+# saves the copy of the whole cache that concatenation makes at every step, but at these widths
+# and lengths that copy is small next to a step's fixed costs: the printed ratio between the two
+# cached columns is small and noisy next to the gap to recomputation. It matters where the cache
+# is large (long contexts, big batches, many layers).
 #
 # ## 6. The same cache in the encoder-decoder
 #

@@ -108,7 +108,11 @@ for name, (L, d) in {"GPT-2 small": (12, 768), "a 7B model (32 layers, d = 4096)
 # first layer, hence every key and value in the layers above: there is nothing left to reuse.
 #
 # **2. Which model is closer to the floor, and with more training?** The chapter's table answers
-# the first part for its run (the "above floor" column). With ten times the training the order
+# the first part for its runs: the "above floor" column (the median over the seeds) and the
+# per-seed gaps beside it, with the count of seeds at which the GRU ends closer (all three in the
+# committed run). The margin is a few hundredths of a bit, about as large as the spread between
+# seeds, so one run alone would not settle it, and three seeds at one budget say nothing yet
+# about a ten times longer run. With ten times the training the order
 # need not hold: the GRU's fixed state must compress the whole prefix, while attention reads it
 # back, which matters most for long-distance agreement (a verb agreeing with a subject across a
 # relative clause); the decoder-only model has more capacity to use with more data, but also more

@@ -21,10 +21,9 @@ def _nucleus_reference(logits: torch.Tensor, p: float) -> torch.Tensor:
     return logits.masked_fill(drop, -math.inf)
 
 
-@checker("09.top_p", hint="section 4: sort the probabilities from the largest down, and keep a token when "
-         "the probability mass of the tokens ranked above it is still below p; the most probable token is "
-         "always kept; put the kept pattern back in the original token order and set the others to minus "
-         "infinity")
+@checker("09.top_p", hint="section 4: the nucleus is the smallest set of most probable tokens whose mass "
+         "reaches p, so it includes the token that crosses p and is never empty; the filtered logits must "
+         "come back in the original token order")
 def _check_top_p(top_p: Callable[[torch.Tensor, float], torch.Tensor]) -> None:
     g = torch.Generator().manual_seed(9)
     cases = [(torch.tensor([0.5, 0.05, 0.3, 0.15]).log(), p) for p in (0.5, 0.51, 0.8, 0.81, 0.01, 1.0)]
