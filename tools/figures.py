@@ -873,7 +873,7 @@ def fig_09_kv_cache() -> Canvas:
            fs=8.5, color="#3d8b3d")
     out = c.box(6.75, 2.6, 0.95, 0.5, "$o_t$", "output", fs=11)
     c.arrow(q.right(), (1.5, 1.75), (1.5, 1.45), (6.75, 1.45), out.bottom())
-    c.text(5.0, 1.25, "$o_t = \\mathrm{softmax}(q_t K^\\top / \\sqrt{d_k})\\, V$: one query, $t$ keys",
+    c.text(5.0, 1.25, "$o_t = \\mathrm{softmax}(q_t K^\\top / √d_k)\\, V$: one query, $t$ keys",
            fs=8.5, color="#444444")
     c.arrow(news["K"].right(), (cols[-1] + 0.55, 3.05), (cols[-1] + 0.55, 2.6), out.left())
     c.arrow(news["V"].right(), (cols[-1] + 0.55, 2.15), (cols[-1] + 0.55, 2.6), head=False)
