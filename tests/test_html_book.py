@@ -172,6 +172,14 @@ def test_a_smoke_page_says_its_numbers_are_toy_sized(browser, tmp_path):
     assert found["mathErrors"] == 0 and not found["rawTex"]
     assert all(img["ok"] for img in found["images"])
     assert not broken_links(page, found)
+    # the preface sends readers to the README for corpora and the package: a page of the book
+    readme_links = [link for link in found["links"] if link["href"].startswith("readme.html#")]
+    assert readme_links, "the preface should link to the README's sections"
+    readme = load(browser, out / "html" / "readme.html")
+    for link in readme_links:
+        anchor = link["href"].split("#", 1)[1]
+        assert anchor in readme["ids"], f"readme.html has no section {anchor!r}"
+    assert not [p for p in broken_links(out / "html" / "readme.html", readme) if ".ipynb" in p or "#" in p]
 
 
 def test_link_checker_and_raw_tex_check_can_fail(browser, tmp_path):

@@ -309,7 +309,8 @@ def render_html(nb: nbformat.NotebookNode, title: str, mathjax_url: str | None =
     if mathjax_url:
         exporter.mathjax_url = mathjax_url
     body, _ = exporter.from_notebook_node(
-        prepare_for_html(nb), resources={"metadata": {"name": title}, "book": book or {}}
+        prepare_for_html(nb, (book or {}).get("readme_href")),
+        resources={"metadata": {"name": title}, "book": book or {}},
     )
     return body
 
@@ -317,12 +318,16 @@ def render_html(nb: nbformat.NotebookNode, title: str, mathjax_url: str | None =
 _LOCAL_NOTEBOOK_LINK = re.compile(r"(\]\((?!https?:|#)[^)\s]+?)\.ipynb(#[^)\s]*)?\)")
 
 
-def prepare_for_html(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+_README_LINK = re.compile(r"\]\((?:\.\./)+README\.md(#[^)\s]*)?\)")
+
+
+def prepare_for_html(nb: nbformat.NotebookNode, readme_href: str | None = None) -> nbformat.NotebookNode:
     """A copy of ``nb`` fit for a static page.
 
     * progress bars (ipywidgets) are dropped: offline there is no widget manager to draw them,
       and a finished bar says nothing a reader needs;
-    * Markdown links to the book's notebooks (``[x](solutions/y.ipynb)``) point to their pages.
+    * Markdown links to the book's notebooks (``[x](solutions/y.ipynb)``) point to their pages, and
+      links to the repository's README (``../README.md``) to its page, ``readme_href``.
     """
     import copy
 
@@ -333,6 +338,8 @@ def prepare_for_html(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
         elif cell.cell_type == "markdown":
             cell.source = _LOCAL_NOTEBOOK_LINK.sub(lambda m: f"{m.group(1)}.html{m.group(2) or ''})",
                                                    cell.source)
+            if readme_href:  # the repository's README (../README.md from a chapter) is a page of the book
+                cell.source = _README_LINK.sub(lambda m: f"]({readme_href}{m.group(1) or ''})", cell.source)
     nb.metadata.pop("widgets", None)
     return nb
 
@@ -400,9 +407,59 @@ def page_navigation(pages: list[Page], i: int, profile: str) -> dict:
         "prev": link(same[j - 1] if j > 0 else None),
         "next": link(same[j + 1] if j + 1 < len(same) else None),
         "index_href": _href(page.sub, "index.html"),
+        "readme_href": _href(page.sub, README_PAGE),
         "companion": companion,
         "banner": SMOKE_BANNER if profile == "smoke" else "",
     }
+
+
+README_PAGE = "readme.html"
+
+
+def write_readme_page(readme: Path, target: Path) -> None:
+    """The repository's README as a page of the book, its links turned into the book's pages.
+
+    Chapters link to the README for what the preface leaves out (real corpora, the package map);
+    notebooks become their pages, figures the copied figures, and other files of the repository
+    are linked where they are when the book is built inside it (``build/html`` by default).
+    """
+    from nbconvert.filters.markdown_mistune import markdown2html_mistune
+
+    if not readme.exists():
+        return
+    text = readme.read_text(encoding="utf-8")
+    text = re.sub(r"\]\(notebooks/figures/", "](figures/", text)
+    text = re.sub(r"\]\(notebooks/([^)#\s]+?)\.ipynb", r"](\1.html", text)
+    text = re.sub(r"\]\(notebooks/solutions/\)", "](index.html#solutions)", text)
+    to_repo = Path(os.path.relpath(readme.parent, target.parent)).as_posix()
+    text = re.sub(r"\]\((?!https?:|#|figures/|[\w/]+\.html|index\.html)([^)\s]+)\)",
+                  lambda m: f"]({to_repo}/{m.group(1)})", text)
+    body = markdown2html_mistune(text)
+
+    def github_anchor(m: re.Match) -> str:  # the README's own links use the code host's heading ids
+        plain = html.unescape(re.sub(r"<[^>]+>", "", m.group(2))).replace("\u00b6", "").strip().lower()
+        slug = re.sub(r"\s", "-", re.sub(r"[^\w\- ]", "", plain))
+        return f'<span id="{html.escape(slug)}"></span>{m.group(0)}'
+
+    body = re.sub(r"<h([1-6])[^>]*>(.*?)</h\1>", github_anchor, body, flags=re.S)
+    target.write_text(f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>{html.escape(BOOK_TITLE)}: README</title>
+<style>
+body {{ font-family: system-ui, sans-serif; max-width: 52rem; margin: 2rem auto; padding: 0 1.25rem;
+       line-height: 1.55; }}
+table {{ border-collapse: collapse; }} th, td {{ padding: .3rem .5rem; border-bottom: 1px solid #ddd; }}
+pre {{ overflow-x: auto; background: #f6f8fa; padding: .6rem; }} img {{ max-width: 100%; }}
+</style>
+</head>
+<body>
+<p><a href="index.html">Contents</a></p>
+{body}
+</body>
+</html>
+""", encoding="utf-8")
 
 
 def chapter_descriptions(readme: Path = REPO_ROOT / "README.md") -> dict[str, str]:
@@ -467,9 +524,10 @@ tr.failed td:last-child {{ color: #a00; font-weight: bold; }}
 <p class="meta">Profile <b>{html.escape(profile)}</b> &middot; device <b>{html.escape(device)}</b>
 &middot; torch {html.escape(torch_version())} &middot; Python {platform.python_version()}
 &middot; built {now} &middot; {summary}, {fmt_seconds(total)} in all.</p>
+<p>New here? <a href="readme.html">What this book is, how to run it, and what it measured</a>.</p>
 <h2>Chapters</h2>
 {table(rows)}
-<h2>Solutions to the exercises</h2>
+<h2 id="solutions">Solutions to the exercises</h2>
 {table(solution_rows)}
 </body>
 </html>
@@ -561,6 +619,7 @@ def cmd_build(args: argparse.Namespace) -> int:
                 extra={"description": chapter_descriptions().get(src.name, "")},
             )
         )
+    write_readme_page(REPO_ROOT / "README.md", html_dir / README_PAGE)
     index = html_dir / "index.html"
     write_index(index, rows["chapters"], rows["solutions"], profile, device)
     failed = [r for r in rows["chapters"] + rows["solutions"] if not r.ok]
