@@ -559,3 +559,9 @@ def test_notebooks_import_no_private_names(tmp_path):
     bad = tmp_path / "01_x.py"
     bad.write_text("from tfmlib.positional import _check_base, sinusoidal_encoding\n")
     assert private_imports([bad]) == [f"{rel(bad)}:1: tfmlib.positional._check_base"]
+
+
+def test_index_descriptions_render_code_spans():
+    import book
+
+    assert book.inline_code("equal to `nn.GRU` & <x>") == "equal to <code>nn.GRU</code> &amp; &lt;x&gt;"

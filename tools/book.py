@@ -476,6 +476,11 @@ def chapter_descriptions(readme: Path = REPO_ROOT / "README.md") -> dict[str, st
     return found
 
 
+def inline_code(text: str) -> str:
+    """``text`` escaped for HTML, its Markdown `code` spans as <code> (the README's descriptions)."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+
+
 def write_index(path: Path, rows: list[Row], solution_rows: list[Row], profile: str, device: str) -> None:
     def table(rs: list[Row]) -> str:
         if not rs:
@@ -491,7 +496,7 @@ def write_index(path: Path, rows: list[Row], solution_rows: list[Row], profile: 
             lines.append(
                 f'<tr class="{cls}"><td>{html.escape(r.number)}</td>'
                 f'<td><a href="{html.escape(r.html)}">{html.escape(r.title)}</a></td>'
-                f'<td>{html.escape(r.extra.get("description", ""))}</td>'
+                f'<td>{inline_code(r.extra.get("description", ""))}</td>'
                 f'<td><a href="{html.escape(r.ipynb)}">.ipynb</a></td>'
                 f"<td>{fmt_seconds(r.seconds)}</td><td>{html.escape(r.status)}</td></tr>"
             )
@@ -515,6 +520,7 @@ body {{ font-family: system-ui, sans-serif; max-width: 60rem; margin: 2rem auto;
 table {{ border-collapse: collapse; width: 100%; margin-bottom: 2rem; }}
 th, td {{ text-align: left; padding: .35rem .6rem; border-bottom: 1px solid #ddd; }}
 tr.failed td {{ background: #fde8e8; }}
+td:nth-last-child(2) {{ white-space: nowrap; }}
 tr.failed td:last-child {{ color: #a00; font-weight: bold; }}
 .meta {{ color: #555; }}
 </style>
