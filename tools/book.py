@@ -574,6 +574,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         for src in group
     ]
     rows: dict[str, list[Row]] = {"chapters": [], "solutions": []}
+    descriptions = chapter_descriptions()  # the README's one-liners, read once for the index
     for k, page in enumerate(pages):
         src, sub = page.src, page.sub
         copy = copies_dir / sub / src.name
@@ -622,7 +623,7 @@ def cmd_build(args: argparse.Namespace) -> int:
                 seconds=result.seconds if execute_them else None,
                 status=status,
                 ok=result.ok and "render failed" not in status,
-                extra={"description": chapter_descriptions().get(src.name, "")},
+                extra={"description": descriptions.get(src.name, "")},
             )
         )
     write_readme_page(REPO_ROOT / "README.md", html_dir / README_PAGE)
