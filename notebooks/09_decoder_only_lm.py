@@ -406,8 +406,8 @@ assert not torch.allclose(theirs, want, atol=1e-2), "top-left alignment hides ca
 
 # %%
 # tfmlib-source: tfmlib.kv_cache.cached_self_attention
-def cached_self_attention(attn: MultiHeadAttention, x: Tensor, cache: KVCache, *,
-                          mask: Tensor | None = None) -> Tensor:
+def cached_self_attention(attn: MultiHeadAttention, x: Tensor, cache: KVCache | None, *,
+                          mask: Tensor | None = None, kernel: AttentionKernel | None = None) -> Tensor:
     """Causal self-attention of ``T`` new tokens ``x`` ``(B, T, d_model)`` over the ``t`` cached
     ones and themselves: ``(B, T, d_model)``, what ``attn(prefix_and_x, causal=True)[0][:, -T:]``
     gives, with the new keys and values appended to ``cache``.
@@ -415,9 +415,12 @@ def cached_self_attention(attn: MultiHeadAttention, x: Tensor, cache: KVCache, *
     The causal mask is aligned bottom-right (new query ``i`` sees keys ``0 .. t + i``); a rotary
     ``attn.rotary`` rotates the new queries and keys by their positions ``t .. t + T - 1`` (the
     cached keys were rotated when they were written). ``mask`` (bool keep-mask or float bias)
-    broadcasts to ``(B, h, T, t + T)``.
+    broadcasts to ``(B, h, T, t + T)``. ``cache=None`` is plain causal self-attention over ``x``
+    (``t = 0``, nothing kept: what training runs). ``kernel(q, k, v, mask, causal, dropout_p) ->
+    out`` computes the attention (default :func:`~tfmlib.attention.fast_attention`; chapter 10
+    swaps in others).
     """
-    t = cache.length
+    t = 0 if cache is None else cache.length
     T = x.shape[1]
     q = split_heads(attn.q_proj(x), attn.heads)                           # (B, h, T, d_k)
     k = split_heads(attn.k_proj(x), attn.heads)
@@ -428,9 +431,10 @@ def cached_self_attention(attn: MultiHeadAttention, x: Tensor, cache: KVCache, *
             q, k = attn.rotary.rotate(torch.cat([q, k], dim=1), positions).split(attn.heads, dim=1)
         else:
             q, k = attn.rotary(q, k, q_positions=positions, k_positions=positions)
-    keys, values = cache.append(k, v)                                     # (B, h, t + T, d_k)
+    keys, values = (k, v) if cache is None else cache.append(k, v)      # (B, h, t + T, d_k)
     dropout_p = attn.dropout if attn.training else 0.0
-    out = fast_attention(q, keys, values, mask, causal=T > 1, dropout_p=dropout_p)  # T = 1 sees every key
+    kernel = fast_attention if kernel is None else kernel
+    out = kernel(q, keys, values, mask, T > 1, dropout_p)                 # causal; T = 1 sees every key
     return attn.out_proj(merge_heads(out))
 
 # %% [markdown]

@@ -73,3 +73,46 @@ def test_generate_rejects_bad_input():
         generate(model, torch.full((1, 3), 5), 0)
     with pytest.raises(ValueError, match="divisible"):
         DecoderLM(V, d_model=30, heads=4)
+
+
+@pytest.mark.parametrize("positional", ["rotary", "learned"])
+def test_attention_kernels_give_the_same_model(positional):
+    """"explicit" (chapter 05's written-out softmax) and "fused" (SDPA) compute the same logits and
+    gradients; a callable kernel is called with fast_attention's arguments, by forward and by step."""
+    torch.manual_seed(0)
+    model = DecoderLM(23, d_model=16, heads=2, layers=2, context=12, positional=positional).double()
+    ids = torch.randint(4, 23, (3, 10))
+    results = {}
+    for name in ("fused", "explicit"):
+        model.attention = name
+        model.zero_grad()
+        logits = model(ids)
+        logits.square().mean().backward()
+        results[name] = (logits.detach(), [p.grad.clone() for p in model.parameters()])
+    torch.testing.assert_close(results["fused"][0], results["explicit"][0], rtol=1e-10, atol=1e-12)
+    for a, b in zip(results["fused"][1], results["explicit"][1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+    calls = []
+
+    def recording_kernel(q, k, v, mask, causal, dropout_p):
+        calls.append((tuple(q.shape), tuple(k.shape), causal))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    model.attention = recording_kernel
+    torch.testing.assert_close(model(ids), results["fused"][0], rtol=1e-10, atol=1e-12)
+    assert calls == [((3, 2, 10, 8), (3, 2, 10, 8), True)] * 2, calls
+    calls.clear()
+    cache = model.new_cache()
+    model.step(ids[:, :4], cache)
+    model.step(ids[:, 4:5], cache)
+    assert calls[-1] == ((3, 2, 1, 8), (3, 2, 5, 8), False), calls  # one new query sees every cached key
+
+
+def test_attention_kernel_is_checked():
+    with pytest.raises(ValueError, match="attention must be one of"):
+        DecoderLM(10, d_model=8, heads=2, layers=1, attention="flash")
+    model = DecoderLM(10, d_model=8, heads=2, layers=1)
+    with pytest.raises(TypeError, match="a name or a callable"):
+        model.attention = 3
+    with pytest.raises(ValueError, match="more than the model's context"):
+        model(torch.ones(1, 200, dtype=torch.long))

@@ -32,6 +32,7 @@ Shapes: ``B`` batch, ``h`` heads, ``d_k`` head width, ``T`` new tokens, ``t`` ca
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -44,6 +45,9 @@ if TYPE_CHECKING:  # tfmlib.transformer imports this module for its decode_step
     from tfmlib.transformer import DecoderLayer, EncoderLayer
 
 INTRODUCED_IN = 9
+
+# (q, k, v, mask, causal, dropout_p) -> out: fast_attention's arguments, in its order
+AttentionKernel = Callable[[Tensor, Tensor, Tensor, "Tensor | None", bool, float], Tensor]
 
 __all__ = ["DecoderCache", "KVCache", "cached_cross_attention", "cached_self_attention", "cross_attention_kv",
            "decoder_layer_step", "encoder_layer_step", "kv_bytes_per_token"]
@@ -135,8 +139,8 @@ def kv_bytes_per_token(layers: int, d_model: int, dtype: torch.dtype = torch.flo
     return 2 * layers * d_model * torch.empty((), dtype=dtype).element_size()
 
 
-def cached_self_attention(attn: MultiHeadAttention, x: Tensor, cache: KVCache, *,
-                          mask: Tensor | None = None) -> Tensor:
+def cached_self_attention(attn: MultiHeadAttention, x: Tensor, cache: KVCache | None, *,
+                          mask: Tensor | None = None, kernel: AttentionKernel | None = None) -> Tensor:
     """Causal self-attention of ``T`` new tokens ``x`` ``(B, T, d_model)`` over the ``t`` cached
     ones and themselves: ``(B, T, d_model)``, what ``attn(prefix_and_x, causal=True)[0][:, -T:]``
     gives, with the new keys and values appended to ``cache``.
@@ -144,9 +148,12 @@ def cached_self_attention(attn: MultiHeadAttention, x: Tensor, cache: KVCache, *
     The causal mask is aligned bottom-right (new query ``i`` sees keys ``0 .. t + i``); a rotary
     ``attn.rotary`` rotates the new queries and keys by their positions ``t .. t + T - 1`` (the
     cached keys were rotated when they were written). ``mask`` (bool keep-mask or float bias)
-    broadcasts to ``(B, h, T, t + T)``.
+    broadcasts to ``(B, h, T, t + T)``. ``cache=None`` is plain causal self-attention over ``x``
+    (``t = 0``, nothing kept: what training runs). ``kernel(q, k, v, mask, causal, dropout_p) ->
+    out`` computes the attention (default :func:`~tfmlib.attention.fast_attention`; chapter 10
+    swaps in others).
     """
-    t = cache.length
+    t = 0 if cache is None else cache.length
     T = x.shape[1]
     q = split_heads(attn.q_proj(x), attn.heads)                           # (B, h, T, d_k)
     k = split_heads(attn.k_proj(x), attn.heads)
@@ -157,9 +164,10 @@ def cached_self_attention(attn: MultiHeadAttention, x: Tensor, cache: KVCache, *
             q, k = attn.rotary.rotate(torch.cat([q, k], dim=1), positions).split(attn.heads, dim=1)
         else:
             q, k = attn.rotary(q, k, q_positions=positions, k_positions=positions)
-    keys, values = cache.append(k, v)                                     # (B, h, t + T, d_k)
+    keys, values = (k, v) if cache is None else cache.append(k, v)      # (B, h, t + T, d_k)
     dropout_p = attn.dropout if attn.training else 0.0
-    out = fast_attention(q, keys, values, mask, causal=T > 1, dropout_p=dropout_p)  # T = 1 sees every key
+    kernel = fast_attention if kernel is None else kernel
+    out = kernel(q, keys, values, mask, T > 1, dropout_p)                 # causal; T = 1 sees every key
     return attn.out_proj(merge_heads(out))
 
 
@@ -181,14 +189,16 @@ def cached_cross_attention(attn: MultiHeadAttention, x: Tensor, k: Tensor, v: Te
     return attn.out_proj(merge_heads(fast_attention(q, k, v, mask, dropout_p=dropout_p)))
 
 
-def encoder_layer_step(layer: EncoderLayer, x: Tensor, cache: KVCache) -> Tensor:
+def encoder_layer_step(layer: EncoderLayer, x: Tensor, cache: KVCache | None, *,
+                       kernel: AttentionKernel | None = None) -> Tensor:
     """An :class:`~tfmlib.transformer.EncoderLayer` run as a *causal* block on ``T`` new tokens
     ``x`` ``(B, T, d)`` after the cached ones: what ``layer(prefix_and_x, causal_mask(...))`` gives
-    at the last ``T`` positions (pre-LN or post-LN, as the layer is built)."""
+    at the last ``T`` positions (pre-LN or post-LN, as the layer is built). ``cache=None`` and
+    ``kernel`` as in :func:`cached_self_attention`."""
     if layer.norm_first:
-        x = x + layer.dropout1(cached_self_attention(layer.self_attn, layer.norm1(x), cache))
+        x = x + layer.dropout1(cached_self_attention(layer.self_attn, layer.norm1(x), cache, kernel=kernel))
         return x + layer.dropout2(layer.ff(layer.norm2(x)))
-    x = layer.norm1(x + layer.dropout1(cached_self_attention(layer.self_attn, x, cache)))
+    x = layer.norm1(x + layer.dropout1(cached_self_attention(layer.self_attn, x, cache, kernel=kernel)))
     return layer.norm2(x + layer.dropout2(layer.ff(x)))
 
 

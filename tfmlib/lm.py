@@ -26,15 +26,27 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tfmlib.attention import fast_attention, scaled_dot_product_attention
 from tfmlib.data import PAD_ID
-from tfmlib.kv_cache import DecoderCache, encoder_layer_step
+from tfmlib.kv_cache import AttentionKernel, DecoderCache, encoder_layer_step
 from tfmlib.positional import LearnedPositionalEmbedding, RotaryEmbedding
 from tfmlib.sampling import greedy_next, sample_next
 from tfmlib.transformer import EncoderLayer
 
 INTRODUCED_IN = 9
 
-__all__ = ["DecoderLM", "generate", "lm_log_probs"]
+__all__ = ["ATTENTION_KERNELS", "DecoderLM", "generate", "lm_log_probs"]
+
+
+def _explicit_kernel(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
+                     dropout_p: float) -> Tensor:
+    return scaled_dot_product_attention(q, k, v, mask, dropout_p, causal=causal)[0]
+
+
+# The attention computations a DecoderLM can train with (chapter 10 times them against each other):
+# "fused" is F.scaled_dot_product_attention (PyTorch's fused kernels where the device has them),
+# "explicit" is chapter 05's softmax(Q K^T / sqrt(d_k)) V written out, the (T, T) weights stored.
+ATTENTION_KERNELS: dict[str, AttentionKernel] = {"fused": fast_attention, "explicit": _explicit_kernel}
 
 
 class DecoderLM(nn.Module):
@@ -50,11 +62,19 @@ class DecoderLM(nn.Module):
     (the size of the learned position table; for rotary positions, a limit that
     :func:`generate` and ``forward`` check). The embedding is drawn from ``N(0, 0.02^2)`` (GPT-2's)
     and the output layer is the embedding matrix itself (``tie_weights=True``).
+
+    ``attention`` picks how ``forward`` computes causal attention: ``"fused"`` (default,
+    ``F.scaled_dot_product_attention``), ``"explicit"`` (chapter 05's written-out softmax, which
+    stores the ``(T, T)`` weights), or a callable with :func:`~tfmlib.attention.fast_attention`'s
+    arguments ``(q, k, v, mask, causal, dropout_p) -> out``. It is an attribute: set
+    ``model.attention`` to switch; the weights do not change. ``step`` (generation with a cache)
+    uses it too.
     """
 
     def __init__(self, vocab_size: int, *, d_model: int = 128, heads: int = 4, layers: int = 2,
                  d_ff: int | None = None, dropout: float = 0.0, context: int = 128,
-                 positional: str = "rotary", rotary_base: float = 10_000.0, tie_weights: bool = True):
+                 positional: str = "rotary", rotary_base: float = 10_000.0, tie_weights: bool = True,
+                 attention: str | AttentionKernel = "fused"):
         super().__init__()
         for name, v in (("vocab_size", vocab_size), ("d_model", d_model), ("heads", heads),
                         ("layers", layers), ("context", context)):
@@ -65,6 +85,7 @@ class DecoderLM(nn.Module):
         if positional not in ("rotary", "learned"):
             raise ValueError(f"DecoderLM: positional must be 'rotary' or 'learned', got {positional!r}")
         d_ff = 4 * d_model if d_ff is None else d_ff
+        self.attention = attention
         self.vocab_size, self.d_model = vocab_size, d_model
         self.context, self.positional = context, positional
         self.config = dict(d_model=d_model, heads=heads, layers=layers, d_ff=d_ff, dropout=dropout,
@@ -102,11 +123,31 @@ class DecoderLM(nn.Module):
             x = self.pos(x, offset)
         return self.drop(x)
 
+    @property
+    def attention(self) -> str | AttentionKernel:
+        return self._attention
+
+    @attention.setter
+    def attention(self, value: str | AttentionKernel) -> None:
+        if isinstance(value, str) and value not in ATTENTION_KERNELS:
+            raise ValueError(f"DecoderLM: attention must be one of {sorted(ATTENTION_KERNELS)} or a callable "
+                             f"(q, k, v, mask, causal, dropout_p) -> out, got {value!r}")
+        if not isinstance(value, str) and not callable(value):
+            raise TypeError(f"DecoderLM: attention must be a name or a callable, got {type(value).__name__}")
+        self._attention = value
+
+    def _kernel(self) -> AttentionKernel:
+        return ATTENTION_KERNELS[self._attention] if isinstance(self._attention, str) else self._attention
+
     def forward(self, ids: Tensor) -> Tensor:
-        # A whole sequence is one step from an empty cache: causal self-attention over T tokens
-        # (PyTorch's is_causal kernel, T == S), the keys and values written into a cache that is
-        # then dropped. tests/test_lm.py checks it against the layers run with causal_mask().
-        return self.step(ids, self.new_cache(ids.shape[1] if ids.dim() == 2 else 1))
+        # Causal self-attention over the T tokens with no cache (t = 0, nothing kept): what training
+        # runs. tests/test_lm.py checks it against the layers run with causal_mask().
+        self._check_ids(ids, "forward")
+        x = self._embed(ids, 0)
+        kernel = self._kernel()
+        for block in self.blocks:
+            x = encoder_layer_step(block, x, None, kernel=kernel)
+        return self.head(self.norm(x))
 
     def new_cache(self, capacity: int | None = None, *, preallocate: bool = True) -> DecoderCache:
         """An empty cache for :meth:`step`, for up to ``capacity`` tokens (default: ``context``)."""
@@ -116,8 +157,9 @@ class DecoderLM(nn.Module):
     def step(self, ids: Tensor, cache: DecoderCache) -> Tensor:
         self._check_ids(ids, "step", cache.length)
         x = self._embed(ids, cache.length)
+        kernel = self._kernel()
         for block, layer_cache in zip(self.blocks, cache.layers, strict=True):
-            x = encoder_layer_step(block, x, layer_cache)
+            x = encoder_layer_step(block, x, layer_cache, kernel=kernel)
         return self.head(self.norm(x))
 
 
