@@ -9,7 +9,7 @@ against the raw references). Prints a table and writes
 ``benchmarks/results/multi30k_transformer_<device>.json`` with the device, budget,
 configuration, BLEU (overall and by source length), the metric's signature, target tokens per
 second and the model FLOP utilisation (MFU: model FLOP/s over the device's peak, ``None`` where
-the peak is not in :data:`PEAK_FLOPS`, e.g. on the CPU).
+the peak is not in :data:`tfmlib.throughput.PEAK_FLOPS`, e.g. on the CPU).
 
 Multi30k is read from ``--data``, by default the first of ``$TFM_CORPORA_DIR/multi30k``,
 ``data/external/multi30k`` and ``../shared/data/multi30k`` that exists; without it the script
@@ -43,11 +43,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from tfmlib.compiling import compile_or_fallback
 from tfmlib.config import seed_everything
 from tfmlib.corpora import load_multi30k
 from tfmlib.data import Batch, TranslationDataset, build_vocabs, make_token_loader
 from tfmlib.decoding import evaluate_translator
 from tfmlib.seq2seq import count_parameters, train_translator, translation_loss
+from tfmlib.throughput import peak_flops, training_flops
 from tfmlib.timing import synchronize
 from tfmlib.train import warmup_inverse_sqrt
 from tfmlib.transformer import Transformer
@@ -91,55 +93,6 @@ PROFILES = {
 SMOKE = dict(d_model=32, heads=2, layers=1, d_ff=64, dropout=0.1, batch_size=32, lr=1e-3, warmup=20,
              max_tokens=512)
 
-# Dense peak FLOP/s (no structured sparsity) from the vendors' datasheets, matched in order against
-# torch.cuda.get_device_name(): "bf16" and "fp16" are the tensor-core rates with fp32 accumulation,
-# "fp32" the plain (non-TF32) rate that fp32 matmuls get by default in PyTorch.
-PEAK_FLOPS: list[tuple[str, dict[str, float | None]]] = [
-    ("H100 PCIe", {"bf16": 756e12, "fp16": 756e12, "fp32": 51e12}),
-    ("H100", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),         # SXM
-    ("H200", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
-    ("A100", {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12}),
-    ("L40S", {"bf16": 362e12, "fp16": 362e12, "fp32": 91.6e12}),
-    ("L4", {"bf16": 121e12, "fp16": 121e12, "fp32": 30.3e12}),
-    ("RTX 4090", {"bf16": 165e12, "fp16": 165e12, "fp32": 82.6e12}),
-    ("RTX 3090", {"bf16": 71e12, "fp16": 71e12, "fp32": 35.6e12}),
-    ("V100", {"bf16": None, "fp16": 125e12, "fp32": 15.7e12}),
-    ("T4", {"bf16": None, "fp16": 65e12, "fp32": 8.1e12}),
-]
-
-
-def peak_flops(device: torch.device, precision: str, name: str | None = None) -> float | None:
-    """The device's dense peak FLOP/s at ``precision`` (``bf16``, ``fp16``, ``fp32``), or ``None``
-    when it is not in :data:`PEAK_FLOPS` (every CPU, Apple's MPS, unlisted GPUs). ``name``
-    overrides ``torch.cuda.get_device_name`` (for tests)."""
-    if precision not in ("bf16", "fp16", "fp32"):
-        raise ValueError(f"peak_flops: precision must be bf16, fp16 or fp32, got {precision!r}")
-    if device.type != "cuda":
-        return None
-    name = name if name is not None else torch.cuda.get_device_name(device)
-    for key, peaks in PEAK_FLOPS:
-        if key in name:
-            return peaks[precision]
-    return None
-
-
-def training_flops(cfg: dict, vocab: int, src_tokens: int, tgt_tokens: int, src_len: int,
-                   tgt_len: int) -> float:
-    """Model FLOPs of one training step (forward + backward = 3 x forward) of the Transformer of
-    ``cfg`` on a batch with ``src_tokens``/``tgt_tokens`` real tokens, padded to ``src_len``/``tgt_len``.
-
-    Counted per real token, 2 FLOPs per multiply-add: an encoder layer's projections (4 d^2) and
-    feed-forward (2 d d_ff), self-attention over ``src_len`` keys (scores and weighted sum,
-    2 d src_len); a decoder layer's 8 d^2 + 2 d d_ff, causal self-attention over half of
-    ``tgt_len`` on average and cross-attention over ``src_len``; the output layer d V. Embeddings,
-    norms and softmaxes are left out (the usual MFU convention: the work the model needs, not the
-    padding or the recomputation a kernel may do)."""
-    d, ff, L = cfg["d_model"], cfg["d_ff"], cfg["layers"]
-    encoder = L * (4 * d * d + 2 * d * ff + 2 * d * src_len)
-    decoder = L * (8 * d * d + 2 * d * ff + d * tgt_len + 2 * d * src_len) + d * vocab
-    return 3 * 2 * (encoder * src_tokens + decoder * tgt_tokens)
-
-
 def pick_precision(device: torch.device, requested: str, profile: str) -> str:
     """``requested`` (``auto``, ``fp32``, ``bf16``, ``fp16``) resolved for ``device``.
 
@@ -155,28 +108,6 @@ def pick_precision(device: torch.device, requested: str, profile: str) -> str:
     if device.type == "cuda" and not torch.cuda.is_bf16_supported():
         return "fp16"
     return "bf16"
-
-
-def compile_or_fallback(model: nn.Module, trial: Callable[[nn.Module], None],
-                        compiler: Callable[[nn.Module], nn.Module] | None = None) -> tuple[nn.Module, str]:
-    """``torch.compile(model)`` (or ``compiler(model)``) if it compiles and runs ``trial`` (one
-    training step's forward and backward), else ``model`` itself. Returns the module to train and
-    a note: ``"compiled"`` or ``"eager (compile failed: <error>)"``. The compiled module shares
-    ``model``'s parameters."""
-    # dynamic=True: token batches change (batch, length) at every step; compiling for each new
-    # shape would cost more than it saves (measured on the 2-core CPU: 230 s for the first shape,
-    # 221 s more for the second)
-    compiler = compiler or (lambda m: torch.compile(m, dynamic=True))
-    try:
-        compiled = compiler(model)
-        trial(compiled)
-    except Exception as e:  # noqa: BLE001  (any failure to compile means: train eagerly)
-        for p in model.parameters():
-            p.grad = None
-        return model, f"eager (compile failed: {type(e).__name__}: {str(e).splitlines()[0][:200]})"
-    for p in model.parameters():
-        p.grad = None
-    return compiled, "compiled"
 
 
 def validation_loss(model: nn.Module, batches: Sequence[Batch], amp: dict) -> float:
@@ -220,8 +151,13 @@ def train_fast(model: Transformer, train_data: TranslationDataset, val_batches: 
     if use_compile:
         first = next(iter(make_token_loader(train_data, cfg["max_tokens"], shuffle=True, seed=seed + 1)))
         t0 = time.perf_counter()
-        step_model, compile_note = compile_or_fallback(
-            model, lambda m: forward_backward(m, first.to(device)), compiler)
+        # dynamic=True: token batches change (batch, length) at every step; compiling for each new
+        # shape would cost more than it saves (measured on the 2-core CPU: 230 s for the first
+        # shape, 221 s more for the second)
+        step_model, report = compile_or_fallback(
+            model, lambda m: forward_backward(m, first.to(device)),
+            compiler or (lambda m: torch.compile(m, dynamic=True)), device=device)
+        compile_note = "compiled" if report.compiled else report.note
         synchronize(device)
         compile_seconds = time.perf_counter() - t0
         print(f"torch.compile: {compile_note} ({compile_seconds:.1f} s, not counted in the budget)")

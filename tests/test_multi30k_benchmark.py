@@ -15,20 +15,23 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import multi30k_transformer as bench  # noqa: E402
 
+from tfmlib.compiling import compile_or_fallback  # noqa: E402  (moved out of the benchmark in ch. 10)
+from tfmlib.throughput import peak_flops, training_flops  # noqa: E402
+
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
 
 
 def test_peak_table_and_precision_choice():
     cuda = torch.device("cuda")
-    assert bench.peak_flops(cuda, "bf16", name="NVIDIA H100 80GB HBM3") == 989e12
-    assert bench.peak_flops(cuda, "bf16", name="NVIDIA H100 PCIe") == 756e12, "PCIe must not match SXM"
-    assert bench.peak_flops(cuda, "fp32", name="NVIDIA A100-SXM4-40GB") == 19.5e12
-    assert bench.peak_flops(cuda, "bf16", name="Tesla T4") is None, "a T4 has no bf16 tensor cores"
-    assert bench.peak_flops(cuda, "bf16", name="Some Future GPU") is None
-    assert bench.peak_flops(torch.device("cpu"), "bf16") is None, "no peak on the CPU"
-    assert bench.peak_flops(torch.device("mps"), "fp32") is None
+    assert peak_flops(cuda, "bf16", name="NVIDIA H100 80GB HBM3") == 989e12
+    assert peak_flops(cuda, "bf16", name="NVIDIA H100 PCIe") == 756e12, "PCIe must not match SXM"
+    assert peak_flops(cuda, "fp32", name="NVIDIA A100-SXM4-40GB") == 19.5e12
+    assert peak_flops(cuda, "bf16", name="Tesla T4") is None, "a T4 has no bf16 tensor cores"
+    assert peak_flops(cuda, "bf16", name="Some Future GPU") is None
+    assert peak_flops(torch.device("cpu"), "bf16") is None, "no peak on the CPU"
+    assert peak_flops(torch.device("mps"), "fp32") is None
     with pytest.raises(ValueError, match="precision must be"):
-        bench.peak_flops(cuda, "int8", name="H100")
+        peak_flops(cuda, "int8", name="H100")
     cpu = torch.device("cpu")
     assert bench.pick_precision(cpu, "auto", "cpu") == "fp32", "the cpu profile must stay as measured"
     assert bench.pick_precision(cpu, "auto", "gpu") == "bf16"
@@ -41,9 +44,9 @@ def test_training_flops_match_a_hand_count():
     S, T, V = 5, 6, 10
     enc = 64 + 64 + 8 * S
     dec = 128 + 64 + 4 * T + 8 * S + 4 * V
-    assert bench.training_flops(cfg, V, 7, 3, S, T) == 6 * (enc * 7 + dec * 3)
+    assert training_flops(cfg, V, 7, 3, S, T) == 6 * (enc * 7 + dec * 3)
     two = dict(cfg, layers=2)
-    assert bench.training_flops(two, 0, 1, 0, S, T) == 2 * bench.training_flops(cfg, 0, 1, 0, S, T)
+    assert training_flops(two, 0, 1, 0, S, T) == 2 * training_flops(cfg, 0, 1, 0, S, T)
 
 
 def test_compile_fallback_trains_the_eager_model():
@@ -57,11 +60,11 @@ def test_compile_fallback_trains_the_eager_model():
         calls.append(m)
         m(torch.ones(2, 3)).sum().backward()
 
-    chosen, note = bench.compile_or_fallback(model, trial, compiler=broken)
+    chosen, note = compile_or_fallback(model, trial, compiler=broken)
     assert chosen is model and note == "eager (compile failed: RuntimeError: no C++ compiler)", note
     assert calls == [], "the trial must not run when compiling failed"
-    chosen, note = bench.compile_or_fallback(model, trial, compiler=lambda m: m)
-    assert chosen is model and note == "compiled" and calls == [model]
+    chosen, note = compile_or_fallback(model, trial, compiler=lambda m: m)
+    assert chosen is model and note.compiled and note.startswith("compiled (first call") and calls == [model]
     assert all(p.grad is None for p in model.parameters()), "the trial step's gradients must be cleared"
 
 

@@ -1,0 +1,250 @@
+"""Throughput accounting: tokens per second, model FLOPs per token, and how far a run is from the peak.
+
+Introduced in chapter 10 (scaling up: fused attention, mixed precision, ``torch.compile``,
+several processes with ``torchrun``).
+
+**Model FLOPs utilisation** (MFU; Chowdhery et al. 2022, PaLM, appendix B) is the FLOP/s that the
+model's arithmetic *needs* (not what the kernels happen to execute: recomputation and padding do
+not count) divided by the device's peak FLOP/s at the precision used::
+
+    mfu = tokens_per_s * flops_per_token / peak
+
+**FLOPs per training token** of a decoder-only language model (:func:`lm_flops_per_token`), the
+convention of Kaplan et al. 2020 (section 2.1) and PaLM (appendix B), which nanoGPT's
+``estimate_mfu`` also uses, 2 FLOPs per multiply-add:
+
+* every weight matrix is used once per token in the forward pass (2 FLOPs per weight), and twice
+  in the backward pass (the gradient with respect to the input and with respect to the weight: 4
+  FLOPs per weight): **6 N** for ``N`` matrix parameters. ``N`` here is
+  :func:`count_parameters` ``(non_embedding=True)`` plus the output layer ``d_model x vocab``: the
+  token embedding is a table lookup (no FLOPs, Kaplan leaves it out of ``N``), but the output
+  layer is a real matmul, counted once even when it shares its weight with the embedding (as
+  nanoGPT counts its tied ``lm_head``);
+* attention adds the two products that have no weights, the scores ``Q K^T`` and the weighted sum
+  ``A V``: ``2 x 2 d T`` FLOPs per token and layer forward for a context of ``T`` tokens, times 3
+  with the backward pass: **12 L d T** (PaLM's ``12 L H Q T`` with ``H Q = d``).
+
+The causal mask means a token attends to ``(T + 1) / 2`` keys on average, so half of those score
+and weighted-sum products are not needed. PaLM and nanoGPT count the full ``T x T`` anyway, and so
+does this module by default (``attention="full"``): it makes MFU figures comparable with the
+published ones, and the kernels this book runs on the CPU compute (and mask) the full square
+(FlashAttention skips the blocks above the diagonal, so on a GPU the full count slightly
+overstates the work). ``attention="causal"`` counts the half (``6 L d (T + 1)``) for whoever
+wants the lower bound. Norms, softmax, GELU, rotary positions and the optimiser are left out
+(small next to the matmuls: a few FLOPs per activation, not per weight).
+
+:func:`measure_training_steps` times whole training steps with :mod:`tfmlib.timing` (synchronised,
+warmed up, median of rounds) and returns seconds per step and tokens per second.
+
+``PEAK_FLOPS``, :func:`peak_flops` and :func:`training_flops` (the encoder-decoder count of
+chapter 08's Multi30k benchmark) moved here from ``benchmarks/multi30k_transformer.py``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from tfmlib.lm import DecoderLM
+from tfmlib.positional import LearnedPositionalEmbedding
+from tfmlib.timing import interleaved_medians
+
+INTRODUCED_IN = 10
+
+__all__ = [
+    "PEAK_FLOPS",
+    "count_parameters",
+    "lm_flops_per_token",
+    "measure_training_steps",
+    "mfu",
+    "peak_flops",
+    "training_flops",
+]
+
+# Dense peak FLOP/s (no structured sparsity) from the vendors' datasheets, matched in order against
+# torch.cuda.get_device_name(): "bf16" and "fp16" are the tensor-core rates with fp32 accumulation,
+# "fp32" the plain (non-TF32) rate that fp32 matmuls get by default in PyTorch.
+PEAK_FLOPS: list[tuple[str, dict[str, float | None]]] = [
+    ("H100 PCIe", {"bf16": 756e12, "fp16": 756e12, "fp32": 51e12}),
+    ("H100", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),         # SXM
+    ("H200", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
+    ("A100", {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12}),
+    ("L40S", {"bf16": 362e12, "fp16": 362e12, "fp32": 91.6e12}),
+    ("L4", {"bf16": 121e12, "fp16": 121e12, "fp32": 30.3e12}),
+    ("RTX 4090", {"bf16": 165e12, "fp16": 165e12, "fp32": 82.6e12}),
+    ("RTX 3090", {"bf16": 71e12, "fp16": 71e12, "fp32": 35.6e12}),
+    ("V100", {"bf16": None, "fp16": 125e12, "fp32": 15.7e12}),
+    ("T4", {"bf16": None, "fp16": 65e12, "fp32": 8.1e12}),
+]
+
+
+def peak_flops(device: torch.device, precision: str, name: str | None = None) -> float | None:
+    """The device's dense peak FLOP/s at ``precision`` (``bf16``, ``fp16``, ``fp32``), or ``None``
+    when it is not in :data:`PEAK_FLOPS` (every CPU, Apple's MPS, unlisted GPUs). ``name``
+    overrides ``torch.cuda.get_device_name`` (for tests)."""
+    if precision not in ("bf16", "fp16", "fp32"):
+        raise ValueError(f"peak_flops: precision must be bf16, fp16 or fp32, got {precision!r}")
+    if device.type != "cuda":
+        return None
+    name = name if name is not None else torch.cuda.get_device_name(device)
+    for key, peaks in PEAK_FLOPS:
+        if key in name:
+            return peaks[precision]
+    return None
+
+
+def training_flops(cfg: dict, vocab: int, src_tokens: int, tgt_tokens: int, src_len: int,
+                   tgt_len: int) -> float:
+    """Model FLOPs of one training step (forward + backward = 3 x forward) of the encoder-decoder
+    Transformer of ``cfg`` (``d_model``, ``d_ff``, ``layers``) on a batch with
+    ``src_tokens``/``tgt_tokens`` real tokens, padded to ``src_len``/``tgt_len``.
+
+    Counted per real token, 2 FLOPs per multiply-add: an encoder layer's projections (4 d^2) and
+    feed-forward (2 d d_ff), self-attention over ``src_len`` keys (scores and weighted sum,
+    2 d src_len); a decoder layer's 8 d^2 + 2 d d_ff, causal self-attention over half of
+    ``tgt_len`` on average and cross-attention over ``src_len``; the output layer d V. Embeddings,
+    norms and softmaxes are left out (the usual MFU convention: the work the model needs, not the
+    padding or the recomputation a kernel may do)."""
+    d, ff, L = cfg["d_model"], cfg["d_ff"], cfg["layers"]
+    encoder = L * (4 * d * d + 2 * d * ff + 2 * d * src_len)
+    decoder = L * (8 * d * d + 2 * d * ff + d * tgt_len + 2 * d * src_len) + d * vocab
+    return 3 * 2 * (encoder * src_tokens + decoder * tgt_tokens)
+
+
+def _embedding_parameters(model: nn.Module) -> set[int]:
+    """ids of the parameters that are tables looked up by index: every ``nn.Embedding`` weight and
+    every learned position table (:class:`tfmlib.positional.LearnedPositionalEmbedding`)."""
+    ids: set[int] = set()
+    for module in model.modules():
+        if isinstance(module, (nn.Embedding, LearnedPositionalEmbedding)):
+            ids.update(id(p) for p in module.parameters())
+    return ids
+
+
+def count_parameters(model: nn.Module, non_embedding: bool = True) -> int:
+    """Trainable parameters of ``model``, each shared tensor counted once.
+
+    With ``non_embedding=True`` (Kaplan et al. 2020's ``N``) the lookup tables are left out: every
+    ``nn.Embedding`` weight and learned position table. A tied output layer *is* the embedding
+    tensor, so it is left out with it (:func:`lm_flops_per_token` adds the output layer's matmul
+    back). ``TypeError`` for anything but an ``nn.Module``.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"count_parameters: model must be an nn.Module, got {type(model).__name__}")
+    skip = _embedding_parameters(model) if non_embedding else set()
+    seen: set[int] = set()
+    total = 0
+    for p in model.parameters():          # parameters() already yields a shared tensor once
+        if p.requires_grad and id(p) not in seen and id(p) not in skip:
+            seen.add(id(p))
+            total += p.numel()
+    return total
+
+
+_LM_KEYS = ("vocab_size", "d_model", "heads", "layers")
+
+
+def _as_lm(model_or_config: nn.Module | Mapping[str, Any]) -> nn.Module:
+    if isinstance(model_or_config, nn.Module):
+        return model_or_config
+    if isinstance(model_or_config, Mapping):
+        missing = [k for k in _LM_KEYS if k not in model_or_config]
+        if missing:
+            raise ValueError(f"lm_flops_per_token: the config lacks {missing} (needs {list(_LM_KEYS)}, "
+                             "optionally d_ff, context, positional, tie_weights)")
+        cfg = dict(model_or_config)
+        vocab = cfg.pop("vocab_size")
+        keep = {"d_model", "heads", "layers", "d_ff", "context", "positional", "tie_weights"}
+        with torch.device("meta"):  # shapes only, no memory
+            return DecoderLM(vocab, **{k: v for k, v in cfg.items() if k in keep})
+    raise TypeError("lm_flops_per_token: model_or_config must be a DecoderLM-like nn.Module or a dict "
+                    f"of its sizes, got {type(model_or_config).__name__}")
+
+
+def lm_flops_per_token(model_or_config: nn.Module | Mapping[str, Any], context: int, *,
+                       attention: str = "full") -> float:
+    """Training FLOPs (forward and backward) per token of a decoder-only LM reading ``context`` tokens.
+
+    ``6 * (N + d V) + 12 L d T`` for ``attention="full"`` (the convention of PaLM's appendix B
+    and nanoGPT; the module docstring says why) or ``6 * (N + d V) + 6 L d (T + 1)`` for
+    ``"causal"`` (only the score and weighted-sum products the causal mask keeps), where ``N`` is
+    :func:`count_parameters` ``(model, non_embedding=True)``, ``d`` = ``d_model``, ``V`` the
+    vocabulary, ``L`` the layers, ``T`` = ``context`` (the length of the training sequences, not
+    the model's maximum).
+
+    ``model_or_config``: a :class:`tfmlib.lm.DecoderLM` (or a module with ``vocab_size``,
+    ``d_model`` and ``blocks``), or a dict with ``vocab_size``, ``d_model``, ``heads``,
+    ``layers`` (and optionally ``d_ff``, ``positional``, ``tie_weights``), built on the meta
+    device to count. ``ValueError`` for a non-positive ``context`` or an unknown ``attention``.
+    """
+    if not isinstance(context, int) or isinstance(context, bool) or context < 1:
+        raise ValueError(f"lm_flops_per_token: context must be an int >= 1, got {context!r}")
+    if attention not in ("full", "causal"):
+        raise ValueError(f"lm_flops_per_token: attention must be 'full' or 'causal', got {attention!r}")
+    model = _as_lm(model_or_config)
+    try:
+        d, vocab, layers = model.d_model, model.vocab_size, len(model.blocks)
+    except AttributeError as e:
+        raise TypeError(f"lm_flops_per_token: {type(model).__name__} has no d_model, vocab_size and blocks "
+                        f"(a tfmlib.lm.DecoderLM has them): {e}") from None
+    matrices = count_parameters(model, non_embedding=True) + d * vocab
+    attn = 12 * layers * d * context if attention == "full" else 6 * layers * d * (context + 1)
+    return float(6 * matrices + attn)
+
+
+def mfu(tokens_per_s: float, flops_per_token: float, peak: float | None) -> float | None:
+    """Model FLOPs utilisation: ``tokens_per_s * flops_per_token / peak`` (a fraction, 0.4 = 40%),
+    or ``None`` when ``peak`` is ``None`` (no known peak, e.g. the CPU). ``ValueError`` for a
+    negative rate or count, or a non-positive peak."""
+    if not tokens_per_s >= 0:
+        raise ValueError(f"mfu: tokens_per_s must be >= 0, got {tokens_per_s!r}")
+    if not flops_per_token >= 0:
+        raise ValueError(f"mfu: flops_per_token must be >= 0, got {flops_per_token!r}")
+    if peak is None:
+        return None
+    if not peak > 0:
+        raise ValueError(f"mfu: peak must be positive FLOP/s or None, got {peak!r}")
+    return tokens_per_s * flops_per_token / peak
+
+
+def measure_training_steps(step_fn: Callable[[], object], *, steps: int, warmup: int = 2,
+                           device: torch.device | str, tokens_per_step: int,
+                           flops_per_token: float | None = None,
+                           peak: float | None = None,
+                           clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
+    """Time ``steps`` whole training steps (``step_fn()``: forward, backward, optimiser step) after
+    ``warmup`` untimed ones, through :func:`tfmlib.timing.interleaved_medians` (the device is
+    synchronised before and after each step, so a step's time holds all of its work).
+
+    Returns a dict: ``step_s`` (median seconds per step), ``step_s_q1``/``step_s_q3`` (quartiles),
+    ``step_s_min``/``step_s_max``, ``steps``, ``warmup``, ``tokens_per_step``, ``tokens_per_s``
+    (``tokens_per_step / step_s``), ``device``, and, when ``flops_per_token`` is given,
+    ``model_flops_per_s`` and ``mfu`` (``None`` without a ``peak``). ``ValueError`` for
+    ``tokens_per_step < 1`` (and, from the timing helper, for ``steps < 1`` or ``warmup < 0``).
+    ``clock`` (seconds, like ``time.perf_counter``) is for tests.
+    """
+    if not isinstance(tokens_per_step, int) or isinstance(tokens_per_step, bool) or tokens_per_step < 1:
+        raise ValueError("measure_training_steps: tokens_per_step must be an int >= 1, "
+                         f"got {tokens_per_step!r}")
+    if not callable(step_fn):
+        raise TypeError(f"measure_training_steps: step_fn must be callable, got {type(step_fn).__name__}")
+    timings = interleaved_medians({"step": step_fn}, repeats=steps, warmup=warmup, device=device,
+                                  clock=clock)
+    t = timings.detail["step"]
+    q1, q3 = t.quartiles
+    out: dict[str, Any] = {
+        "step_s": t.median, "step_s_q1": q1, "step_s_q3": q3, "step_s_min": t.min, "step_s_max": t.max,
+        "step_s_stdev": statistics.stdev(t.samples) if len(t.samples) > 1 else 0.0,
+        "steps": steps, "warmup": warmup, "tokens_per_step": tokens_per_step,
+        "tokens_per_s": tokens_per_step / t.median, "device": str(timings.device),
+    }
+    if flops_per_token is not None:
+        out["flops_per_token"] = flops_per_token
+        out["model_flops_per_s"] = out["tokens_per_s"] * flops_per_token
+        out["mfu"] = mfu(out["tokens_per_s"], flops_per_token, peak)
+    return out
