@@ -1,0 +1,81 @@
+"""tfmlib.compiling (chapter 10): torch.compile where the platform can, the eager model and a reason
+where it cannot; the first call's seconds reported either way."""
+
+import os
+import shutil
+
+import pytest
+import torch
+
+from tfmlib.compiling import CompileReport, compile_or_fallback
+
+# TorchInductor's CPU backend writes C++ and builds it with the compiler named by $CXX (else g++ or
+# clang++): without one, torch.compile fails at the first call, which is the fallback's case.
+CXX = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("clang++")
+
+
+def _tiny():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 1))
+
+
+def _step(module):
+    module(torch.ones(5, 4)).sum().backward()
+
+
+def test_a_compiler_that_raises_falls_back_and_says_why():
+    model = _tiny()
+
+    def broken(m):
+        raise RuntimeError("no C++ compiler found\nlong traceback ...")
+
+    chosen, note = compile_or_fallback(model, _step, compiler=broken)
+    assert chosen is model, "the eager model must be returned"
+    assert isinstance(note, CompileReport) and not note.compiled
+    assert note == "eager (compile failed: RuntimeError: no C++ compiler found)", note
+    assert note.error == "RuntimeError: no C++ compiler found" and note.seconds >= 0
+    assert note.as_dict()["note"] == str(note)
+
+
+def test_a_trial_that_fails_at_the_first_call_falls_back_with_clean_gradients():
+    model = _tiny()
+
+    def fails_late(m):
+        _step(m)                                   # gradients accumulate, then the "compiled" call fails
+        raise NotImplementedError()  # an error with no message
+
+    chosen, note = compile_or_fallback(model, fails_late, compiler=lambda m: m)
+    assert chosen is model and note.startswith("eager (compile failed: NotImplementedError:")
+    assert "(no message)" in note, note
+    assert all(p.grad is None for p in model.parameters()), "the trial's gradients must be cleared"
+
+
+def test_a_working_compiler_is_kept_and_timed():
+    model, seen = _tiny(), []
+    wrapper = torch.nn.Sequential(model)
+
+    def trial(m):
+        seen.append(m)
+        _step(m)
+
+    chosen, note = compile_or_fallback(model, trial, compiler=lambda m: wrapper, device="cpu")
+    assert chosen is wrapper and seen == [wrapper] and note.compiled and note.error is None
+    assert note.startswith("compiled (first call ") and note.endswith(" s)"), note
+    assert all(p.grad is None for p in model.parameters()), "the trial's gradients must be cleared"
+    with pytest.raises(TypeError, match="model must be an nn.Module"):
+        compile_or_fallback("model", trial)
+    with pytest.raises(TypeError, match="trial must be callable"):
+        compile_or_fallback(model, None)
+
+
+@pytest.mark.skipif(CXX is None, reason="no C++ compiler ($CXX, g++ or clang++): TorchInductor cannot build "
+                                        "CPU kernels here, and the fallback tests above cover that case")
+def test_a_real_compile_of_a_tiny_module():
+    model = _tiny()
+    chosen, note = compile_or_fallback(model, _step)
+    assert note.compiled, f"torch.compile failed although {CXX} exists: {note}"
+    assert chosen is not model and note.seconds > 0
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(chosen(x), model(x)), "the compiled module must compute the same"
+    assert set(dict(chosen.named_parameters())) == {f"_orig_mod.{n}" for n, _ in model.named_parameters()}
+    assert next(chosen.parameters()) is next(model.parameters()), "the compiled module shares the weights"
