@@ -882,6 +882,73 @@ def fig_09_kv_cache() -> Canvas:
     return c
 
 
+# ---------------------------------------------------------------------------------------------
+# Chapter 10
+# ---------------------------------------------------------------------------------------------
+
+def fig_10_flash_tiling() -> Canvas:
+    """FlashAttention's tiling: one (block_q x block_k) tile of scores at a time, with the running max m,
+    sum l and output O kept per query row; causal tiles above the diagonal skipped."""
+    c = Canvas(7.6, 4.7)
+    n, tw, th = 4, 0.56, 0.42                     # 4 query blocks x 4 key blocks
+    x0, y_top = 1.45, 3.6                         # the score grid's left edge and top edge
+    cols = [x0 + tw * (j + 0.5) for j in range(n)]
+    rows = [y_top - th * (i + 0.5) for i in range(n)]
+    cur_i, cur_j = 2, 1                           # the tile being computed: i = 3, j = 2
+    c.text(3.8, 4.5, r"causal attention, one tile of scores at a time: the $T \times S$ matrix is never "
+           "stored", fs=9.5, color="#444444")
+    # K^T on top, V below (both one block per column of key positions), Q on the left
+    for j, x in enumerate(cols):
+        c.box(x, y_top + 0.36, tw, 0.4, f"$K_{j + 1}^\\top$", "input" if j == cur_j else "muted", fs=9.5,
+              lw=1.8 if j == cur_j else 1.0)
+    c.text(cols[-1] + tw / 2 + 0.1, y_top + 0.36, "keys", fs=8.5, color="#444444", ha="left")
+    y_v = rows[-1] - th / 2 - 0.36
+    v_nodes = [c.box(x, y_v, tw, 0.4, f"$V_{j + 1}$", "state" if j == cur_j else "muted", fs=9.5,
+                     lw=1.8 if j == cur_j else 1.0) for j, x in enumerate(cols)]
+    c.text(cols[-1] + tw / 2 + 0.1, y_v, "values", fs=8.5, color="#444444", ha="left")
+    for i, y in enumerate(rows):
+        c.box(x0 - 0.45, y, 0.5, th, f"$Q_{i + 1}$", "input" if i == cur_i else "muted", fs=9.5,
+              lw=1.8 if i == cur_i else 1.0)
+    c.text(x0 - 0.45, y_top + 0.36, "queries", fs=8.5, color="#444444")
+    # the grid of score tiles
+    for i, y in enumerate(rows):
+        for j, x in enumerate(cols):
+            if j > i:
+                kind, label = "muted", "skip"
+            elif i == cur_i and j == cur_j:
+                kind, label = "weight", "$S_{ij}$"
+            elif i == cur_i and j < cur_j:
+                kind, label = "state", "done"
+            else:
+                kind, label = "op", ""
+            c.box(x, y, tw, th, label, kind, fs=9 if label == "$S_{ij}$" else 7.5,
+                  lw=1.8 if kind == "weight" else 1.0, pad=0.03,
+                  color=MUTED if label in ("skip", "done") else INK)
+    # the state kept for every query row of block i
+    fx, fy, fw, fh = 5.95, 2.55, 2.75, 2.2
+    c.frame(fx, fy, fw, fh, color="#d0692e")
+    c.text(fx, fy + fh / 2 - 0.22, "kept per query row of $Q_i$", fs=9, color="#b0541f")
+    lines = [r"$m_{\mathrm{new}} = \max(m,\ \mathrm{rowmax}\, S_{ij})$",
+             r"$\ell \leftarrow e^{m - m_{\mathrm{new}}} \ell"
+             r" + \mathrm{rowsum}\, e^{S_{ij} - m_{\mathrm{new}}}$",
+             r"$O \leftarrow e^{m - m_{\mathrm{new}}} O + e^{S_{ij} - m_{\mathrm{new}}} V_j$",
+             r"$m \leftarrow m_{\mathrm{new}}$"]
+    for k, line in enumerate(lines):
+        c.text(fx - fw / 2 + 0.15, fy + 0.5 - 0.36 * k, line, fs=8.8, ha="left")
+    c.text(fx, fy - fh / 2 + 0.2, r"after the last block: $O / \ell$", fs=8.5, color="#444444")
+    c.arrow((cols[cur_j] + tw / 2, rows[cur_i]), (fx - fw / 2, rows[cur_i]), color="#d0692e", lw=1.3,
+            halo=True)
+    c.arrow(v_nodes[cur_j].bottom(), (cols[cur_j], y_v - 0.38), (fx - 0.6, y_v - 0.38),
+            (fx - 0.6, fy - fh / 2), color="#3d8b3d", lw=1.3)
+    c.text(x0 + tw * n / 2 + 1.0, y_v - 0.6, r"$S_{ij} = Q_i K_j^\top / √d$: a block_q $\times$ block_k tile",
+           fs=8.5, color="#444444")
+    c.text(3.8, 0.6, r"saved for the backward pass: $Q, K, V, O$ and $L = m + \log \ell$ per row "
+           "(memory linear in $T$); the backward recomputes each tile", fs=8.5, color="#444444")
+    c.legend(0.5, 0.22, [("weight", "tile in use"), ("state", "already folded in"), ("op", "to do"),
+                         ("muted", "skipped: above the diagonal")], fs=8.5, dx=1.62)
+    return c
+
+
 FIGURES: dict[str, Callable[[], Canvas]] = {
     "01_unrolled_rnn.svg": fig_01_unrolled_rnn,
     "01_gru_cell.svg": fig_01_gru_cell,
@@ -895,6 +962,7 @@ FIGURES: dict[str, Callable[[], Canvas]] = {
     "07_transformer.svg": fig_07_transformer,
     "08_beam_search.svg": fig_08_beam_search,
     "09_kv_cache.svg": fig_09_kv_cache,
+    "10_flash_tiling.svg": fig_10_flash_tiling,
 }
 
 
