@@ -1,0 +1,176 @@
+"""tfmlib.distributed and tfmlib.ddp_train (chapter 10): torchrun + DistributedDataParallel on the CPU.
+
+The main test launches ``torchrun --standalone --nproc_per_node 2 -m tfmlib.ddp_train`` (two gloo
+processes) and the same with one process and the same global batch, and checks that the two
+runs are one run: the same global loss at every step and the same final weights, to float
+rounding. A run with another global batch (a plain process, no torchrun) must give another curve,
+so the agreement is not that of two runs that ignore their data."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tfmlib.ddp_train import main as ddp_main
+from tfmlib.ddp_train import parse_args, state_sha256
+from tfmlib.distributed import (
+    DistributedContext,
+    all_reduce_mean,
+    barrier,
+    cleanup,
+    distributed,
+    is_distributed,
+    is_main,
+    per_rank_batch,
+    pick_backend,
+    pick_device,
+    read_torchrun_env,
+    setup_distributed,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+# small enough for CI (each launch is a few seconds, mostly importing torch), big enough to learn
+TRAIN = ["--steps", "8", "--block-len", "16", "--sentences", "600", "--d-model", "32", "--heads", "2",
+         "--layers", "2", "--threads", "1", "--seed", "3"]
+
+
+def _launch(tmp_path: Path, name: str, nproc: int | None, global_batch: int) -> dict:
+    out = tmp_path / f"{name}.json"
+    module = ["-m", "tfmlib.ddp_train", *TRAIN, "--global-batch", str(global_batch), "--out", str(out)]
+    if nproc is None:                                                    # a plain process
+        cmd = [sys.executable, *module]
+    else:  # --standalone: a rendezvous on localhost with a free port that torchrun picks
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+               *module]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    result = json.loads(out.read_text())
+    print(f"{name}: {done.stdout.strip().splitlines()[-1]}")
+    return result
+
+
+def test_two_processes_train_exactly_like_one(tmp_path):
+    two = _launch(tmp_path, "two", 2, global_batch=8)
+    one = _launch(tmp_path, "one", 1, global_batch=8)
+    other = _launch(tmp_path, "other", None, global_batch=6)
+    assert (two["world_size"], two["backend"], two["per_process_batch"]) == (2, "gloo", 4), two
+    assert (one["world_size"], one["backend"], one["per_process_batch"]) == (1, "gloo", 8), one
+    assert other["world_size"] == 1 and other["backend"].startswith("none"), other
+    assert two["device"] == one["device"] == "cpu"
+    assert len(two["step_loss"]) == len(one["step_loss"]) == 8
+    # one step on 2 x 4 blocks is one step on the 8 blocks: the losses agree to float rounding
+    torch.testing.assert_close(torch.tensor(two["step_loss"]), torch.tensor(one["step_loss"]),
+                               rtol=1e-5, atol=0.0,
+                               msg="the 2-process loss curve must equal the 1-process one")
+    assert one["step_loss"][-1] < one["step_loss"][0] - 0.1, f"the model must learn: {one['step_loss']}"
+    w2, w1 = torch.load(two["weights"]), torch.load(one["weights"])
+    assert w2.keys() == w1.keys()
+    # AdamW divides by sqrt(v) + 1e-8: where a gradient is near zero, a rounding difference of the
+    # other summation order becomes a visible part of the update (at most lr = 1e-3 per step).
+    # Eight steps move weights by up to 8e-3; 1e-4 is about 1% of that, while nearly all weights
+    # agree to ~1e-7, as the loss curve does.
+    for k in w1:
+        torch.testing.assert_close(w2[k], w1[k], rtol=1e-4, atol=1e-4, msg=f"final weights differ at {k}")
+    close = sum(int(torch.isclose(w2[k], w1[k], rtol=1e-5, atol=1e-6).sum()) for k in w1)
+    total = sum(t.numel() for t in w1.values())
+    assert close >= 0.999 * total, f"only {close} of {total} weights agree to float rounding"
+    # not trivially equal: another global batch takes other steps and ends elsewhere
+    diff = (torch.tensor(other["step_loss"][1:]) - torch.tensor(one["step_loss"][1:])).abs().max()
+    assert diff > 1e-3, f"a different global batch gave the same curve (max difference {diff})"
+    assert other["weights_sha256"] != one["weights_sha256"]
+    for r in (two, one, other):
+        assert r["tokens_per_s"] > 0 and r["wall_s"] > r["train_s"] > 0 and r["mfu"] is None, r
+        assert state_sha256(torch.load(r["weights"])) == r["weights_sha256"]
+
+
+def test_read_torchrun_env():
+    plain = read_torchrun_env({})
+    assert (plain.rank, plain.local_rank, plain.world_size, plain.launched) == (0, 0, 1, False)
+    env = {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4",
+           "MASTER_ADDR": "node0", "MASTER_PORT": "29500"}
+    got = read_torchrun_env(env)
+    assert (got.rank, got.local_rank, got.world_size, got.local_world_size) == (5, 1, 8, 4)
+    assert (got.master_addr, got.master_port, got.launched) == ("node0", 29500, True)
+    assert read_torchrun_env({"RANK": "3", "WORLD_SIZE": "4"}).local_rank == 3, "one node by default"
+    with pytest.raises(ValueError, match="RANK=4 must be below WORLD_SIZE=4"):
+        read_torchrun_env({"RANK": "4", "WORLD_SIZE": "4"})
+    with pytest.raises(ValueError, match="must be set together"):
+        read_torchrun_env({"RANK": "0"})
+    with pytest.raises(ValueError, match="WORLD_SIZE='two' is not an integer"):
+        read_torchrun_env({"RANK": "0", "WORLD_SIZE": "two"})
+    with pytest.raises(ValueError, match="LOCAL_RANK=2 must be below LOCAL_WORLD_SIZE=2"):
+        read_torchrun_env({"RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"})
+
+
+def test_backend_device_and_batch_split():
+    assert pick_backend("auto", cuda_available=False) == "gloo"
+    assert pick_backend("auto", cuda_available=True) == "nccl"
+    assert pick_backend("gloo", cuda_available=True) == "gloo"
+    with pytest.raises(ValueError, match="needs CUDA"):
+        pick_backend("nccl", cuda_available=False)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        pick_backend("mpi")
+    assert pick_device("gloo", 3) == torch.device("cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="has no GPU"):
+            pick_device("nccl", 0)
+    assert per_rank_batch(32, 4) == 8
+    with pytest.raises(ValueError, match="does not divide by the world size 3"):
+        per_rank_batch(32, 3)
+    with pytest.raises(ValueError, match="global_batch must be"):
+        per_rank_batch(0, 1)
+
+
+def test_a_plain_process_needs_no_process_group():
+    with distributed("gloo", env={}) as ctx:
+        assert isinstance(ctx, DistributedContext) and not ctx.initialized
+        assert (ctx.rank, ctx.world_size, ctx.backend, ctx.is_main) == (0, 1, None, True)
+        assert not is_distributed() and is_main()
+        x = torch.tensor([1.0, 3.0])
+        y = all_reduce_mean(x)
+        assert torch.equal(y, x) and y is not x, "a copy, equal in one process"
+        barrier()
+    cleanup()
+    with pytest.raises(ValueError, match="floating point"):
+        all_reduce_mean(torch.tensor([1, 2]))
+    with pytest.raises(TypeError, match="expected a tensor"):
+        all_reduce_mean([1.0])
+
+
+def test_a_process_group_of_one(monkeypatch):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port)}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    ctx = setup_distributed("gloo", timeout_s=30)
+    try:
+        assert ctx.initialized and ctx.backend == "gloo" and is_distributed() and is_main()
+        assert torch.equal(all_reduce_mean(torch.tensor([2.0, 4.0])), torch.tensor([2.0, 4.0]))
+        barrier()
+    finally:
+        cleanup()
+    assert not is_distributed(), "cleanup must destroy the group"
+
+
+def test_script_arguments():
+    args = parse_args(["--global-batch", "32", "--steps", "5"])
+    assert (args.global_batch, args.steps, args.backend, args.precision) == (32, 5, "auto", "fp32")
+    with pytest.raises(SystemExit):
+        parse_args(["--steps", "0"])
+    threads = torch.get_num_threads()
+    try:
+        result = ddp_main([*TRAIN, "--steps", "2", "--global-batch", "4"])    # a plain process, no file
+    finally:
+        torch.set_num_threads(threads)                   # main sets this process's threads
+    assert result["world_size"] == 1 and len(result["step_loss"]) == 2 and "weights" not in result
