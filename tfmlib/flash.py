@@ -13,7 +13,7 @@ matrix of scores. This module spells out how, so that a reader can check every l
       ell   = ell * exp(m - m_new) + sum(exp(b - m_new))      # old terms rescaled to the new max
       m     = m_new
 
-  and at the end ``softmax(x) = exp(x - m) / ell`` (``ell`` is the papers' letter ell).
+  and at the end ``softmax(x) = exp(x - m) / ell`` (the papers' script l).
   Subtracting the running maximum keeps every ``exp`` at most 1, so it never overflows where a
   naive ``exp(x) / sum(exp(x))`` does.
 * :func:`tiled_attention` is FlashAttention's forward pass (Dao et al. 2022, Algorithm 1; Dao
