@@ -391,3 +391,126 @@ def test_a_truncated_checkpoint_is_an_error_naming_the_file(tmp_path, keep):
     bad.write_bytes(good[:cut])
     with pytest.raises(CheckpointError, match=f"{bad}.* not a readable checkpoint"):
         load_checkpoint(bad, model)
+
+
+# ------------------------------------------------------------- gradient accumulation (chapter 10)
+
+
+def padded_batches(seed=0):
+    """Three float64 batches of padded sequences with unequal token counts (padding masked out)."""
+    g = torch.Generator().manual_seed(seed)
+    batches = []
+    for size, length in ((3, 5), (5, 2), (2, 7)):
+        x = torch.randn(size, length, 4, generator=g, dtype=torch.float64)
+        y = torch.randn(size, length, generator=g, dtype=torch.float64)
+        lengths = torch.randint(1, length + 1, (size,), generator=g)
+        mask = torch.arange(length)[None, :] < lengths[:, None]
+        batches.append((x, y, mask))
+    return batches
+
+
+def concatenate(batches):
+    """The batches as one, padded to the longest length."""
+    longest = max(x.shape[1] for x, _, _ in batches)
+
+    def pad(t):
+        extra = longest - t.shape[1]
+        return nn.functional.pad(t, (0, 0, 0, extra) if t.dim() == 3 else (0, extra))
+
+    return tuple(torch.cat([pad(b[i]) for b in batches]) for i in range(3))
+
+
+def masked_mse(model, batch):
+    x, y, mask = batch
+    err = (model(x).squeeze(-1) - y) ** 2
+    n = mask.sum()
+    return (err * mask).sum() / n, int(n)
+
+
+def train_double(batches, accumulate, epochs=3, clip_norm=0.05, loss_fn=masked_mse):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)).double()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    hist = fit(model, batches, loss_fn, opt, epochs=epochs, verbose=False, accumulate=accumulate,
+               clip_norm=clip_norm)
+    return model, hist
+
+
+def test_accumulating_batches_equals_one_batch_made_of_them():
+    batches = padded_batches()
+    assert len({int(m.sum()) for _, _, m in batches}) == 3, "unequal token counts"
+    accumulated, hist = train_double(batches, accumulate=3)
+    one, one_hist = train_double([concatenate(batches)], accumulate=1)
+    for a, b in zip(accumulated.parameters(), one.parameters(), strict=True):
+        assert torch.allclose(a, b, rtol=0, atol=1e-12), (a - b).abs().max()
+    assert len(hist.step_loss) == 3, "one optimiser step per 3 batches, 3 epochs"
+    assert hist.step_loss == pytest.approx(one_hist.step_loss, rel=1e-12), "the step loss is the big batch's"
+    assert [e["train_loss"] for e in hist.epochs] == pytest.approx([e["train_loss"] for e in one_hist.epochs],
+                                                                   rel=1e-12)
+    # clipping acts on the accumulated gradient: a clip_norm that bites changes both runs alike
+    assert not torch.allclose(train_double(batches, 3, clip_norm=None)[0][0].weight, accumulated[0].weight)
+
+
+def test_dividing_the_loss_by_the_number_of_batches_would_not_be_one_batch():
+    """The naive recipe, (loss_i / k).backward() per batch, weights every batch equally: with unequal
+    token counts it is not the step of the concatenated batch (fit's is, to 1e-12)."""
+    batches = padded_batches()
+    one, _ = train_double([concatenate(batches)], accumulate=1, epochs=1, clip_norm=None)
+    torch.manual_seed(0)
+    naive = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)).double()
+    opt = torch.optim.SGD(naive.parameters(), lr=0.1, momentum=0.9)
+    for batch in batches:
+        (masked_mse(naive, batch)[0] / len(batches)).backward()
+    opt.step()
+    gap = max((a - b).abs().max().item() for a, b in zip(naive.parameters(), one.parameters(), strict=True))
+    assert gap > 1e-4, f"the naive mean of means should differ visibly, differs by {gap}"
+    ours, _ = train_double(batches, accumulate=3, epochs=1, clip_norm=None)
+    assert all(torch.allclose(a, b, rtol=0, atol=1e-12) for a, b in zip(ours.parameters(), one.parameters(),
+                                                                                strict=True))
+
+
+def test_accumulation_with_tensor_token_counts_reads_nothing_per_step(monkeypatch):
+    batches = padded_batches()
+
+    def tensor_count(model, batch):
+        loss, n = masked_mse(model, batch)
+        return loss, batch[2].sum()
+
+    expected, _ = train_double(batches, accumulate=3)
+    monkeypatch.setattr(torch.Tensor, "item", lambda self: (_ for _ in ()).throw(AssertionError("item()")))
+    got, hist = train_double(batches, accumulate=3, loss_fn=tensor_count)
+    monkeypatch.undo()
+    assert len(hist.step_loss) == 3
+    for a, b in zip(got.parameters(), expected.parameters(), strict=True):
+        assert torch.allclose(a, b, rtol=0, atol=1e-12)
+
+
+def test_the_last_shorter_group_of_an_epoch_still_steps():
+    batches = padded_batches() + padded_batches(seed=1)[:2]  # 5 batches, accumulate 2: groups 2, 2, 1
+    got, hist = train_double(batches, accumulate=2, epochs=2)
+    regrouped = [concatenate(batches[0:2]), concatenate(batches[2:4]), batches[4]]
+    expected, expected_hist = train_double(regrouped, accumulate=1, epochs=2)
+    assert len(hist.step_loss) == 2 * 3
+    assert hist.step_loss == pytest.approx(expected_hist.step_loss, rel=1e-12)
+    for a, b in zip(got.parameters(), expected.parameters(), strict=True):
+        assert torch.allclose(a, b, rtol=0, atol=1e-12)
+
+
+def test_steps_limits_evaluations_and_the_scheduler_count_optimiser_steps():
+    seen = []
+
+    def counting(model, batch):
+        seen.append(len(batch[1]))
+        return mse(model, batch)
+
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    hist = fit(model, regression_problem(), counting, opt, epochs=3, accumulate=3, max_steps=5,
+               scheduler=sched, eval_fn=lambda m: {}, eval_every=2, verbose=False)  # groups 3, 3, 2
+    assert len(hist.step_loss) == 5 and sched.last_epoch == 5
+    assert len(seen) == 8 + 6, "epoch 1: 3 steps of 8 batches; epoch 2: 2 steps of 3 batches"
+    assert [e["step"] for e in hist.evals] == [2, 4, 5]
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="accumulate must be an int >= 1"):
+            fit(model, regression_problem(), mse, opt, epochs=1, accumulate=bad)

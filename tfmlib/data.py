@@ -393,6 +393,12 @@ class TranslationDataset(torch.utils.data.Dataset):
         return [max(len(s), len(t)) for s, t in self.examples]
 
 
+def _check_epoch(epoch: int, who: str) -> int:
+    if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+        raise ValueError(f"{who}.set_epoch: epoch must be an int >= 0, got {epoch!r}")
+    return epoch
+
+
 class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
     """Yields batches of indices whose sequences have similar lengths.
 
@@ -436,6 +442,12 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         batches = self._batches()
         self.epoch += 1  # a new order next epoch, reproducible from the seed
         return iter(batches)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next iteration yield the order of ``epoch`` (the order depends only on
+        ``seed`` and ``epoch``; each iteration still advances ``epoch`` by one). A resumed run
+        uses it to replay an epoch's order, as with torch's ``DistributedSampler.set_epoch``."""
+        self.epoch = _check_epoch(epoch, "BucketBatchSampler")
 
     def __len__(self) -> int:
         n = len(self.lengths)
@@ -503,6 +515,11 @@ class TokenBatchSampler(torch.utils.data.Sampler[list[int]]):
         batches = self.batches(self.epoch)
         self.epoch += 1
         return iter(batches)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next iteration yield ``batches(epoch)`` (each iteration still advances
+        ``epoch`` by one); see :meth:`BucketBatchSampler.set_epoch`."""
+        self.epoch = _check_epoch(epoch, "TokenBatchSampler")
 
     def __len__(self) -> int:
         return len(self.batches(self.epoch))

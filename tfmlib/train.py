@@ -14,6 +14,7 @@ loading one never runs code from the file.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
 import os
@@ -40,18 +41,25 @@ LossFn = Callable[[nn.Module, Any], "tuple[torch.Tensor, int]"]
 class History:
     """What :func:`fit` records.
 
-    * ``step_loss``: the mean loss of every optimisation step, in order.
+    * ``step_loss``: the mean loss of every optimisation step, in order (with ``accumulate``, the
+      token-weighted mean over the step's batches).
     * ``epochs``: one dict per epoch: ``epoch``, ``train_loss`` (token-weighted mean),
       ``seconds`` (training time, evaluations excluded), ``tokens_per_second``, plus the keys
       returned by ``eval_fn`` when it runs once per epoch.
     * ``evals``: one dict per call of ``eval_fn``: ``step`` (optimiser steps taken so far),
       ``seconds`` (training seconds so far, evaluations excluded), plus its keys. With
       ``eval_every`` this is a learning curve against steps and against training time.
+    * ``skipped_steps``: optimiser steps that fp16's gradient scaler skipped because the scaled
+      gradients held an inf or a NaN (always 0 in fp32 and bf16; chapter 10).
+    * ``resumed_from_step``: the optimiser step a resumed :func:`fit` started from (0 for a
+      fresh run; chapter 10).
     """
 
     step_loss: list[float] = field(default_factory=list)
     epochs: list[dict[str, float]] = field(default_factory=list)
     evals: list[dict[str, float]] = field(default_factory=list)
+    skipped_steps: int = 0
+    resumed_from_step: int = 0
 
     def metric(self, key: str) -> list[float]:
         """The per-epoch values of ``key`` (e.g. ``"valid_loss"``)."""
@@ -64,6 +72,19 @@ class History:
     @property
     def seconds(self) -> float:
         return sum(e["seconds"] for e in self.epochs)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The history as plain data (lists, dicts, floats), e.g. to save in a training state."""
+        return {"step_loss": list(self.step_loss), "epochs": [dict(e) for e in self.epochs],
+                "evals": [dict(e) for e in self.evals], "skipped_steps": self.skipped_steps,
+                "resumed_from_step": self.resumed_from_step}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> History:
+        """The inverse of :meth:`to_dict`."""
+        return cls(step_loss=list(d["step_loss"]), epochs=[dict(e) for e in d["epochs"]],
+                   evals=[dict(e) for e in d["evals"]], skipped_steps=int(d.get("skipped_steps", 0)),
+                   resumed_from_step=int(d.get("resumed_from_step", 0)))
 
 
 def move_to(batch: Any, device: torch.device | str) -> Any:
@@ -100,6 +121,26 @@ def _check_token_count(n_tokens: Any, step: int) -> int | torch.Tensor:
     return _token_count(n_tokens, step)
 
 
+def _positive_int_or_none(value: Any, name: str) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ValueError(f"fit: {name} must be an int >= 1 or None, got {value!r}")
+
+
+def _at_least_one(n_tokens: int | torch.Tensor) -> int | torch.Tensor:
+    """A token count to divide by: ``max(n, 1)``, on the device for a tensor (no host read)."""
+    return n_tokens.clamp(min=1) if isinstance(n_tokens, torch.Tensor) else max(n_tokens, 1)
+
+
+def _epoch_sampler(loader: Any) -> Any:
+    """The sampler of ``loader`` whose order depends only on (seed, epoch): ``loader.batch_sampler``
+    or ``loader.sampler`` when it has ``set_epoch`` (else ``None``)."""
+    for attr in ("batch_sampler", "sampler"):
+        sampler = getattr(loader, attr, None)
+        if callable(getattr(sampler, "set_epoch", None)):
+            return sampler
+    return None
+
+
 def fit(
     model: nn.Module,
     loader: Any,
@@ -117,6 +158,11 @@ def fit(
     log_every: int = 50,
     desc: str = "train",
     verbose: bool = True,
+    precision: str = "fp32",
+    accumulate: int = 1,
+    checkpoint_path: str | Path | None = None,
+    checkpoint_every: int | None = None,
+    resume: bool = False,
 ) -> History:
     """Train ``model`` for ``epochs`` passes over ``loader``.
 
@@ -139,22 +185,82 @@ def fit(
     reload a checkpoint rather than go on from them). The device is synchronised around evaluations and
     at the end of each epoch, so recorded times hold the work they name.
 
-    Raises ``ValueError`` for a non-positive ``epochs``, ``eval_every`` or ``log_every``, an
-    empty loader or a non-finite loss, and ``TypeError`` when ``loss_fn`` does not return a
-    scalar tensor and a non-negative int.
+    Chapter 10 adds three options; at their defaults ``fit`` computes exactly what it did before.
+
+    * ``precision`` (``"fp32"``, ``"bf16"``, ``"fp16"`` or ``"auto"``, see
+      :func:`tfmlib.precision.pick_precision`): ``loss_fn`` runs under
+      :func:`tfmlib.precision.autocast`; the weights, gradients and optimizer state stay float32.
+      fp16 uses a ``torch.amp.GradScaler``: the loss is scaled before ``backward``, the gradients
+      unscaled before clipping; a step whose gradients overflowed is skipped by the scaler (not an
+      error; counted in ``History.skipped_steps``). A non-finite *loss* is still an error.
+    * ``accumulate=k``: one optimiser step per ``k`` batches of ``loader``, equal to one step on
+      the batch made of those ``k`` batches: each batch back-propagates ``loss * n_tokens`` and the
+      summed gradients are divided by the group's token count before clipping (no host read, also
+      with tensor counts). The last, shorter group of an epoch still steps. ``step_loss``,
+      ``max_steps``, ``eval_every``, ``checkpoint_every`` and the scheduler count optimiser steps.
+    * ``checkpoint_path``: write a training state there (:mod:`tfmlib.resume`: model, optimizer,
+      scheduler, scaler, random number generators, data position, History, training time and the
+      settings that must match) every ``checkpoint_every`` optimiser steps and when training ends,
+      atomically. With ``resume=True`` and an existing file, ``fit`` restores it and carries on
+      from the next batch, ending with the weights an uninterrupted run would have; without the
+      file it starts afresh. The loader's batch order must depend only on a seed and the epoch:
+      ``loader.batch_sampler`` or ``loader.sampler`` needs ``set_epoch`` (``BucketBatchSampler``,
+      ``TokenBatchSampler``, torch's ``DistributedSampler``), which ``fit`` then calls at the start
+      of every epoch. It also calls it for a ``DistributedSampler`` without checkpoints, as
+      torch's documentation asks (else every epoch has the same order).
+
+    Raises ``ValueError`` for a non-positive ``epochs``, ``eval_every``, ``log_every``,
+    ``accumulate`` or ``checkpoint_every``, an empty loader, a non-finite loss, an unknown or
+    unsupported ``precision``, ``checkpoint_every``/``resume`` without ``checkpoint_path``, or a
+    loader without ``set_epoch`` when checkpointing; ``TypeError`` when ``loss_fn`` does not
+    return a scalar tensor and a non-negative int; :class:`CheckpointError` when the training
+    state to resume from is damaged or does not fit (the model, the optimizer, the settings).
     """
     if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
         raise ValueError(f"fit: epochs must be an int >= 1, got {epochs!r}")
     if clip_norm is not None and not clip_norm > 0:
         raise ValueError(f"fit: clip_norm must be positive or None, got {clip_norm!r}")
-    if eval_every is not None and (not isinstance(eval_every, int) or isinstance(eval_every, bool)
-                                   or eval_every < 1):
-        raise ValueError(f"fit: eval_every must be an int >= 1 or None, got {eval_every!r}")
+    _positive_int_or_none(eval_every, "eval_every")
     if eval_every is not None and eval_fn is None:
         raise ValueError("fit: eval_every needs an eval_fn to call")
     if not isinstance(log_every, int) or isinstance(log_every, bool) or log_every < 1:
         raise ValueError(f"fit: log_every must be an int >= 1, got {log_every!r}")
+    if not isinstance(accumulate, int) or isinstance(accumulate, bool) or accumulate < 1:
+        raise ValueError(f"fit: accumulate must be an int >= 1, got {accumulate!r}")
+    _positive_int_or_none(checkpoint_every, "checkpoint_every")
+    if checkpoint_path is None and (checkpoint_every is not None or resume):
+        raise ValueError("fit: checkpoint_every and resume need a checkpoint_path")
     device = torch.device(device)
+    scaler = None
+    if precision == "fp32":
+        amp: Callable[[], Any] = contextlib.nullcontext
+    else:
+        from tfmlib.precision import autocast, make_grad_scaler, pick_precision
+
+        precision = pick_precision(device, precision)
+        amp = lambda: autocast(device, precision)  # noqa: E731
+        scaler = make_grad_scaler(device, precision) if precision == "fp16" else None
+    sampler = None
+    if checkpoint_path is not None or isinstance(getattr(loader, "sampler", None),
+                                                 torch.utils.data.DistributedSampler):
+        sampler = _epoch_sampler(loader)
+        if sampler is None or not isinstance(getattr(sampler, "epoch", None), int):
+            raise ValueError(
+                "fit: checkpoint_path needs a loader whose batch order depends only on a seed and the epoch, "
+                "so that a resumed run can replay it: loader.batch_sampler or loader.sampler must have "
+                "set_epoch and an int attribute epoch (tfmlib.data.BucketBatchSampler, TokenBatchSampler, "
+                "torch's DistributedSampler); "
+                f"got a {type(loader).__name__}"
+                + (f" with batch_sampler {type(loader.batch_sampler).__name__}"
+                   if getattr(loader, "batch_sampler", None) is not None else ""))
+    # A DistributedSampler keeps its epoch until told (fit tells it at every epoch); tfmlib's samplers
+    # advance their own (the DataLoader iterates them twice per epoch: once when it starts and once
+    # when it resets), so fit only reads their value, and sets it back when resuming.
+    managed = isinstance(sampler, torch.utils.data.DistributedSampler)
+    sampler_epoch0 = sampler.epoch if sampler is not None else 0
+    sampler_epoch_now = sampler_epoch0  # the sampler's epoch value when the current epoch started
+    settings = {"epochs": epochs, "accumulate": accumulate, "precision": precision, "clip_norm": clip_norm,
+                "scheduler": type(scheduler).__name__ if scheduler is not None else None}
     model.to(device)
     history = History()
     start, steps, stop = time.perf_counter(), 0, False
@@ -162,7 +268,24 @@ def fit(
     # losses (detached, on the device) and token counts of the steps not yet read back
     pending_loss: list[torch.Tensor] = []
     pending_tokens: list[int | torch.Tensor] = []
+    pending_skipped: list[torch.Tensor] = []  # fp16: whether the scaler skipped each step
     total_loss, total_tokens = 0.0, 0
+    first_epoch, skip_batches, restored = 1, 0, None
+    if resume and Path(checkpoint_path).is_file():  # type: ignore[arg-type]
+        from tfmlib.resume import load_training_state
+
+        restored = load_training_state(checkpoint_path, model=model, optimizer=optimizer,  # type: ignore[arg-type]
+                                       scheduler=scheduler, scaler=scaler, settings=settings)
+        history = History.from_dict(restored.history)
+        history.resumed_from_step = steps = restored.steps
+        first_epoch, skip_batches = restored.epoch, restored.batches_done
+        sampler_epoch0 = restored.sampler_epoch - (restored.epoch - 1)  # for a DistributedSampler
+        start = time.perf_counter() - restored.train_seconds
+        if verbose:
+            print(f"fit: resumed from {checkpoint_path} at step {steps} (epoch {first_epoch}, "
+                  f"{skip_batches} batches done)")
+    elif resume and verbose:
+        print(f"fit: no training state at {checkpoint_path} yet: starting from step 0")
 
     def read_pending(bar: Any) -> None:
         """Read the pending losses (and tensor token counts) in one transfer; check and record them."""
@@ -183,7 +306,11 @@ def fit(
             history.step_loss.append(value)
             total_loss += value * n_tokens
             total_tokens += n_tokens
-        bar.set_postfix(loss=f"{values[-1]:.3f}")
+        if pending_skipped:
+            history.skipped_steps += int(sum(torch.stack(pending_skipped).tolist()))
+            pending_skipped.clear()
+        if bar is not None:
+            bar.set_postfix(loss=f"{values[-1]:.3f}")
 
     def evaluate() -> dict[str, float]:
         nonlocal eval_seconds
@@ -198,39 +325,140 @@ def fit(
         eval_seconds += time.perf_counter() - t_eval
         return metrics
 
-    for epoch in range(1, epochs + 1):
+    def save_state(bar: Any, epoch: int, batches_done: int, epoch_seconds: float) -> None:
+        from tfmlib.resume import save_training_state
+
+        read_pending(bar)
+        synchronize(device)
+        save_training_state(
+            checkpoint_path, model=model, optimizer=optimizer, scheduler=scheduler,  # type: ignore[arg-type]
+            scaler=scaler, epoch=epoch, batches_done=batches_done, steps=steps,
+            sampler_epoch=sampler_epoch_now, history=history.to_dict(),
+            train_seconds=time.perf_counter() - start - eval_seconds, epoch_seconds=epoch_seconds,
+            epoch_loss_sum=total_loss, epoch_tokens=total_tokens, settings=settings)
+
+    def optimizer_step(group_tokens: int | torch.Tensor | None) -> None:
+        """Unscale (fp16), average over the group's tokens (``accumulate > 1``), clip, step."""
+        nonlocal steps
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        if group_tokens is not None:
+            divisor = _at_least_one(group_tokens)
+            for p in model.parameters():
+                if p.grad is not None:
+                    p.grad.div_(divisor)
+        if clip_norm is not None:
+            nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+        if scaler is None:
+            optimizer.step()
+        else:
+            # the scaler lowers its scale (x backoff_factor, 0.5) exactly when it skipped the step because
+            # the gradients held an inf or a NaN; compared on the device, read with the losses
+            scale_before = scaler._get_scale_async().clone()
+            scaler.step(optimizer)
+            scaler.update()
+            pending_skipped.append(scaler._get_scale_async() < scale_before)
+        if scheduler is not None:
+            scheduler.step()
+        steps += 1
+
+    def after_step(bar: Any, epoch: int, batches_done: int, epoch_t0: float, epoch_eval0: float) -> bool:
+        """Bookkeeping after an optimiser step: read the losses, evaluate, save the training state;
+        True when training should stop."""
+        if len(pending_loss) >= log_every:
+            read_pending(bar)
+        done = (max_steps is not None and steps >= max_steps) or (
+            time_budget_s is not None
+            and time.perf_counter() - start - eval_seconds >= time_budget_s
+        )
+        if eval_every is not None and steps % eval_every == 0:
+            evaluate()
+        if checkpoint_path is not None and (done or (checkpoint_every is not None
+                                                     and steps % checkpoint_every == 0)):
+            epoch_seconds = time.perf_counter() - epoch_t0 - (eval_seconds - epoch_eval0)
+            save_state(bar, epoch, batches_done, epoch_seconds)
+        return done
+
+    def end_group(group_loss: torch.Tensor, group_tokens: int | torch.Tensor) -> None:
+        """Record the token-weighted mean loss of an accumulated group and take its step."""
+        pending_loss.append(group_loss / _at_least_one(group_tokens))
+        pending_tokens.append(group_tokens)
+        optimizer_step(group_tokens)
+
+    for epoch in range(first_epoch, epochs + 1):
         model.train()
         t0, total_loss, total_tokens = time.perf_counter(), 0.0, 0
         eval_seconds_at_t0 = eval_seconds
+        if restored is not None and epoch == restored.epoch:
+            t0 -= restored.epoch_seconds
+            total_loss, total_tokens = restored.epoch_loss_sum, restored.epoch_tokens
+            sampler.set_epoch(restored.sampler_epoch)  # replay the interrupted epoch's order
+        elif managed:
+            sampler.set_epoch(sampler_epoch0 + epoch - 1)
+        if sampler is not None:
+            sampler_epoch_now = sampler.epoch
         bar = tqdm(loader, desc=f"{desc} {epoch}/{epochs}", leave=False, disable=not verbose)
-        for batch in bar:
+        batches = iter(bar)
+        batches_done, micro = 0, 0
+        group_loss: torch.Tensor | None = None
+        group_tokens: int | torch.Tensor = 0
+        if restored is not None:
+            for _ in range(skip_batches):  # the batches the saved run had consumed
+                if next(batches, None) is None:
+                    from tfmlib.resume import CheckpointError
+
+                    raise CheckpointError(f"{checkpoint_path}: the loader has fewer batches in epoch {epoch} "
+                                          f"than the saved run had consumed ({skip_batches})")
+            batches_done = skip_batches
+            # after the skipped batches (and the loader's own draw when it started): from here on the
+            # random numbers are those the saved run went on with
+            from tfmlib.resume import restore_rng_state
+
+            restore_rng_state(restored.rng)
+            restored = None
+            stop = (max_steps is not None and steps >= max_steps) or (
+                time_budget_s is not None and time.perf_counter() - start - eval_seconds >= time_budget_s)
+
+        for batch in batches if not stop else ():
             batch = move_to(batch, device)
-            loss, n_tokens = loss_fn(model, batch)
+            with amp():
+                loss, n_tokens = loss_fn(model, batch)
             if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
                 got = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
                 raise TypeError(f"fit: loss_fn must return (scalar loss tensor, n_tokens); the loss "
                                 f"is {got} at step {steps + 1} (reduce it with .mean())")
-            pending_tokens.append(_check_token_count(n_tokens, steps + 1))
-            pending_loss.append(loss.detach())
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if clip_norm is not None:
-                nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
-            optimizer.step()
-            if scheduler is not None:
-                scheduler.step()
-            steps += 1
-            if len(pending_loss) >= log_every:
-                read_pending(bar)
-            if (max_steps is not None and steps >= max_steps) or (
-                time_budget_s is not None
-                and time.perf_counter() - start - eval_seconds >= time_budget_s
-            ):
-                stop = True
-            if eval_every is not None and steps % eval_every == 0:
-                evaluate()
-            if stop:
-                break
+            batches_done += 1
+            if accumulate == 1:
+                pending_tokens.append(_check_token_count(n_tokens, steps + 1))
+                pending_loss.append(loss.detach())
+                optimizer.zero_grad(set_to_none=True)
+                (loss if scaler is None else scaler.scale(loss)).backward()
+                optimizer_step(None)
+                stop = after_step(bar, epoch, batches_done, t0, eval_seconds_at_t0)
+                if stop:
+                    break
+                continue
+            n_tokens = _check_token_count(n_tokens, steps + 1)
+            if micro == 0:
+                optimizer.zero_grad(set_to_none=True)
+                # summed in at least float32 (a bf16 loss of a large group would round)
+                group_loss = loss.detach().to(torch.promote_types(loss.dtype, torch.float32)) * n_tokens
+                group_tokens = n_tokens
+            else:
+                group_loss = group_loss + loss.detach().to(group_loss.dtype) * n_tokens
+                group_tokens = group_tokens + n_tokens
+            weighted = loss * n_tokens  # summed over the group, then divided by its token count
+            (weighted if scaler is None else scaler.scale(weighted)).backward()
+            micro += 1
+            if micro == accumulate:
+                end_group(group_loss, group_tokens)
+                micro = 0
+                stop = after_step(bar, epoch, batches_done, t0, eval_seconds_at_t0)
+                if stop:
+                    break
+        if micro > 0:  # the last, shorter group of the epoch
+            end_group(group_loss, group_tokens)
+            stop = after_step(bar, epoch, batches_done, t0, eval_seconds_at_t0)
         read_pending(bar)
         synchronize(device)
         if total_tokens == 0:
@@ -246,8 +474,15 @@ def fit(
             print(f"epoch {epoch}: {shown}")
         if stop:
             break
+    if restored is not None:  # resumed from the state saved when all epochs were done
+        from tfmlib.resume import restore_rng_state
+
+        restore_rng_state(restored.rng)
     if eval_every is not None and (not history.evals or history.evals[-1]["step"] != steps):
         evaluate()  # the last step, unless it was a multiple of eval_every
+    if checkpoint_path is not None and not stop and first_epoch <= epochs:
+        sampler_epoch_now = sampler.epoch + (1 if managed else 0)
+        save_state(None, epochs + 1, 0, 0.0)  # all epochs done: the state after the last
     return history
 
 
@@ -351,6 +586,12 @@ def save_checkpoint(
         "vocabs": {name: v.to_dict() for name, v in (vocabs or {}).items()},
         "config": config,
     }
+    return write_atomically(payload, path)
+
+
+def write_atomically(payload: Any, path: str | Path) -> Path:
+    """``torch.save(payload)`` to ``path`` through a temporary file in the same folder moved into
+    place with ``os.replace``; the folder is created if missing. Returns ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # Write beside the target, then rename over it: os.replace is atomic within one file system, so
@@ -370,6 +611,21 @@ def save_checkpoint(
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def state_mismatch(own: Mapping[str, torch.Tensor], saved: Mapping[str, Any]) -> str | None:
+    """How a saved ``state_dict`` differs from a model's (missing and unexpected names, shape
+    mismatches; five of each), or ``None`` when the names and shapes agree."""
+    missing = sorted(set(own) - set(saved))
+    unexpected = sorted(set(saved) - set(own))
+    def shape(v: Any) -> tuple[int, ...] | str:
+        return tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
+
+    wrong_shape = [f"{k}: checkpoint {shape(saved[k])} vs model {shape(own[k])}"
+                   for k in own if k in saved and shape(saved[k]) != shape(own[k])]
+    if missing or unexpected or wrong_shape:
+        return f"missing {missing[:5]}, unexpected {unexpected[:5]}, shape mismatches {wrong_shape[:5]}"
+    return None
 
 
 @dataclass
@@ -420,19 +676,9 @@ def load_checkpoint(
             raise CheckpointError(
                 f"{path} holds a {ckpt.model_class}, not a {type(model).__name__}"
             )
-        own = model.state_dict()
-        missing = sorted(set(own) - set(ckpt.model_state))
-        unexpected = sorted(set(ckpt.model_state) - set(own))
-        wrong_shape = [
-            f"{k}: checkpoint {tuple(ckpt.model_state[k].shape)} vs model {tuple(own[k].shape)}"
-            for k in own
-            if k in ckpt.model_state and own[k].shape != ckpt.model_state[k].shape
-        ]
-        if missing or unexpected or wrong_shape:
-            raise CheckpointError(
-                f"{path} does not fit this model: missing {missing[:5]}, "
-                f"unexpected {unexpected[:5]}, shape mismatches {wrong_shape[:5]}"
-            )
+        mismatch = state_mismatch(model.state_dict(), ckpt.model_state)
+        if mismatch:
+            raise CheckpointError(f"{path} does not fit this model: {mismatch}")
         model.load_state_dict(ckpt.model_state)
     if optimizer is not None:
         if ckpt.optimizer_state is None:

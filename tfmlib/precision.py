@@ -1,0 +1,139 @@
+"""Mixed precision: which dtype to compute in, autocast, and the gradient scaler.
+
+Introduced in chapter 10 (scaling up); :func:`tfmlib.train.fit` uses it through its ``precision``
+argument.
+
+**What autocast does.** Inside ``torch.autocast(device_type, dtype)`` every eligible operation
+picks its own compute dtype: operations that are fast and safe in low precision (matrix
+multiplications: ``linear``, ``matmul``, ``bmm``, ``addmm``, ``baddbmm``, convolutions, the RNN
+cells) cast their inputs to ``dtype`` (bfloat16 or float16) and return that dtype; operations that
+need float32's range or precision are cast to float32; the rest run in whatever dtype their inputs
+have (an addition of a bf16 and an fp32 tensor runs in fp32: the widest input wins). Nothing is
+cast in place: the *parameters stay float32* (autocast casts a copy for each matmul, cached for
+the forward pass), their gradients are float32, and the optimizer's state (Adam's moments) and
+update are float32. These "master weights" matter: an update ``lr * step`` is often below half
+a unit in the last place of a bf16 weight (8 bits of mantissa) and would be rounded away.
+
+Which operations go to float32 depends on the device. PyTorch's "Autocast Op Reference"
+(https://pytorch.org/docs/stable/amp.html#autocast-op-reference) lists them. On CUDA ("CUDA Ops
+that can autocast to float32"): ``softmax``, ``log_softmax``, ``cross_entropy``, ``nll_loss``,
+``layer_norm``, ``group_norm``, ``exp``, ``log``, ``pow``, ``sum``, ``prod``, ``cumsum``,
+``norm``, ``mse_loss`` and the other losses. On the CPU ("CPU Ops that can autocast to
+float32") the list is shorter: the losses (``cross_entropy``/``nll_loss``, ``mse_loss``,
+``binary_cross_entropy``...), ``prod``, ``cdist``, ``quantile``, FFTs and a few others, but *not*
+``softmax``, ``log_softmax`` or ``layer_norm``, which run in bf16 there (their CPU kernels
+accumulate in float32 internally). Ops that are called with an explicit ``dtype=`` argument, ops on
+float64 or integer tensors and in-place ops are not autocast.
+
+**bf16 or fp16.** bfloat16 keeps float32's 8 exponent bits (range up to ~3.4e38, smallest normal
+~1.2e-38) and drops mantissa bits (8 significant bits, ~3 decimal digits). float16 has 11
+significant bits but only 5 exponent bits: its largest value is 65504 and its smallest normal
+about 6.1e-5, so small gradients underflow to zero. That is why fp16 training needs
+``torch.amp.GradScaler``: it multiplies the loss by a large factor (65536 to start) before
+``backward``, so that the gradients are representable, divides the gradients by it again
+(``unscale_``) before clipping and the step, skips any step whose gradients hold an inf or a NaN
+(the factor was too large) and then halves the factor; after 2000 steps without overflow it
+doubles it. bf16 has float32's range and needs no scaling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+INTRODUCED_IN = 10
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _device(device: torch.device | str) -> torch.device:
+    return device if isinstance(device, torch.device) else torch.device(device)
+
+
+def supports_bf16(device: torch.device | str) -> bool:
+    """Whether autocast can compute in bfloat16 on ``device``.
+
+    CUDA: GPUs that support bf16 (Ampere, compute capability 8.0, and newer:
+    ``torch.cuda.is_bf16_supported()``). CPU: always (torch's CPU autocast supports bf16; it is
+    fast only on CPUs with bf16 instructions such as AVX512-BF16 or AMX, elsewhere it is emulated
+    and often slower than fp32). MPS: macOS 14 or newer. Any other device: ``False``.
+    """
+    device = _device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        return True
+    if device.type == "mps":
+        check = getattr(torch.backends.mps, "is_macos_or_newer", None)
+        return bool(torch.backends.mps.is_available() and check is not None and check(14, 0))
+    return False
+
+
+def supports_fp16(device: torch.device | str) -> bool:
+    """Whether autocast can compute in float16 on ``device``: CUDA (when available), the CPU (torch
+    2.4 and newer autocast the CPU to fp16; it is slow there) and MPS."""
+    device = _device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_available()
+    if device.type == "mps":
+        return torch.backends.mps.is_available()
+    return device.type == "cpu"
+
+
+def pick_precision(device: torch.device | str, requested: str = "auto") -> str:
+    """``requested`` (``"auto"``, ``"fp32"``, ``"bf16"`` or ``"fp16"``) resolved for ``device``.
+
+    ``"auto"`` is ``"bf16"`` where the device supports it (:func:`supports_bf16`: recent CUDA
+    GPUs, the CPU, MPS on macOS 14+), else ``"fp16"`` on CUDA (older GPUs such as the V100 and the
+    T4, which need a gradient scaler), else ``"fp32"``. An explicit request is returned as it is
+    if the device can do it.
+
+    Raises ``ValueError`` for an unknown name, or for ``"bf16"``/``"fp16"`` on a device whose
+    autocast cannot compute in that dtype (the message says what it can do).
+    """
+    if requested not in ("auto", *PRECISIONS):
+        raise ValueError(f"pick_precision: requested must be 'auto', 'fp32', 'bf16' or 'fp16', "
+                         f"got {requested!r}")
+    device = _device(device)
+    if requested == "auto":
+        if supports_bf16(device):
+            return "bf16"
+        if device.type == "cuda" and supports_fp16(device):
+            return "fp16"
+        return "fp32"
+    can = {"fp32": True, "bf16": supports_bf16(device), "fp16": supports_fp16(device)}
+    if not can[requested]:
+        possible = [p for p in PRECISIONS if can[p]]
+        raise ValueError(f"pick_precision: the device {device} cannot compute in {requested} "
+                         f"(it can: {', '.join(possible)}); ask for 'auto' to get the best it can do")
+    return requested
+
+
+def autocast(device: torch.device | str, precision: str) -> contextlib.AbstractContextManager[Any]:
+    """A context manager that runs its block at ``precision`` on ``device``:
+    ``torch.autocast(device.type, dtype=torch.bfloat16 / torch.float16)``, or a ``nullcontext``
+    (plain float32) for ``"fp32"``. Run the forward pass and the loss inside it, ``backward``
+    outside (the backward ops run in the dtypes the forward chose). ``"auto"`` is resolved with
+    :func:`pick_precision`; an unknown name or an unsupported one raises ``ValueError``."""
+    device = _device(device)
+    precision = pick_precision(device, precision)
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=DTYPES[precision])
+
+
+def make_grad_scaler(device: torch.device | str, precision: str) -> torch.amp.GradScaler:
+    """A ``torch.amp.GradScaler`` for ``device``, enabled only for ``"fp16"``.
+
+    fp16's smallest normal number is about 6.1e-5: small gradients underflow to zero unless the
+    loss is scaled up before ``backward`` (and the gradients scaled down before the step). bf16
+    has float32's 8-bit exponent (the same range), so its gradients do not underflow where
+    fp32's would not, and fp32 needs nothing: for both, the returned scaler is disabled, and
+    ``scale``, ``unscale_``, ``step`` and ``update`` pass through (``scale(loss)`` returns
+    ``loss`` itself, ``step`` calls ``optimizer.step()``)."""
+    device = _device(device)
+    precision = pick_precision(device, precision)
+    return torch.amp.GradScaler(device.type, enabled=precision == "fp16")

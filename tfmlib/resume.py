@@ -1,0 +1,302 @@
+"""Training states: everything a killed run needs to go on as if it had never stopped.
+
+Introduced in chapter 10 (scaling up); :func:`tfmlib.train.fit` writes and reads them through its
+``checkpoint_path``, ``checkpoint_every`` and ``resume`` arguments.
+
+A model checkpoint (:func:`tfmlib.train.save_checkpoint`) holds what is needed to *use* a model.
+To *continue training* so that the run ends with the very weights an uninterrupted run would have,
+a training state also holds:
+
+* the optimizer's state (Adam's two moment estimates and its step count), the learning-rate
+  scheduler's position and fp16's gradient scaler (its current scale);
+* every random number generator the step may draw from: Python's ``random``, NumPy's global
+  generator, torch's CPU generator (dropout on the CPU, ``torch.randperm``...), the generator of
+  every CUDA device (dropout on a GPU) when CUDA has been used, and MPS's;
+* the data position: the epoch, how many batches of it were consumed (micro-batches with
+  ``accumulate``), the optimiser steps so far, and the epoch value of the sampler, whose order
+  depends only on (seed, epoch), so that the resumed run replays the epoch and skips what was done;
+* the History so far, the epoch's running loss sums, and the training seconds already spent (a
+  time budget goes on counting where it stopped);
+* ``fit``'s settings that must not change on resume (``epochs``, ``accumulate``, ``precision``,
+  ``clip_norm``, the scheduler's class).
+
+The file is written like a model checkpoint (a temporary file moved into place with ``os.replace``,
+so a run killed while writing leaves the previous state intact) and read with
+``torch.load(weights_only=True)``: everything in it is tensors and plain data (NumPy's generator
+state is stored as a tensor and numbers), and loading it never runs code from the file.
+"""
+
+from __future__ import annotations
+
+import random
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from tfmlib.train import CheckpointError, state_mismatch, write_atomically
+
+INTRODUCED_IN = 10
+
+STATE_FORMAT = "tfmlib-training-state-1"
+
+__all__ = ["STATE_FORMAT", "CheckpointError", "TrainingState", "capture_rng_state", "load_training_state",
+           "restore_rng_state", "save_training_state"]
+
+
+# --------------------------------------------------------------------------- random number generators
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """The states of the random number generators a training step may draw from, as tensors and
+    plain data (what ``torch.load(weights_only=True)`` reads back).
+
+    Keys: ``python`` (``random``'s Mersenne Twister: version, 625 words, the cached Gaussian),
+    ``numpy`` (the legacy global generator: name, 624 words as an int64 tensor, position, cached
+    Gaussian), ``torch`` (the CPU generator's byte tensor), ``cuda`` (a list with one byte tensor
+    per CUDA device, only when CUDA has been initialised in this process: a generator that was
+    never used is still in the state its seed put it in), ``mps`` (when MPS is available).
+    """
+    version, internal, gauss_next = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
+    state: dict[str, Any] = {
+        "python": {"version": version, "internal": list(internal), "gauss_next": gauss_next},
+        "numpy": {"kind": str(kind), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64).copy()),
+                  "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = list(torch.cuda.get_rng_state_all())
+    if torch.backends.mps.is_available():
+        state["mps"] = torch.mps.get_rng_state()
+    return state
+
+
+def restore_rng_state(state: Mapping[str, Any]) -> None:
+    """Put the generators back in the states :func:`capture_rng_state` returned.
+
+    CUDA states are restored device by device; when the number of CUDA devices differs from the
+    saved run's, the devices both have are restored and a warning says the rest are not.
+    Raises :class:`CheckpointError` when ``state`` lacks one of the CPU generators or holds
+    malformed values.
+    """
+    try:
+        py = state["python"]
+        random.setstate((int(py["version"]), tuple(int(w) for w in py["internal"]), py["gauss_next"]))
+        npy = state["numpy"]
+        keys = np.asarray(torch.as_tensor(npy["keys"]).tolist(), dtype=np.uint32)
+        np.random.set_state((npy["kind"], keys, int(npy["pos"]), int(npy["has_gauss"]),
+                             float(npy["cached_gaussian"])))
+        torch.set_rng_state(torch.as_tensor(state["torch"], dtype=torch.uint8).cpu())
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"restore_rng_state: not a generator state ({type(e).__name__}: {e})") from e
+    cuda_states = state.get("cuda")
+    if cuda_states:
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count != len(cuda_states):
+            warnings.warn(f"restore_rng_state: the state holds {len(cuda_states)} CUDA generators and this "
+                          f"process sees {count} devices: restoring {min(count, len(cuda_states))}",
+                          stacklevel=2)
+        for i, s in enumerate(cuda_states[:count]):
+            torch.cuda.set_rng_state(torch.as_tensor(s, dtype=torch.uint8).cpu(), i)
+    if state.get("mps") is not None and torch.backends.mps.is_available():
+        torch.mps.set_rng_state(torch.as_tensor(state["mps"], dtype=torch.uint8).cpu())
+
+
+# --------------------------------------------------------------------------- the training state
+
+
+@dataclass
+class TrainingState:
+    """What :func:`load_training_state` returns (and :func:`save_training_state` writes).
+
+    ``epoch`` is the epoch to continue (1-based, as ``fit`` counts), of which ``batches_done``
+    batches were consumed; ``steps`` the optimiser steps taken; ``sampler_epoch`` the value to
+    give the sampler's ``set_epoch`` before replaying ``epoch``. ``epoch_loss_sum`` and
+    ``epoch_tokens`` are the epoch's token-weighted loss sum and token count so far,
+    ``epoch_seconds`` and ``train_seconds`` the training time spent in the epoch and in all.
+    """
+
+    model_state: dict[str, torch.Tensor]
+    optimizer_state: dict[str, Any]
+    optimizer_class: str
+    scheduler_state: dict[str, Any] | None
+    scaler_state: dict[str, Any] | None
+    rng: dict[str, Any]
+    epoch: int
+    batches_done: int
+    steps: int
+    sampler_epoch: int
+    history: dict[str, Any]
+    train_seconds: float
+    epoch_seconds: float
+    epoch_loss_sum: float
+    epoch_tokens: int
+    settings: dict[str, Any]
+
+
+def save_training_state(
+    path: str | Path,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any = None,
+    scaler: torch.amp.GradScaler | None = None,
+    epoch: int,
+    batches_done: int,
+    steps: int,
+    sampler_epoch: int,
+    history: Mapping[str, Any],
+    train_seconds: float,
+    epoch_seconds: float = 0.0,
+    epoch_loss_sum: float = 0.0,
+    epoch_tokens: int = 0,
+    settings: Mapping[str, Any] | None = None,
+    rng: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write a training state to ``path`` atomically (a temporary file moved into place): the
+    model, optimizer, scheduler and scaler states, the generators (``rng``, by default
+    :func:`capture_rng_state` now), the data position and the History (``History.to_dict()``).
+    ``settings`` are plain data that must be equal when the state is loaded. Returns ``path``."""
+    for name, value in (("epoch", epoch), ("batches_done", batches_done), ("steps", steps),
+                        ("sampler_epoch", sampler_epoch)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"save_training_state: {name} must be an int >= 0, got {value!r}")
+    enabled_scaler = scaler is not None and scaler.is_enabled()
+    payload = {
+        "format": STATE_FORMAT,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "optimizer_class": type(optimizer).__name__,
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "scaler": scaler.state_dict() if enabled_scaler else None,  # type: ignore[union-attr]
+        "rng": dict(rng) if rng is not None else capture_rng_state(),
+        "position": {"epoch": epoch, "batches_done": batches_done, "steps": steps,
+                     "sampler_epoch": sampler_epoch},
+        "history": dict(history),
+        "time": {"train_seconds": float(train_seconds), "epoch_seconds": float(epoch_seconds)},
+        "epoch_sums": {"loss_sum": float(epoch_loss_sum), "tokens": int(epoch_tokens)},
+        "settings": dict(settings or {}),
+    }
+    return write_atomically(payload, path)
+
+
+def _settings_differ(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    return [f"{k}: saved {saved.get(k, '<unset>')!r}, now {now.get(k, '<unset>')!r}"
+            for k in sorted(set(saved) | set(now)) if saved.get(k, "<unset>") != now.get(k, "<unset>")]
+
+
+def _optimizer_mismatch(optimizer: torch.optim.Optimizer, saved: Any) -> str | None:
+    """Why ``saved`` (an optimizer ``state_dict``) cannot be loaded into ``optimizer``, or ``None``:
+    other parameter groups, or per-parameter state (e.g. Adam's moments) of another shape."""
+    try:
+        saved_groups = [len(g["params"]) for g in saved["param_groups"]]
+        saved_ids = [i for g in saved["param_groups"] for i in g["params"]]
+        saved_state = saved["state"]
+    except (KeyError, TypeError) as e:
+        return f"not an optimizer state: {type(e).__name__}: {e}"
+    own_groups = [len(g["params"]) for g in optimizer.param_groups]
+    if saved_groups != own_groups:
+        return f"parameters per group: saved {saved_groups}, this optimizer {own_groups}"
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    for index, p in zip(saved_ids, params, strict=True):
+        for key, value in saved_state.get(index, {}).items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != p.shape:
+                return (f"state {key!r} of parameter {index} has shape {tuple(value.shape)}, "
+                        f"the parameter {tuple(p.shape)}")
+    return None
+
+
+def load_training_state(
+    path: str | Path,
+    *,
+    model: nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any = None,
+    scaler: torch.amp.GradScaler | None = None,
+    settings: Mapping[str, Any] | None = None,
+    map_location: str | torch.device = "cpu",
+) -> TrainingState:
+    """Read a training state safely (``weights_only=True``) and load it into the objects given.
+
+    Does not touch the random number generators: call :func:`restore_rng_state` with
+    ``.rng`` at the point where the saved run captured them (``fit`` does it after replaying the
+    consumed batches). Everything is checked before anything is loaded, so an error leaves the
+    model and optimizer as they were.
+
+    Raises :class:`CheckpointError` when the file is missing, truncated or corrupt, is not a
+    training state (e.g. a model checkpoint), when ``model``'s parameter names or shapes differ
+    (listed), when ``optimizer`` is of another class or has other parameter groups, when a
+    scheduler or a gradient scaler is given and the state has none (or the reverse), and when
+    ``settings`` differ from the saved ones (every difference listed).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no training state at {path}")
+    try:
+        payload = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # truncated file, not a zip, unpickling refused...
+        raise CheckpointError(f"{path} is not a readable training state ({type(e).__name__}: {e})") from e
+    if not isinstance(payload, dict) or payload.get("format") != STATE_FORMAT:
+        what = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+        raise CheckpointError(f"{path} is not a {STATE_FORMAT} file (it holds {what!r}; a model "
+                              "checkpoint has no position or random states to resume from)")
+    try:
+        position, times, sums = payload["position"], payload["time"], payload["epoch_sums"]
+        state = TrainingState(
+            model_state=payload["model"], optimizer_state=payload["optimizer"],
+            optimizer_class=str(payload["optimizer_class"]), scheduler_state=payload["scheduler"],
+            scaler_state=payload["scaler"], rng=payload["rng"], epoch=int(position["epoch"]),
+            batches_done=int(position["batches_done"]), steps=int(position["steps"]),
+            sampler_epoch=int(position["sampler_epoch"]), history=payload["history"],
+            train_seconds=float(times["train_seconds"]), epoch_seconds=float(times["epoch_seconds"]),
+            epoch_loss_sum=float(sums["loss_sum"]), epoch_tokens=int(sums["tokens"]),
+            settings=dict(payload["settings"]),
+        )
+        for key in ("python", "numpy", "torch"):
+            state.rng[key]  # noqa: B018  (present, or the state is damaged)
+        for key in ("step_loss", "epochs", "evals"):
+            state.history[key]  # noqa: B018
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise CheckpointError(f"{path} is a damaged {STATE_FORMAT} file ({type(e).__name__}: {e})") from e
+    if settings is not None:
+        differ = _settings_differ(state.settings, settings)
+        if differ:
+            raise CheckpointError(f"{path} was saved with other settings; resume with the same ones or start "
+                                  f"afresh: {'; '.join(differ)}")
+    if model is not None:
+        mismatch = state_mismatch(model.state_dict(), state.model_state)
+        if mismatch:
+            raise CheckpointError(f"{path} does not fit this model: {mismatch}")
+    if optimizer is not None and type(optimizer).__name__ != state.optimizer_class:
+        raise CheckpointError(f"{path} holds the state of a {state.optimizer_class} optimizer, "
+                              f"not of a {type(optimizer).__name__}")
+    if optimizer is not None:
+        problem = _optimizer_mismatch(optimizer, state.optimizer_state)
+        if problem:
+            raise CheckpointError(f"{path}: the optimizer state does not fit this optimizer ({problem})")
+    if scheduler is not None and state.scheduler_state is None:
+        raise CheckpointError(f"{path} holds no scheduler state, and a scheduler was given")
+    enabled_scaler = scaler is not None and scaler.is_enabled()
+    if enabled_scaler != (state.scaler_state is not None):
+        saved_what = "no" if state.scaler_state is None else "a"
+        given = "an enabled" if enabled_scaler else "no enabled"
+        raise CheckpointError(f"{path}: {saved_what} gradient scaler state is saved, "
+                              f"and {given} scaler was given")
+    if model is not None:
+        model.load_state_dict(state.model_state)
+    if optimizer is not None:
+        try:
+            optimizer.load_state_dict(state.optimizer_state)
+        except (KeyError, ValueError, TypeError) as e:  # other parameter groups or sizes
+            raise CheckpointError(f"{path}: the optimizer state does not fit this optimizer ({e})") from e
+    if scheduler is not None:
+        scheduler.load_state_dict(state.scheduler_state)
+    if enabled_scaler:
+        scaler.load_state_dict(state.scaler_state)  # type: ignore[union-attr,arg-type]
+    return state
