@@ -35,11 +35,14 @@ matrix of scores. This module spells out how, so that a reader can check every l
   runs, with ``torch.autograd.graph.saved_tensors_hooks``: the explicit attention saves
   ``(B, h, T, S)`` tensors, :func:`tiled_attention` only tensors of ``T`` or ``S`` rows.
 
-**This is slow**: the loops over blocks run in Python, one small matrix product per tile, so it
-is many times slower than the explicit attention and far slower than the fused kernels, which run
-the same loops inside one GPU kernel with the tiles in on-chip memory. It is here to be read and
-tested (``tests/test_flash.py`` checks it against ``F.scaled_dot_product_attention``, forward and
-backward), not to train with.
+**This is slow where it counts**: the loops over tiles run in Python, one small matrix product
+per tile, so with small tiles the cost is Python's and the kernel launches', not the arithmetic. On a GPU
+that is thousands of small kernels where a fused kernel runs one, with the tiles in on-chip
+memory; on a CPU, with blocks of 64 and a causal mask (half the tiles skipped) it is in the range
+of the explicit attention, and with small blocks it is many times slower than both
+(``benchmarks/attention_backends.py`` measures it next to the explicit attention and PyTorch's
+kernels). It is here to be read and tested (``tests/test_flash.py`` checks it against
+``F.scaled_dot_product_attention``, forward and backward), not to train with.
 
 Conventions are the book's (see :mod:`tfmlib.attention`): ``q`` is scaled by ``1 / sqrt(d)``
 before the product; ``key_padding_mask`` is ``True`` at real keys (may attend); ``causal=True``
@@ -258,7 +261,8 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
 
     Differentiable: the backward pass recomputes each ``(block_q, block_k)`` tile from the saved
     per-query log-sum-exp (see the module docstring), so autograd keeps O(T + S) numbers per head,
-    not O(T S). Slow (Python loops over tiles): for reading and testing, not for training.
+    not O(T S). Python loops over tiles: for reading and testing, not for training (see the module
+    docstring for how slow).
     """
     who = "tiled_attention"
     _check_qkv(q, k, v, who)
