@@ -36,10 +36,10 @@ matrix of scores. This module spells out how, so that a reader can check every l
   ``(B, h, T, S)`` tensors, :func:`tiled_attention` only tensors of ``T`` or ``S`` rows.
 
 **This is slow where it counts**: the loops over tiles run in Python, one small matrix product
-per tile, so with small tiles the cost is Python's and the kernel launches', not the arithmetic. On a GPU
-that is thousands of small kernels where a fused kernel runs one, with the tiles in on-chip
-memory; on a CPU, with blocks of 64 and a causal mask (half the tiles skipped) it is in the range
-of the explicit attention, and with small blocks it is many times slower than both
+per tile, so with small tiles the cost is Python's and the kernel launches', not the arithmetic.
+On a GPU that is thousands of small kernels where a fused kernel runs one, with the tiles in
+on-chip memory; on a CPU, with blocks of 64 and a causal mask (half the tiles skipped) it is in
+the range of the explicit attention, and with small blocks it is many times slower than both
 (``benchmarks/attention_backends.py`` measures it next to the explicit attention and PyTorch's
 kernels). It is here to be read and tested (``tests/test_flash.py`` checks it against
 ``F.scaled_dot_product_attention``, forward and backward), not to train with.
