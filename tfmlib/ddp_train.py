@@ -119,7 +119,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     args = parse_args(argv)
     wall_start = time.perf_counter()
     with distributed(args.backend) as ctx:
-        batch = per_rank_batch(args.global_batch, ctx.world_size)
+        try:
+            batch = per_rank_batch(args.global_batch, ctx.world_size)
+        except ValueError as e:
+            raise SystemExit(f"ddp_train: --global-batch {args.global_batch} with {ctx.world_size} "
+                             f"processes: {e}") from None
         threads = args.threads or max(1, available_cores() // ctx.local_world_size)
         torch.set_num_threads(threads)
 
