@@ -92,18 +92,54 @@ def test_a_run_stopped_and_resumed_ends_with_the_uninterrupted_weights(tmp_path,
     """stop_at 4: in the middle of epoch 1 (8 of 12 batches); 6: at the end of epoch 1; 17 (no
     accumulation, 36 steps): in the middle of epoch 2."""
     path = tmp_path / "state.pt"
-    full, full_hist = train(accumulate=accumulate)
-    _, first = train(accumulate=accumulate, checkpoint_path=path, max_steps=stop_at)
+    evals = {"eval_fn": lambda m: {"w": m[0].weight.sum().item()}, "eval_every": 4}
+    full, full_hist = train(accumulate=accumulate, **evals)
+    _, first = train(accumulate=accumulate, checkpoint_path=path, max_steps=stop_at, **evals)
     assert len(first.step_loss) == stop_at and load_training_state(path).steps == stop_at
     # another seed: the model, the generators and everything else must come from the file
-    resumed, hist = train(seed=1, accumulate=accumulate, checkpoint_path=path, resume=True)
+    resumed, hist = train(seed=1, accumulate=accumulate, checkpoint_path=path, resume=True, **evals)
     assert hist.resumed_from_step == stop_at > 0
     assert same_weights(resumed, full), "the resumed run ends with the uninterrupted weights, bit for bit"
     assert hist.step_loss == full_hist.step_loss
     assert [e["train_loss"] for e in hist.epochs] == [e["train_loss"] for e in full_hist.epochs]
+    assert [(e["step"], e["w"]) for e in hist.evals] == [(e["step"], e["w"]) for e in full_hist.evals]
     # the file now holds the finished run: resuming it again trains nothing more
     again, hist = train(seed=2, accumulate=accumulate, checkpoint_path=path, resume=True)
     assert same_weights(again, full) and hist.step_loss == full_hist.step_loss
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")
+def test_fp16_runs_resume_with_their_gradient_scaler(tmp_path):
+    """The scaler's scale is part of the state: a resumed fp16 run skips the same steps and ends equal."""
+    path = tmp_path / "state.pt"
+    full, full_hist = train(precision="fp16")
+    _, first = train(precision="fp16", checkpoint_path=path, max_steps=5)
+    saved = load_training_state(path)
+    assert saved.scaler_state is not None and saved.scaler_state["scale"] > 0
+    assert full_hist.skipped_steps >= 1, "the first scale (65536) overflows fp16: a step is skipped"
+    with pytest.raises(CheckpointError, match="a gradient scaler state is saved, and no enabled scaler"):
+        load_training_state(path, scaler=torch.amp.GradScaler("cpu", enabled=False))
+    resumed, hist = train(seed=1, precision="fp16", checkpoint_path=path, resume=True)
+    assert same_weights(resumed, full) and hist.step_loss == full_hist.step_loss
+    assert hist.skipped_steps == full_hist.skipped_steps
+
+
+def test_a_distributed_sampler_run_resumes_too(tmp_path):
+    """fit sets a DistributedSampler's epoch itself; a resumed run replays it (here 1 replica)."""
+    def run(seed, **kwargs):
+        model, _, loss_fn, optimizer, scheduler, base = resume_run.build(seed)
+        data = resume_run.Pairs()
+        sampler = torch.utils.data.DistributedSampler(data, num_replicas=1, rank=0, shuffle=True, seed=3)
+        loader = torch.utils.data.DataLoader(data, batch_size=8, sampler=sampler)
+        hist = fit(model, loader, loss_fn, optimizer, scheduler=scheduler, verbose=False, **base, **kwargs)
+        return model, hist
+
+    path = tmp_path / "state.pt"
+    full, full_hist = run(0)
+    run(0, checkpoint_path=path, max_steps=8)  # in epoch 2
+    assert load_training_state(path).sampler_epoch == 1
+    resumed, hist = run(1, checkpoint_path=path, resume=True)
+    assert same_weights(resumed, full) and hist.step_loss == full_hist.step_loss
 
 
 def test_resume_without_a_file_starts_fresh_and_writes_one(tmp_path):

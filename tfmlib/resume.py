@@ -232,7 +232,8 @@ def load_training_state(
     Raises :class:`CheckpointError` when the file is missing, truncated or corrupt, is not a
     training state (e.g. a model checkpoint), when ``model``'s parameter names or shapes differ
     (listed), when ``optimizer`` is of another class or has other parameter groups, when a
-    scheduler or a gradient scaler is given and the state has none (or the reverse), and when
+    scheduler is given and the state has none, when a scaler is given that is enabled and the
+    state has no scaler state (or disabled and the state has one), and when
     ``settings`` differ from the saved ones (every difference listed).
     """
     path = Path(path)
@@ -283,7 +284,7 @@ def load_training_state(
     if scheduler is not None and state.scheduler_state is None:
         raise CheckpointError(f"{path} holds no scheduler state, and a scheduler was given")
     enabled_scaler = scaler is not None and scaler.is_enabled()
-    if enabled_scaler != (state.scaler_state is not None):
+    if scaler is not None and enabled_scaler != (state.scaler_state is not None):
         saved_what = "no" if state.scaler_state is None else "a"
         given = "an enabled" if enabled_scaler else "no enabled"
         raise CheckpointError(f"{path}: {saved_what} gradient scaler state is saved, "
