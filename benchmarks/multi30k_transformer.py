@@ -48,6 +48,7 @@ from tfmlib.config import seed_everything
 from tfmlib.corpora import load_multi30k
 from tfmlib.data import Batch, TranslationDataset, build_vocabs, make_token_loader
 from tfmlib.decoding import evaluate_translator
+from tfmlib.precision import pick_precision as tfmlib_pick_precision
 from tfmlib.seq2seq import count_parameters, train_translator, translation_loss
 from tfmlib.throughput import peak_flops, training_flops
 from tfmlib.timing import synchronize
@@ -94,20 +95,12 @@ SMOKE = dict(d_model=32, heads=2, layers=1, d_ff=64, dropout=0.1, batch_size=32,
              max_tokens=512)
 
 def pick_precision(device: torch.device, requested: str, profile: str) -> str:
-    """``requested`` (``auto``, ``fp32``, ``bf16``, ``fp16``) resolved for ``device``.
-
-    ``auto`` is fp32 for the cpu profile (as it was measured) and, for the gpu profile, bf16 where
-    the device supports it (CUDA with bf16 support, the CPU, MPS) and fp16 otherwise (older CUDA
-    GPUs such as the T4 and V100, which need a gradient scaler)."""
-    if requested not in ("auto", "fp32", "bf16", "fp16"):
-        raise ValueError(f"pick_precision: unknown precision {requested!r}")
-    if requested != "auto":
-        return requested
-    if profile == "cpu":
+    """``requested`` (``auto``, ``fp32``, ``bf16``, ``fp16``) resolved for ``device``: the cpu
+    profile's ``auto`` stays fp32 (as it was measured); otherwise :func:`tfmlib.precision.pick_precision`
+    (bf16 where the device supports it, else fp16 on CUDA, which needs a gradient scaler)."""
+    if requested == "auto" and profile == "cpu":
         return "fp32"
-    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        return "fp16"
-    return "bf16"
+    return tfmlib_pick_precision(device, requested)
 
 
 def validation_loss(model: nn.Module, batches: Sequence[Batch], amp: dict) -> float:
