@@ -11,8 +11,8 @@ need float32's range or precision are cast to float32; the rest run in whatever 
 have (an addition of a bf16 and an fp32 tensor runs in fp32: the widest input wins). Nothing is
 cast in place: the *parameters stay float32* (autocast casts a copy for each matmul, cached for
 the forward pass), their gradients are float32, and the optimizer's state (Adam's moments) and
-update are float32. These "master weights" matter: an update ``lr * step`` is often below half
-a unit in the last place of a bf16 weight (8 bits of mantissa) and would be rounded away.
+update are float32. These "master weights" matter: bf16 numbers near 1.0 are 2**-7 (about
+0.008) apart, so an update ``lr * step`` of 1e-4 applied to a bf16 weight would be rounded away.
 
 Which operations go to float32 depends on the device. PyTorch's "Autocast Op Reference"
 (https://pytorch.org/docs/stable/amp.html#autocast-op-reference) lists them. On CUDA ("CUDA Ops
@@ -26,7 +26,7 @@ accumulate in float32 internally). Ops that are called with an explicit ``dtype=
 float64 or integer tensors and in-place ops are not autocast.
 
 **bf16 or fp16.** bfloat16 keeps float32's 8 exponent bits (range up to ~3.4e38, smallest normal
-~1.2e-38) and drops mantissa bits (8 significant bits, ~3 decimal digits). float16 has 11
+~1.2e-38) and drops mantissa bits (8 significant bits, 2 to 3 decimal digits). float16 has 11
 significant bits but only 5 exponent bits: its largest value is 65504 and its smallest normal
 about 6.1e-5, so small gradients underflow to zero. That is why fp16 training needs
 ``torch.amp.GradScaler``: it multiplies the loss by a large factor (65536 to start) before
@@ -73,8 +73,8 @@ def supports_bf16(device: torch.device | str) -> bool:
 
 
 def supports_fp16(device: torch.device | str) -> bool:
-    """Whether autocast can compute in float16 on ``device``: CUDA (when available), the CPU (torch
-    2.4 and newer autocast the CPU to fp16; it is slow there) and MPS."""
+    """Whether autocast can compute in float16 on ``device``: CUDA (when available), the CPU (torch's
+    CPU autocast accepts fp16, checked with torch 2.13; it is slow there) and MPS."""
     device = _device(device)
     if device.type == "cuda":
         return torch.cuda.is_available()

@@ -20,6 +20,11 @@ a training state also holds:
 * ``fit``'s settings that must not change on resume (``epochs``, ``accumulate``, ``precision``,
   ``clip_norm``, the scheduler's class).
 
+What is not replayed: randomness inside DataLoader worker processes (``num_workers > 0``): the
+loader draws its workers' seeds when an epoch starts, and a resumed epoch starts in the new process.
+With ``num_workers=0`` (the book's loaders) a dataset's own draws are replayed too. Under
+DistributedDataParallel every process has its own generators: give each rank its own file.
+
 The file is written like a model checkpoint (a temporary file moved into place with ``os.replace``,
 so a run killed while writing leaves the previous state intact) and read with
 ``torch.load(weights_only=True)``: everything in it is tensors and plain data (NumPy's generator
