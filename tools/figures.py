@@ -949,6 +949,39 @@ def fig_10_flash_tiling() -> Canvas:
     return c
 
 
+
+def fig_10_data_parallel() -> Canvas:
+    """Data parallelism with two processes: each a replica of the model with its slice of the global
+    batch (DistributedSampler), the gradients averaged by an all-reduce, identical optimiser steps."""
+    c = Canvas(7.6, 4.9)
+    c.text(3.8, 4.72, "one optimiser step with torchrun --nproc_per_node 2 (DistributedDataParallel)",
+           fs=9.5, color="#444444")
+    batch = c.box(3.8, 4.18, 5.2, 0.46, "global batch of $B$ sequences, epoch $e$ (same permutation on "
+                  "every rank)", "input", fs=9)
+    xs = (1.9, 5.7)
+    grads = []
+    for r, x in enumerate(xs):
+        c.frame(x, 2.5, 3.3, 2.3, color="#9a9a9a")
+        c.text(x - 1.5, 3.5, f"process rank {r}", fs=8.5, color="#444444", ha="left")
+        part = c.box(x, 3.2, 2.6, 0.44, f"$B/2$ sequences: positions {r}, {r + 2}, {r + 4}, ...", "input",
+                     fs=8.5)
+        c.arrow((x, batch.bottom()[1]), part.top())
+        model = c.box(x, 2.5, 2.6, 0.5, r"model replica $\theta$ (same weights)", "ffn", fs=9)
+        c.arrow(part.bottom(), model.top())
+        grad = c.box(x, 1.75, 2.6, 0.46, f"forward, backward: $g_{r} = \\nabla L_{r}(\\theta)$", "weight",
+                     fs=9)
+        c.arrow(model.bottom(), grad.top())
+        grads.append(grad)
+    c.text(3.8, 3.8, "DistributedSampler", fs=8.5, color="#3c78b4")
+    ar = c.box(3.8, 0.98, 6.9, 0.46, r"all-reduce (gloo on CPUs, nccl on GPUs): both get "
+               r"$\bar g = (g_0 + g_1)/2$", "op", fs=9, lw=1.6)
+    for x, grad in zip(xs, grads, strict=True):
+        c.arrow(grad.bottom(), (x, ar.top()[1]), color="#d0692e", both=True)
+    c.text(3.8, 0.38, r"each rank: $\theta \leftarrow \mathrm{step}(\theta, \bar g)$, the same step, so the "
+           "replicas stay equal; the loss curve equals one process's with batch $B$", fs=8.5, color="#444444")
+    return c
+
+
 FIGURES: dict[str, Callable[[], Canvas]] = {
     "01_unrolled_rnn.svg": fig_01_unrolled_rnn,
     "01_gru_cell.svg": fig_01_gru_cell,
@@ -963,6 +996,7 @@ FIGURES: dict[str, Callable[[], Canvas]] = {
     "08_beam_search.svg": fig_08_beam_search,
     "09_kv_cache.svg": fig_09_kv_cache,
     "10_flash_tiling.svg": fig_10_flash_tiling,
+    "10_data_parallel.svg": fig_10_data_parallel,
 }
 
 

@@ -265,6 +265,8 @@ assert default_count < static_count, "automatic dynamic shapes recompile less"
 # (half the batch, one thread) against the whole batch on one and on two threads, and counts the
 # bytes the all-reduce moves; compare the printed times (they depend on this machine and on what
 # else runs on it), and chapter 10's table for the real 2-process run.
+#
+# ![Data parallelism: two processes, each a model replica with its slice of the global batch, gradients all-reduced, identical optimiser steps](../figures/10_data_parallel.svg)
 
 # %%
 torch.manual_seed(0)
