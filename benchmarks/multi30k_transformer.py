@@ -20,8 +20,8 @@ says so and exits cleanly (status 0). Download steps: ``tfmlib.corpora.DOWNLOAD_
 
 ``--profile`` picks the model size and batch (``cpu``: what fits 30 minutes of two CPU cores,
 trained exactly as before through ``train_translator``; ``gpu``: see :data:`PROFILES`), and any
-size can be overridden on the command line. The ``gpu`` profile trains with its own loop
-(:func:`train_fast`): token-count batches (``--max-tokens``), autocast (bf16 where the device
+size can be overridden on the command line. The ``gpu`` profile trains through ``fit``
+(:func:`train_fast`): token-count batches (``--max-tokens``), ``fit(precision=...)`` (bf16 where the device
 supports it, else fp16 with ``torch.amp.GradScaler``; bf16 autocast also runs on the CPU),
 optionally ``torch.compile`` (``--compile``; if compiling fails the eager model trains and the
 JSON says why), the validation loss after every epoch and the weights of the best epoch kept.
@@ -48,11 +48,12 @@ from tfmlib.config import seed_everything
 from tfmlib.corpora import load_multi30k
 from tfmlib.data import Batch, TranslationDataset, build_vocabs, make_token_loader
 from tfmlib.decoding import evaluate_translator
+from tfmlib.precision import autocast
 from tfmlib.precision import pick_precision as tfmlib_pick_precision
 from tfmlib.seq2seq import count_parameters, train_translator, translation_loss
 from tfmlib.throughput import peak_flops, training_flops
 from tfmlib.timing import synchronize
-from tfmlib.train import warmup_inverse_sqrt
+from tfmlib.train import fit, warmup_inverse_sqrt
 from tfmlib.transformer import Transformer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -103,12 +104,13 @@ def pick_precision(device: torch.device, requested: str, profile: str) -> str:
     return tfmlib_pick_precision(device, requested)
 
 
-def validation_loss(model: nn.Module, batches: Sequence[Batch], amp: dict) -> float:
+def validation_loss(model: nn.Module, batches: Sequence[Batch], device: torch.device,
+                    precision: str) -> float:
     """Token-weighted cross-entropy (no label smoothing) of ``model`` on ``batches``."""
     was_training = model.training
     model.eval()
     total, count = 0.0, 0
-    with torch.no_grad(), torch.autocast(**amp):
+    with torch.no_grad(), autocast(device, precision):
         for batch in batches:
             loss, n = translation_loss(model, batch)
             total, count = total + loss.item() * n, count + n
@@ -120,89 +122,64 @@ def train_fast(model: Transformer, train_data: TranslationDataset, val_batches: 
                device: torch.device, precision: str, use_compile: bool, budget_s: float, seed: int,
                label_smoothing: float, keep_best: bool = True, log_every: int = 100,
                compiler: Callable[[nn.Module], nn.Module] | None = None) -> dict:
-    """The gpu profile's training loop: token batches, autocast at ``precision``, a GradScaler for
-    fp16, optional ``torch.compile``, losses read back every ``log_every`` steps, validation after
-    every epoch (outside the budget), and the best epoch's weights kept. Returns what happened."""
+    """The gpu profile's training: :func:`tfmlib.train.fit` on token batches, autocast at
+    ``precision`` (``fit(precision=...)``; fp16 with a GradScaler), optionally ``torch.compile``,
+    losses read back every ``log_every`` steps, validation after every epoch (outside the budget),
+    and the best epoch's weights kept. Returns what happened."""
     torch.manual_seed(seed)
     model.to(device)
     loader = make_token_loader(train_data, cfg["max_tokens"], shuffle=True, seed=seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg["lr"], betas=(0.9, 0.98), eps=1e-9)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_inverse_sqrt(cfg["warmup"]))
-    amp = {"device_type": device.type, "dtype": torch.bfloat16 if precision == "bf16" else torch.float16,
-           "enabled": precision in ("bf16", "fp16")}
-    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     vocab = model.generator.out_features
+    counted = {"target_tokens": 0, "model_flops": 0.0}
 
-    def forward_backward(m: nn.Module, batch: Batch) -> torch.Tensor:
-        with torch.autocast(**amp):
-            loss, _ = translation_loss(m, batch, label_smoothing=label_smoothing)
-        scaler.scale(loss).backward()
-        return loss
+    def loss_fn(m: nn.Module, batch: Batch) -> tuple[torch.Tensor, int]:
+        facts = batch.host_facts  # counted on the CPU when the batch was made: no device read
+        counted["target_tokens"] += facts.num_target_tokens
+        counted["model_flops"] += training_flops(cfg, vocab, sum(facts.src_lengths), facts.num_target_tokens,
+                                                 facts.shapes[0][1], facts.shapes[1][1])
+        return translation_loss(m, batch, label_smoothing=label_smoothing)
 
     step_model, compile_note = model, "off"
     compile_seconds = 0.0
     if use_compile:
         first = next(iter(make_token_loader(train_data, cfg["max_tokens"], shuffle=True, seed=seed + 1)))
+
+        def trial(m: nn.Module) -> None:
+            with autocast(device, precision):
+                loss, _ = translation_loss(m, first.to(device), label_smoothing=label_smoothing)
+            loss.backward()
+
         t0 = time.perf_counter()
         # dynamic=True: token batches change (batch, length) at every step; compiling for each new
         # shape would cost more than it saves (measured on the 2-core CPU: 230 s for the first
         # shape, 221 s more for the second)
         step_model, report = compile_or_fallback(
-            model, lambda m: forward_backward(m, first.to(device)),
-            compiler or (lambda m: torch.compile(m, dynamic=True)), device=device)
+            model, trial, compiler or (lambda m: torch.compile(m, dynamic=True)), device=device)
         compile_note = "compiled" if report.compiled else report.note
         synchronize(device)
         compile_seconds = time.perf_counter() - t0
         print(f"torch.compile: {compile_note} ({compile_seconds:.1f} s, not counted in the budget)")
 
-    steps, tokens, flops, losses, pending = 0, 0, 0.0, [], []
-    epochs: list[dict] = []
     best = {"val_loss": math.inf, "epoch": 0, "state": None}
-    start, eval_seconds, stop = time.perf_counter(), 0.0, False
-    while not stop:
-        for batch in loader:
-            facts = batch.host_facts  # counted on the CPU when the batch was made: no device read
-            batch = batch.to(device)
-            optimizer.zero_grad(set_to_none=True)
-            loss = forward_backward(step_model, batch)
-            scaler.unscale_(optimizer)
-            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            scaler.step(optimizer)
-            scaler.update()
-            scheduler.step()
-            pending.append(loss.detach())
-            steps += 1
-            tokens += facts.num_target_tokens
-            flops += training_flops(cfg, vocab, sum(facts.src_lengths), facts.num_target_tokens,
-                                    facts.shapes[0][1], facts.shapes[1][1])
-            if len(pending) >= log_every:
-                losses += torch.stack(pending).float().tolist()
-                pending.clear()
-                if not math.isfinite(losses[-1]):
-                    raise SystemExit(f"the training loss became {losses[-1]} by step {steps}")
-            if time.perf_counter() - start - eval_seconds >= budget_s:
-                stop = True
-                break
-        if pending:
-            losses += torch.stack(pending).float().tolist()
-            pending.clear()
-        synchronize(device)
-        t_eval = time.perf_counter()
-        record = {"epoch": len(epochs) + 1, "steps": steps,
-                  "train_seconds": round(t_eval - start - eval_seconds, 1)}
-        if keep_best:
-            record["val_loss"] = round(validation_loss(model, val_batches, amp), 4)
-            if record["val_loss"] < best["val_loss"]:
-                best = {"val_loss": record["val_loss"], "epoch": record["epoch"],
-                        "state": copy.deepcopy(model.state_dict())}
-        epochs.append(record)
-        print(f"epoch {record['epoch']}: {record}")
-        eval_seconds += time.perf_counter() - t_eval
-    train_seconds = time.perf_counter() - start - eval_seconds
+
+    def validate(_: nn.Module) -> dict[str, float]:
+        # the eager model (it shares its weights with a compiled one): no compile for eval shapes
+        val_loss = round(validation_loss(model, val_batches, device, precision), 4)
+        epoch = best["epoch_seen"] = best.get("epoch_seen", 0) + 1
+        if val_loss < best["val_loss"]:
+            best.update(val_loss=val_loss, epoch=epoch, state=copy.deepcopy(model.state_dict()))
+        return {"val_loss": val_loss}
+
+    history = fit(step_model, loader, loss_fn, optimizer, epochs=1_000_000, device=device, clip_norm=1.0,
+                  eval_fn=validate if keep_best else None, scheduler=scheduler, time_budget_s=budget_s,
+                  log_every=log_every, precision=precision, desc="transformer")
     if keep_best and best["state"] is not None:
         model.load_state_dict(best["state"])
-    return {"steps": steps, "train_seconds": train_seconds, "target_tokens": tokens, "model_flops": flops,
-            "step_losses": losses, "epochs": epochs, "best_epoch": best["epoch"] if keep_best else None,
+    return {"steps": len(history.step_loss), "train_seconds": history.seconds, **counted,
+            "step_losses": history.step_loss, "epochs": history.epochs,
+            "skipped_steps": history.skipped_steps, "best_epoch": best["epoch"] if keep_best else None,
             "compile": compile_note, "compile_seconds": round(compile_seconds, 1)}
 
 
