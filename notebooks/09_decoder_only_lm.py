@@ -60,7 +60,7 @@ from tfmlib.attention import MultiHeadAttention, causal_mask, fast_attention, me
 from tfmlib.config import setup
 from tfmlib.data import BOS_ID, EOS_ID, UNK_ID, BucketBatchSampler, Vocab, detokenize, tokenize
 from tfmlib.decoding import beam_search, greedy_decode
-from tfmlib.kv_cache import KVCache, kv_bytes_per_token
+from tfmlib.kv_cache import AttentionKernel, KVCache, kv_bytes_per_token
 from tfmlib.lm import DecoderLM, generate
 from tfmlib.plot import plot_curves, plot_grouped_bars, plot_over_seeds
 from tfmlib.rnn import GRULanguageModel, collate_lm, lm_loss
