@@ -1,0 +1,1383 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 10 · Scaling up: fused attention, mixed precision, `torch.compile`, and several processes
+#
+# Chapter 09 trained a small decoder-only language model on one CPU thread, one padded batch of
+# sentences at a time, every number in float32. That is the right way to read a model and the
+# wrong way to train a big one. This chapter keeps the model and the data and changes how they
+# are run, one step at a time, measuring each step on the machine it runs on: the attention kernel,
+# the number format, the compiler, the threads, the batches, and the number of processes. It also
+# writes out, in plain PyTorch, the algorithm behind the fastest attention kernels, so that what a
+# fused kernel does is something the reader has checked line by line rather than taken on trust.
+#
+# **This chapter builds**
+#
+# 1. the attention backends of `F.scaled_dot_product_attention` next to chapter 05's explicit
+#    attention: which exist on this device, their time and the memory they keep for the backward
+#    pass as the sequence grows;
+# 2. `tfmlib.flash`: the online softmax and FlashAttention's tiled forward and backward passes,
+#    equal to `F.scaled_dot_product_attention`, and the $n \times n$ matrix they never store;
+# 3. mixed precision with `tfmlib.precision` and `fit(precision=...)`: bf16 and fp32 loss curves
+#    side by side, what autocast keeps in float32, fp16 with a gradient scaler;
+# 4. `torch.compile` with `tfmlib.compiling`: compile time against step time, and when it pays;
+# 5. CPU threads in one process and in several processes sharing the cores;
+# 6. throughput accounting with `tfmlib.throughput`: tokens per second and model FLOPs utilisation;
+# 7. data-parallel training with `torchrun` and DistributedDataParallel (`tfmlib.ddp_train`),
+#    whose two-process loss curve equals the one-process curve;
+# 8. gradient accumulation and kill-and-resume checkpoints in `fit`;
+# 9. one table: each step added in turn, in tokens per second on the device it ran on.
+#
+# **It assumes** chapters 05 (scaled dot-product attention, masks, the softmax), 07 (the pre-LN
+# layer) and 09 (`DecoderLM`, `lm_loss`, the English side of the bundled corpus), and the idea of a
+# floating-point number as a sign, an exponent and a mantissa.
+
+# %%
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.data import DataLoader, DistributedSampler
+from tqdm.auto import tqdm
+
+from tfmlib import exercises
+from tfmlib.attention import scaled_dot_product_attention
+from tfmlib.compiling import compile_or_fallback
+from tfmlib.config import setup
+from tfmlib.data import PAD_ID, BucketBatchSampler, Vocab, tokenize
+from tfmlib.flash import online_softmax, saved_tensor_bytes, tiled_attention
+from tfmlib.lm import DecoderLM
+from tfmlib.packing import PackedBlocks
+from tfmlib.plot import plot_curves, plot_grouped_bars
+from tfmlib.precision import autocast, make_grad_scaler, supports_bf16, supports_fp16
+from tfmlib.rnn import collate_lm, lm_loss
+from tfmlib.synthetic import load_bundled
+from tfmlib.throughput import count_parameters, lm_flops_per_token, measure_training_steps, mfu, peak_flops
+from tfmlib.timing import interleaved_medians
+from tfmlib.train import fit
+
+run = setup(
+    seed=0,
+    smoke=dict(sentences=2_000, d_model=32, heads=2, layers=1, batch_size=16, block_len=32, packed_batch=8,
+               attn_lengths=(32, 64, 128), attn_heads=2, attn_dk=16, attn_repeats=1, flash_len=64,
+               flash_repeats=1, mp_steps=16, fp16_steps=8, mp_budget_s=None, time_steps=3, compile=False,
+               thread_steps=2, matmul_n=256, ddp_steps=4, over_steps=2, ddp_global_batch=8, ddp_timeout_s=120,
+               resume_steps=6, table_steps=3, lr=3e-3, ddp_sizes=(32, 2, 1, 32, 2_000)),
+    # cpu, one thread of a 2-core machine: the attention sweep ~10 s, the tiled attention ~5 s, two
+    # (three with fp16) 150-step runs at 30-60 ms a step ~20 s, torch.compile ~25 s for the first
+    # shape and as much again for the recompile with dynamic shapes, three torchrun launches of
+    # 30 steps ~15 s each, the table ~20 s: about 3-4 minutes in all.
+    cpu=dict(sentences=20_000, d_model=128, heads=4, layers=2, batch_size=32, block_len=64, packed_batch=8,
+             attn_lengths=(64, 128, 256, 512, 1024), attn_heads=4, attn_dk=32, attn_repeats=3, flash_len=256,
+             flash_repeats=3, mp_steps=150, fp16_steps=40, mp_budget_s=None, time_steps=8, compile=True,
+             thread_steps=6, matmul_n=1024, ddp_steps=30, over_steps=10, ddp_global_batch=16, ddp_timeout_s=300,
+             resume_steps=20, table_steps=8, lr=3e-3, ddp_sizes=(128, 4, 2, 64, 20_000)),
+    # gpu, an estimate (nobody could run it where this was written): chapter 09's model at GPT-2
+    # small's size, d_model 768, 12 layers, 12 heads, context 1024, bf16. It costs about
+    # 6 N + 12 L d T = 0.62 GFLOP per training token (section 6 prints it); at an assumed 35-40% of an
+    # H100's 989 bf16 TFLOP/s that is 560-640 thousand tokens per second, so a step of 16 x 1024 tokens
+    # takes ~26-30 ms in bf16, and several times that in fp32. The corpus's English side is ~780
+    # thousand tokens (~47 such steps per epoch). Each of the three precision runs is capped at 30 s
+    # of training (mp_budget_s), the compile section and the table take a few dozen steps each, the
+    # compiles of a model this size ~1-2 minutes; the torchrun runs use the CPU's gloo backend at the
+    # cpu profile's sizes (ddp_sizes: d_model, heads, layers, block, sentences), since two processes
+    # cannot share one GPU: about 5-6 minutes in all, most of it compiling.
+    gpu=dict(sentences=50_000, d_model=768, heads=12, layers=12, batch_size=64, block_len=1024, packed_batch=16,
+             attn_lengths=(512, 1024, 2048, 4096, 8192), attn_heads=12, attn_dk=64, attn_repeats=5,
+             flash_len=1024, flash_repeats=3, mp_steps=300, fp16_steps=300, mp_budget_s=30.0, time_steps=10, compile=True,
+             thread_steps=6, matmul_n=8192, ddp_steps=30, over_steps=10, ddp_global_batch=16, ddp_timeout_s=300,
+             resume_steps=20, table_steps=10, lr=6e-4, ddp_sizes=(128, 4, 2, 64, 20_000)),
+)
+print(f"torch {torch.__version__}; device {run.device}; CPU threads in this process: {torch.get_num_threads()}; "
+      f"cores on this machine: {os.cpu_count()}")
+
+# %% [markdown]
+# ## 0. The model and the data
+#
+# The model is chapter 09's `DecoderLM` (pre-LN blocks, rotary positions, the output layer tied to
+# the embedding), at the sizes of the profile above; the data are chapter 09's English sentences
+# of the bundled corpus with its word vocabulary. Chapter 09 fed them as padded batches of
+# sentences of similar length (`BucketBatchSampler` and `collate_lm`). This chapter also cuts them
+# into fixed blocks with `tfmlib.packing`: the sentences are joined into one stream, each followed
+# by `EOS`, and the stream is cut into rows of `block_len + 1` tokens, so every batch has the same
+# shape and every position is a real prediction (the section 9 table compares the two).
+
+# %%
+torch.manual_seed(run.seed)
+train_sents = [tokenize(en) for en, _ in load_bundled("train")[: run.sentences]]
+vocab = Vocab.build(train_sents)
+train_ids = [vocab.encode(s) for s in train_sents]
+longest = max(len(s) for s in train_ids) + 1
+context = max(longest, run.block_len)
+packed = PackedBlocks(train_ids, run.block_len)
+print(f"{len(train_ids)} sentences, vocabulary {len(vocab)}, longest input {longest} tokens")
+print(packed)
+
+
+def new_model(seed: int = run.seed, dropout: float = 0.0, attention: str = "fused") -> DecoderLM:
+    """Chapter 09's language model at this profile's sizes, initialised from ``seed``."""
+    torch.manual_seed(seed)
+    return DecoderLM(len(vocab), d_model=run.d_model, heads=run.heads, layers=run.layers, context=context,
+                     dropout=dropout, attention=attention).to(run.device)
+
+
+def padded_loader(seed: int = run.seed, batch_size: int = run.batch_size) -> DataLoader:
+    """Chapter 09's batches: sentences of similar length, padded, ``[BOS] + s`` -> ``s + [EOS]``."""
+    return DataLoader(train_ids, collate_fn=collate_lm,
+                      batch_sampler=BucketBatchSampler([len(s) for s in train_ids], batch_size, seed=seed))
+
+
+def packed_loader(seed: int = run.seed, batch_size: int = run.packed_batch) -> DataLoader:
+    """Packed blocks in an order that depends only on (seed, epoch): a one-process
+    ``DistributedSampler`` (section 7 uses it with several)."""
+    sampler = DistributedSampler(packed, num_replicas=1, rank=0, shuffle=True, seed=seed)
+    return DataLoader(packed, batch_size=batch_size, sampler=sampler, drop_last=True)
+
+
+def real_tokens(batch: tuple[Tensor, Tensor]) -> int:
+    """Targets that count in the loss (not PAD)."""
+    return int((batch[1] != PAD_ID).sum())
+
+
+model = new_model()
+print(f"DecoderLM: d_model {run.d_model}, {run.layers} layer(s), {run.heads} heads, context {context}: "
+      f"{count_parameters(model, non_embedding=False):,} parameters "
+      f"({count_parameters(model):,} without the embedding)")
+
+# %% [markdown]
+# ## 1. Attention backends
+#
+# Chapter 05 wrote attention out, $\mathrm{softmax}(QK^\top / \sqrt{d_k})\,V$, and stored the
+# $(T, S)$ matrix of weights: for a training sequence of $T$ tokens that is $T^2$ numbers per head
+# and per layer, kept until the backward pass needs them. `F.scaled_dot_product_attention` (SDPA)
+# computes the same output with one of several *backends*, chosen at each call from what the
+# device, the dtype, the shapes and the mask allow:
+#
+# * **math**: the explicit computation in C++, on every device, every dtype, any mask;
+# * **flash** (FlashAttention, Dao et al. 2022; Dao 2023): a fused kernel that never stores the
+#   weights; on CUDA it needs fp16 or bf16 and no arbitrary mask (causal is fine); PyTorch also
+#   has a CPU version;
+# * **memory-efficient** (Rabe & Staats 2021's algorithm, xFormers' kernel): CUDA, fp32 too, masks
+#   allowed;
+# * **cuDNN attention**: NVIDIA's fused kernel on recent GPUs.
+#
+# `torch.nn.attention.sdpa_kernel([SDPBackend.X])` restricts a block of code to the listed
+# backends; a call that none of them can run raises an error that says why. Trying each alone on
+# a causal self-attention of this device shows which exist here, and the autograd node of the
+# output names the kernel that ran (a fused kernel has one node of its own; the math backend is a
+# chain of ordinary matmul and softmax nodes).
+
+# %%
+attn_dtype = torch.bfloat16 if run.device.type == "cuda" else torch.float32
+BACKENDS = {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
+            "memory-efficient": SDPBackend.EFFICIENT_ATTENTION, "cuDNN": SDPBackend.CUDNN_ATTENTION}
+
+
+def qkv(T: int, seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+    """Random (B, h, T, d_k) queries, keys and values that require grad."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return tuple(torch.randn(2, run.attn_heads, T, run.attn_dk, generator=g).to(run.device, attn_dtype)
+                 .requires_grad_() for _ in range(3))
+
+
+q, k, v = qkv(64)
+available = {}
+for name, backend in BACKENDS.items():
+    try:
+        with sdpa_kernel([backend]):
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            out.sum().backward()
+        available[name] = backend
+        print(f"{name:17s} runs    (autograd node: {type(out.grad_fn).__name__})")
+    except RuntimeError as e:
+        print(f"{name:17s} refused: {str(e).strip().splitlines()[0][:110]}")
+out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+print(f"{'default choice':17s}         (autograd node: {type(out.grad_fn).__name__}), {attn_dtype} on {run.device}")
+assert "math" in available, "the math backend runs everywhere"
+
+# %% [markdown]
+# Now the cost of one forward and backward pass of causal self-attention (2 sequences,
+# `attn_heads` heads of width `attn_dk`) as the length $T$ grows: chapter 05's explicit attention,
+# and SDPA restricted to each backend that runs here. Time goes through
+# `tfmlib.timing.interleaved_medians` (the contenders take turns, the device is synchronised);
+# memory is what autograd keeps for the backward pass (`tfmlib.flash.saved_tensor_bytes`, which
+# counts every saved tensor through `torch.autograd.graph.saved_tensors_hooks`), on every device.
+
+# %%
+def attention_step(kind: str, q: Tensor, k: Tensor, v: Tensor):
+    """A function running one forward + backward of causal attention of ``kind``."""
+    grad = torch.ones_like(q)
+
+    def step() -> None:
+        q.grad = k.grad = v.grad = None
+        if kind == "explicit (ch. 05)":
+            out = scaled_dot_product_attention(q, k, v, causal=True)[0]
+        else:
+            with sdpa_kernel([available[kind.removeprefix("SDPA ")]]):
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out.backward(grad)
+    return step
+
+
+def forward_only(kind: str, q: Tensor, k: Tensor, v: Tensor):
+    def fwd() -> Tensor:
+        if kind == "explicit (ch. 05)":
+            return scaled_dot_product_attention(q, k, v, causal=True)[0]
+        with sdpa_kernel([available[kind.removeprefix("SDPA ")]]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return fwd
+
+
+kinds = ["explicit (ch. 05)"] + [f"SDPA {name}" for name in available]
+attn_ms = {kind: [] for kind in kinds}
+attn_mib = {kind: [] for kind in kinds}
+for T in tqdm(run.attn_lengths, desc="lengths"):
+    q, k, v = qkv(T)
+    t = interleaved_medians({kind: attention_step(kind, q, k, v) for kind in kinds},
+                            repeats=run.attn_repeats, warmup=1, device=run.device)
+    for kind in kinds:
+        attn_ms[kind].append(t.ms(kind))
+        attn_mib[kind].append(saved_tensor_bytes(forward_only(kind, q, k, v)) / 2**20)
+print(f"forward + backward, causal, batch 2 x {run.attn_heads} heads x d_k {run.attn_dk}, {attn_dtype}, "
+      f"on {run.device} ({run.threads or torch.get_num_threads()} thread(s))")
+print(f"{'T':>6s}" + "".join(f"{kind:>24s}" for kind in kinds))
+for i, T in enumerate(run.attn_lengths):
+    print(f"{T:6d}" + "".join(f"{attn_ms[kind][i]:13.2f} ms {attn_mib[kind][i]:6.2f} MiB" for kind in kinds))
+fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
+plot_curves(attn_ms, x=list(run.attn_lengths), ax=axes[0], logy=True,
+            title="Causal attention, forward + backward", xlabel="sequence length T", ylabel="ms (median)")
+plot_curves(attn_mib, x=list(run.attn_lengths), ax=axes[1], logy=True,
+            title="Memory kept for the backward pass", xlabel="sequence length T", ylabel="MiB saved by autograd")
+for ax in axes:
+    ax.set_xscale("log", base=2)
+plt.tight_layout()
+plt.show()
+growth = {kind: attn_mib[kind][-1] / attn_mib[kind][0] for kind in kinds}
+length_ratio = run.attn_lengths[-1] / run.attn_lengths[0]
+print(f"length x{length_ratio:.0f}: saved memory x" + ", x".join(f"{growth[kind]:.0f} ({kind})" for kind in kinds))
+assert growth["explicit (ch. 05)"] > 0.5 * length_ratio**2, "the explicit path keeps the (T, T) weights"
+
+# %% [markdown]
+# Read the right panel first. On log-log axes a slope of 1 is memory proportional to $T$ and a
+# slope of 2 proportional to $T^2$. The explicit path keeps the $(T, T)$ weights of every head (the
+# softmax's output, which the backward pass needs), so its memory grows with $T^2$: the last line
+# prints by how much it grew against the length. A fused backend that runs here keeps only
+# $Q, K, V$, the output and one number per query, so its line has slope 1. The math backend, which
+# is the explicit computation inside PyTorch, keeps the matrix too.
+#
+# Time depends on the device. On a GPU the fused kernels are also much faster, because attention
+# there is limited by reading and writing memory, not by arithmetic, and a kernel that keeps each
+# tile in on-chip memory never writes the matrix out. On this CPU (one thread, the committed `cpu`
+# run) the fused flash kernel was also the fastest at every length, and the gap grew with the
+# length: at $T = 1024$ the explicit attention took 243 ms, the math backend 139 ms and the flash
+# kernel 45 ms. Both fused and math paths skip the Python-level steps of chapter 05's version
+# (the mask built as a tensor, the softmax written out); the flash kernel also skips the tiles
+# above the diagonal and never writes the weights to memory.
+#
+# ## 2. Why the fused kernels need less memory
+#
+# **The online softmax.** A softmax looks as if it needs the whole row before it can write anything:
+# $p_j = e^{x_j - m} / \sum_i e^{x_i - m}$ with $m = \max_i x_i$ (subtracted so that no exponential
+# overflows). Milakov & Gimelshein (2018) showed that one pass suffices. Read the row in blocks and
+# keep two numbers, the running maximum $m$ and the running sum $\ell = \sum_{\text{seen}} e^{x_i - m}$.
+# When a block $b$ arrives:
+#
+# $$ m' = \max\bigl(m, \max_j b_j\bigr), \qquad
+#    \ell' = \ell\, e^{m - m'} + \sum_j e^{b_j - m'} . $$
+#
+# The factor $e^{m - m'}$ rescales the terms summed under the old maximum to the new one (it is 1
+# when the block did not raise the maximum). At the end $p_j = e^{x_j - m} / \ell$. Here are the
+# running values for a row of 8 scores read in blocks of 3 (the last block is shorter):
+
+# %%
+x = torch.tensor([[1.0, 3.0, 0.5, 2.0, 6.0, -1.0, 4.0, 5.5]])
+probs, trace = online_softmax(x, 3, return_trace=True)
+for i, (m, l) in enumerate(trace):
+    block = x[0, 3 * i: 3 * i + 3].tolist()
+    print(f"block {i}: {block!s:24s} running max m = {m.item():4.1f}   running sum l = {l.item():.4f}")
+print("online softmax:", [round(p, 4) for p in probs[0].tolist()])
+print("torch.softmax: ", [round(p, 4) for p in torch.softmax(x, -1)[0].tolist()])
+assert torch.allclose(probs, torch.softmax(x, -1), atol=1e-7), "the online softmax is the softmax"
+big = x + 1000.0                                   # scores that overflow a naive exp in float32
+naive = torch.exp(big) / torch.exp(big).sum(-1, keepdim=True)
+print(f"scores + 1000: naive exp/sum gives {naive[0, :3].tolist()}..., "
+      f"online softmax gives {[round(p, 4) for p in online_softmax(big, 3)[0, :3].tolist()]}...")
+assert torch.allclose(online_softmax(big, 3), probs, atol=1e-6), "softmax does not change when every score moves"
+
+# %% [markdown]
+# **FlashAttention's tiling.** Attention is a softmax followed by a weighted sum, and the weighted
+# sum can ride along: keep, for each query, the running max $m$, the running sum $\ell$ and an
+# *un-normalised* output $o = \sum_{\text{seen}} e^{s_j - m} v_j$, rescaled by the same
+# $e^{m - m'}$ when a key block raises the maximum; divide by $\ell$ once at the end. Nothing of
+# size $T \times S$ is ever kept: only one $(B_q, B_k)$ tile of scores at a time. That is
+# Algorithm 1 of Dao et al. (2022), in the loop order of FlashAttention-2 (Dao 2023, Algorithm 1:
+# queries outside, keys inside). `tfmlib.flash` writes it in plain PyTorch; this is its forward
+# loop, the real source:
+#
+# ![FlashAttention's tiling: Q in row blocks, K and V in column blocks, one block_q x block_k tile of scores at a time, the running max m, sum l and output O kept per query row](figures/10_flash_tiling.svg)
+
+# %%
+# tfmlib-source: tfmlib.flash._forward
+def _forward(q: Tensor, k: Tensor, v: Tensor, key_keep: Tensor | None, causal: bool, block_q: int,
+             block_k: int) -> tuple[Tensor, Tensor]:
+    """FlashAttention's forward loop. Returns ``(out (B, h, T, d_v), L (B, h, T))`` in the
+    working dtype (at least float32), ``L`` the log-sum-exp of each query's scores (``+inf`` for
+    a query that may see no key)."""
+    B, h, T, d = q.shape
+    S, d_v = k.shape[-2], v.shape[-1]
+    offset = S - T                                 # bottom-right: query i sees keys 0 .. i + offset
+    qs = q / math.sqrt(d)                          # scale q first, as tfmlib.attention does
+    out = q.new_empty(B, h, T, d_v)
+    lse = q.new_empty(B, h, T)
+    for i0 in range(0, T, block_q):
+        i1 = min(i0 + block_q, T)
+        qi = qs[:, :, i0:i1]                                                  # (B, h, bq, d)
+        m = q.new_full((B, h, i1 - i0), -math.inf)                            # running max
+        ell = q.new_zeros(B, h, i1 - i0)                                        # running sum
+        acc = q.new_zeros(B, h, i1 - i0, d_v)                                 # un-normalised output
+        for j0 in range(0, S, block_k):
+            if causal and j0 > i1 - 1 + offset:
+                break              # this key block and all later ones lie above the diagonal: skipped
+            j1 = min(j0 + block_k, S)
+            s = qi @ k[:, :, j0:j1].transpose(-2, -1)                         # (B, h, bq, bk) tile
+            keep = _tile_keep(i0, i1, j0, j1, offset, causal, key_keep, q.device)
+            if keep is not None:
+                s = s.masked_fill(~keep, -math.inf)
+            m_new = torch.maximum(m, s.amax(dim=-1))
+            shift = _safe_max(m_new)
+            p = torch.exp(s - shift[..., None])                               # (B, h, bq, bk)
+            alpha = torch.exp(m - shift)                  # rescales what was summed under the old max
+            ell = alpha * ell + p.sum(dim=-1)
+            acc = alpha[..., None] * acc + p @ v[:, :, j0:j1]
+            m = m_new
+        empty = ell == 0                                                        # saw no key at all
+        out[:, :, i0:i1] = torch.where(empty[..., None], torch.zeros_like(acc),
+                                       acc / torch.where(empty, torch.ones_like(ell), ell)[..., None])
+        lse[:, :, i0:i1] = torch.where(empty, torch.full_like(ell, math.inf),
+                                       m + torch.log(torch.where(empty, torch.ones_like(ell), ell)))
+    return out, lse
+
+
+# %% [markdown]
+# It calls two small helpers: the shift used in the exponentials, which must not be $-\infty$ for a
+# row that has seen only masked scores so far ($e^{-\infty - (-\infty)}$ is NaN), and the keep-mask
+# of one tile (the causal triangle where a tile crosses the diagonal, and the padded keys):
+
+# %%
+# tfmlib-source: tfmlib.flash._safe_max
+def _safe_max(m: Tensor) -> Tensor:
+    """``m`` with ``-inf`` replaced by 0: the shift used in ``exp(x - shift)``. A row whose maximum
+    is still ``-inf`` has seen only masked entries; shifting by 0 keeps ``exp(-inf - 0) = 0``
+    instead of ``exp(-inf - (-inf)) = nan``."""
+    return torch.where(m == -math.inf, torch.zeros_like(m), m)
+
+
+# %%
+# tfmlib-source: tfmlib.flash._tile_keep
+def _tile_keep(i0: int, i1: int, j0: int, j1: int, offset: int, causal: bool,
+               key_keep: Tensor | None, device: torch.device) -> Tensor | None:
+    """The keep-mask of the tile (queries ``i0:i1``, keys ``j0:j1``), broadcasting to
+    ``(B, h, i1 - i0, j1 - j0)``, or ``None`` when every entry of the tile may be attended."""
+    keep = None if key_keep is None else key_keep[:, None, None, j0:j1]       # (B, 1, 1, bk)
+    if causal and j1 - 1 > i0 + offset:            # the tile crosses the diagonal: mask part of it
+        rows = torch.arange(i0, i1, device=device)[:, None]
+        cols = torch.arange(j0, j1, device=device)[None, :]
+        tri = cols <= rows + offset                                           # (bq, bk)
+        keep = tri if keep is None else keep & tri
+    return keep
+
+
+# %% [markdown]
+# With `causal=True` a key block that lies entirely above the diagonal is never computed (the
+# `break`): for $T = S$ that is about half the tiles, which is where a causal kernel's speed-up
+# comes from. The backward pass does not store the probabilities either; it *recomputes* each tile
+# from the saved per-query log-sum-exp $L = m + \log \ell$: $P = e^{S - L}$. With
+# $D_i = \sum_c dO_{ic}\, O_{ic}$ (which equals $\sum_j P_{ij}\, dP_{ij}$), the softmax's gradient is
+# $dS = P \odot (dP - D)$, and $dQ$, $dK$, $dV$ are summed tile by tile:
+
+# %%
+# tfmlib-source: tfmlib.flash._backward
+def _backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+              key_keep: Tensor | None, causal: bool, block_q: int,
+              block_k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """FlashAttention-2's backward by recomputation: outer loop over key blocks, inner loop over
+    query blocks; each tile's probabilities are rebuilt from the saved log-sum-exp."""
+    T, d = q.shape[-2], q.shape[-1]
+    S = k.shape[-2]
+    offset = S - T
+    scale = 1.0 / math.sqrt(d)
+    qs = q * scale
+    D = (dout * out).sum(dim=-1)                   # (B, h, T): rowsum(dO * O) = rowsum(P * dP)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for j0 in range(0, S, block_k):
+        j1 = min(j0 + block_k, S)
+        kj, vj = k[:, :, j0:j1], v[:, :, j0:j1]
+        for i0 in range(0, T, block_q):
+            i1 = min(i0 + block_q, T)
+            if causal and j0 > i1 - 1 + offset:
+                continue                                  # tile above the diagonal: P is zero there
+            s = qs[:, :, i0:i1] @ kj.transpose(-2, -1)                        # (B, h, bq, bk)
+            keep = _tile_keep(i0, i1, j0, j1, offset, causal, key_keep, q.device)
+            if keep is not None:
+                s = s.masked_fill(~keep, -math.inf)
+            p = torch.exp(s - lse[:, :, i0:i1, None])                         # the forward's P
+            do = dout[:, :, i0:i1]                                            # (B, h, bq, d_v)
+            dv[:, :, j0:j1] += p.transpose(-2, -1) @ do
+            dp = do @ vj.transpose(-2, -1)                                    # (B, h, bq, bk)
+            ds = p * (dp - D[:, :, i0:i1, None])                              # softmax's backward
+            dq[:, :, i0:i1] += (ds @ kj) * scale          # s = (q * scale) k^T
+            dk[:, :, j0:j1] += ds.transpose(-2, -1) @ qs[:, :, i0:i1]
+    return dq, dk, dv
+
+
+# %% [markdown]
+# The autograd function that joins them saves $Q$, $K$, $V$, the output and $L$, nothing else:
+
+# %%
+# tfmlib-source: tfmlib.flash._TiledAttention
+class _TiledAttention(torch.autograd.Function):
+    """``tiled_attention`` as an autograd function: saves ``q, k, v, out`` and the log-sum-exp
+    only, and recomputes the tiles in the backward pass."""
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, key_keep: Tensor | None, causal: bool,
+                block_q: int, block_k: int) -> Tensor:
+        work = torch.promote_types(q.dtype, torch.float32)   # accumulate half / bf16 in float32
+        qw, kw, vw = q.to(work), k.to(work), v.to(work)
+        out, lse = _forward(qw, kw, vw, key_keep, causal, block_q, block_k)
+        out = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.key_keep, ctx.causal, ctx.block_q, ctx.block_k = key_keep, causal, block_q, block_k
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, dout: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v, out, lse = ctx.saved_tensors
+        work = lse.dtype
+        dq, dk, dv = _backward(dout.to(work), q.to(work), k.to(work), v.to(work), out.to(work), lse,
+                               ctx.key_keep, ctx.causal, ctx.block_q, ctx.block_k)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
+
+
+# %% [markdown]
+# **Checked against PyTorch, forward and backward.** `tiled_attention` (the function around
+# `_TiledAttention` that checks its inputs) must give SDPA's output and SDPA's gradients for $Q$,
+# $K$ and $V$: causal self-attention, and a non-causal one with padded keys and fewer queries than
+# keys, with blocks that do not divide the lengths.
+
+# %%
+def grads_of(fn, q: Tensor, k: Tensor, v: Tensor, grad: Tensor) -> tuple[Tensor, ...]:
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out = fn(q, k, v)
+    out.backward(grad)
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+g = torch.Generator().manual_seed(1)
+T_check = run.flash_len
+q, k, v = (torch.randn(2, 2, T_check, 16, generator=g) for _ in range(3))
+grad = torch.randn(2, 2, T_check, 16, generator=g)
+ours = grads_of(lambda q, k, v: tiled_attention(q, k, v, causal=True, block_q=48, block_k=40), q, k, v, grad)
+torchs = grads_of(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), q, k, v, grad)
+diffs = [(a - b).abs().max().item() for a, b in zip(ours, torchs, strict=True)]
+print("causal self-attention, max |tiled - SDPA|: " + ", ".join(
+    f"{n} {d:.1e}" for n, d in zip(("out", "dQ", "dK", "dV"), diffs, strict=True)))
+assert max(diffs) < 1e-5, "tiled attention must equal SDPA forward and backward"
+
+keep = torch.ones(2, T_check, dtype=torch.bool)
+keep[1, T_check // 3:] = False                              # the second sequence is shorter: padded keys
+q2 = q[:, :, : T_check // 2]
+grad2 = grad[:, :, : T_check // 2]
+ours = grads_of(lambda q, k, v: tiled_attention(q, k, v, key_padding_mask=keep, block_q=32, block_k=24),
+                q2, k, v, grad2)
+torchs = grads_of(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :]),
+                  q2, k, v, grad2)
+diffs = [(a - b).abs().max().item() for a, b in zip(ours, torchs, strict=True)]
+print("padded keys, T < S, max |tiled - SDPA|:     " + ", ".join(
+    f"{n} {d:.1e}" for n, d in zip(("out", "dQ", "dK", "dV"), diffs, strict=True)))
+assert max(diffs) < 1e-5, "tiled attention must equal SDPA with a key padding mask"
+
+# %% [markdown]
+# **The memory it keeps, and its time.** What autograd saves for the backward pass, for the
+# explicit attention and the tiled one, at two lengths; and the time of a forward and backward
+# pass of each next to SDPA's default choice.
+
+# %%
+saved = {}
+for T in (T_check, 2 * T_check):
+    q, k, v = qkv(T)
+    q, k, v = (t.detach().float().cpu().requires_grad_() for t in (q, k, v))
+    saved[T] = {"explicit (ch. 05)": saved_tensor_bytes(
+                    lambda q=q, k=k, v=v: scaled_dot_product_attention(q, k, v, causal=True)[0]),
+                "tiled (tfmlib.flash)": saved_tensor_bytes(lambda q=q, k=k, v=v: tiled_attention(q, k, v, causal=True))}
+for name in saved[T_check]:
+    a, b = saved[T_check][name], saved[2 * T_check][name]
+    print(f"{name:22s} T = {T_check}: {a / 2**10:8.1f} KiB   T = {2 * T_check}: {b / 2**10:8.1f} KiB   (x{b / a:.2f})")
+
+
+def saved_shapes(fn) -> list[tuple[int, ...]]:
+    """The shapes of the tensors autograd saves while ``fn()`` runs."""
+    shapes = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: shapes.append(tuple(t.shape)) or t, lambda t: t):
+        fn()
+    return shapes
+
+
+q, k, v = (t.detach().float().cpu().requires_grad_() for t in qkv(T_check))
+shapes = {"explicit (ch. 05)": saved_shapes(lambda: scaled_dot_product_attention(q, k, v, causal=True)[0]),
+          "tiled (tfmlib.flash)": saved_shapes(lambda: tiled_attention(q, k, v, causal=True))}
+for name, s in shapes.items():
+    print(f"{name:22s} saves {len(s)} tensors; of shape (..., T, T): {[x for x in s if x[-2:] == (T_check, T_check)]}")
+assert not any(x[-2:] == (T_check, T_check) for x in shapes["tiled (tfmlib.flash)"]), \
+    "the tiled attention keeps no (T, T) tensor"
+assert any(x[-2:] == (T_check, T_check) for x in shapes["explicit (ch. 05)"]), "the explicit one does"
+assert saved[2 * T_check]["tiled (tfmlib.flash)"] < 2.5 * saved[T_check]["tiled (tfmlib.flash)"], \
+    "the tiled attention's saved memory grows linearly with T"
+assert saved[2 * T_check]["explicit (ch. 05)"] > 3 * saved[T_check]["explicit (ch. 05)"], \
+    "the explicit attention's saved memory grows with T^2"
+
+q, k, v = (t.detach().cpu().float().requires_grad_() for t in qkv(T_check))
+grad = torch.ones_like(q)
+
+
+def fwd_bwd(fn):
+    def step() -> None:
+        q.grad = k.grad = v.grad = None
+        fn().backward(grad)
+    return step
+
+
+t = interleaved_medians({
+    "tiled, 64 x 64 tiles": fwd_bwd(lambda: tiled_attention(q, k, v, causal=True)),
+    "tiled, 16 x 16 tiles": fwd_bwd(lambda: tiled_attention(q, k, v, causal=True, block_q=16, block_k=16)),
+    "explicit (ch. 05)": fwd_bwd(lambda: scaled_dot_product_attention(q, k, v, causal=True)[0]),
+    "SDPA (default)": fwd_bwd(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
+}, repeats=run.flash_repeats, warmup=1, device="cpu")
+print(t)
+tiles = {b: sum(1 for i in range(0, T_check, b) for j in range(0, T_check, b) if j <= i + b - 1) for b in (64, 16)}
+print(f"T = {T_check}: {tiles[64]} tiles of 64 x 64 and {tiles[16]} of 16 x 16 computed (causal) per forward pass; "
+      f"time against SDPA's: {t.ratio('tiled, 64 x 64 tiles', 'SDPA (default)'):.1f}x and "
+      f"{t.ratio('tiled, 16 x 16 tiles', 'SDPA (default)'):.1f}x")
+
+# %% [markdown]
+# The tiled attention keeps what grows like $T$ (doubling the length doubled it, x2.00), and none
+# of its saved tensors is $T \times T$, while the explicit attention's grew x3.72 and holds three
+# $(B, h, T, T)$ tensors. Its time is the price of writing it in Python: every tile is a few
+# PyTorch calls (two small matrix products, the exponentials, the rescaling), each with its own
+# overhead. With 64 x 64 tiles a sequence of 256 has only 10 tiles on or below the diagonal, and
+# the tiled attention ran about as fast as the explicit one (6.5 against 6.4 ms, 1.7x the fused
+# kernel); with 16 x 16 tiles there are 136, and it took 26 ms, 6.9x the fused kernel. A GPU kernel
+# runs the same loops with the tiles in registers and on-chip memory, one launch for the whole
+# computation. So this is the algorithm, readable and checked, not a way to train; `tfmlib` trains
+# with `F.scaled_dot_product_attention`. (`tests/test_flash.py` checks the same equalities in
+# float64, with `gradcheck`, and with the masks and block sizes that break naive versions.)
+#
+# ## 3. Mixed precision
+#
+# A float32 number has 8 exponent bits and 23 mantissa bits; **bfloat16** keeps the 8 exponent bits
+# (the same range, about $10^{\pm 38}$) and only 7 mantissa bits (about 2-3 significant decimal
+# digits); **float16** has 5 exponent bits (largest number 65504, smallest normal about
+# $6 \times 10^{-5}$) and 10 mantissa bits. Hardware with bf16 or fp16 matrix units multiplies
+# such numbers many times faster than float32 (an H100's datasheet: 989 dense TFLOP/s in bf16
+# against 67 in fp32), and they take half the memory to move.
+#
+# *Mixed* precision (Micikevicius et al. 2018, section 3) keeps what needs the precision in
+# float32 and runs the rest in 16 bits: the weights stay float32 (the "master weights", since an
+# update of $10^{-4}$ relative to a weight is lost entirely in bf16's 7-bit mantissa), and so do the
+# gradients and the optimizer's state; the matrix products run in 16 bits; operations that sum
+# many numbers or exponentiate (the loss, normalisation, reductions) are kept in float32 or
+# accumulate in float32. `torch.autocast` does this per operation, from lists in PyTorch's
+# documentation ("autocast op reference"), and `tfmlib.precision.autocast(device, "bf16")` wraps it;
+# `fit(precision="bf16")` runs the forward pass and the loss under it (Kalamkar et al. 2019 study
+# bf16 training).
+#
+# **Same seed, same batches, fp32 against bf16.** Two models from the same initialisation train on
+# the same packed batches in the same order, one in each precision:
+
+# %%
+def train_run(precision: str, steps: int = run.mp_steps, seed: int = run.seed) -> tuple:
+    model = new_model(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=run.lr, weight_decay=0.0)
+    loader = packed_loader(seed)
+    epochs = math.ceil(steps / len(loader))
+    history = fit(model, loader, lm_loss, optimizer, epochs=epochs, max_steps=steps, device=run.device,
+                  precision=precision, time_budget_s=run.mp_budget_s, desc=precision, verbose=False)
+    return model, history
+
+
+precisions = ["fp32", "bf16"] + (["fp16"] if supports_fp16(run.device) else [])
+runs = {}
+for precision in precisions:
+    runs[precision] = train_run(precision, steps=run.fp16_steps if precision == "fp16" else run.mp_steps)
+    h = runs[precision][1]
+    print(f"{precision}: {len(h.step_loss)} steps in {h.seconds:.1f} s, first loss {h.step_loss[0]:.4f}, "
+          f"mean of the last 10 {np.mean(h.step_loss[-10:]):.4f}, steps skipped by the scaler {h.skipped_steps}")
+curves = {p: np.array(runs[p][1].step_loss) for p in precisions}
+fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
+plot_curves(curves, ax=axes[0], smooth=5, title="Training loss, same seed and batches",
+            xlabel="optimizer step", ylabel="cross-entropy (nats), 5-step mean")
+plot_curves({f"{p} - fp32": curves[p] - curves["fp32"][: len(curves[p])] for p in precisions[1:]}, ax=axes[1],
+            title="Difference from the fp32 run", xlabel="optimizer step", ylabel="loss difference (nats)")
+axes[1].axhline(0, color="gray", lw=0.8)
+plt.tight_layout()
+plt.show()
+for p in precisions[1:]:
+    d = curves[p] - curves["fp32"][: len(curves[p])]
+    print(f"{p} - fp32 over {len(d)} steps: step 1 {d[0]:+.2e}, largest |difference| {np.abs(d).max():.3f} nats, "
+          f"mean over the last 10 steps {d[-10:].mean():+.4f} nats")
+assert abs(curves["bf16"][0] - curves["fp32"][0]) < 0.05, "the first step's loss differs only by rounding"
+assert abs(curves["bf16"][-10:].mean() - curves["fp32"][len(curves["bf16"]) - 10: len(curves["bf16"])].mean()) < 0.2, \
+    "bf16 trains like fp32"
+
+# %% [markdown]
+# Before the first update the two models are the same, so the first step's losses differ only by
+# the rounding of bf16's products: by $6 \times 10^{-5}$ nats in the committed `cpu` run. From
+# then on the weights differ too and the curves separate a little, but they do not drift apart:
+# over 150 steps, while the loss fell from 5.74 to about 3.1, the largest difference was 0.049 nats,
+# and over the last ten steps bf16's loss was 0.008 nats *lower* than fp32's on average (the right
+# panel: bf16 a little above fp32 in the middle of the run, then on both sides of zero). The fp16 run
+# (40 steps with the scaler; fp16 is slow on a CPU, see below) stayed within 0.011 nats of fp32.
+#
+# **What autocast keeps in float32.** Hooks on the modules of one forward pass under bf16 autocast
+# record the dtype of each output, and a probing attention kernel records its tensors:
+
+# %%
+probe = new_model()
+seen: dict[str, str] = {}
+
+
+def hook(module, inputs, output, name):
+    seen.setdefault(f"{type(module).__name__} ({name})", f"in {inputs[0].dtype}, out {output.dtype}")
+
+
+def probing_kernel(q, k, v, mask, causal, dropout_p):
+    out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p, causal=causal)
+    seen.setdefault("attention q, k, v", str(q.dtype))
+    seen.setdefault("attention weights (softmax)", str(weights.dtype))
+    seen.setdefault("attention output (weights @ v)", str(out.dtype))
+    return out
+
+
+probe.attention = probing_kernel
+handles = [m.register_forward_hook(lambda mod, i, o, name=name: hook(mod, i, o, name))
+           for name, m in probe.named_modules()
+           if name in ("blocks.0.norm1", "blocks.0.self_attn.q_proj", "blocks.0.ff.linear1", "norm", "head")]
+inputs, targets = next(iter(packed_loader()))
+inputs, targets = inputs.to(run.device), targets.to(run.device)
+with autocast(run.device, "bf16"):
+    logits = probe(inputs)
+    loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    log_probs = torch.log_softmax(logits, dim=-1)
+loss.backward()
+for h in handles:
+    h.remove()
+optimizer = torch.optim.AdamW(probe.parameters(), lr=1e-3)
+optimizer.step()
+seen["logits"] = str(logits.dtype)
+seen["log_softmax of the logits"] = str(log_probs.dtype)
+seen["cross-entropy loss"] = str(loss.dtype)
+seen["parameters"] = str({p.dtype for p in probe.parameters()})
+seen["gradients"] = str({p.grad.dtype for p in probe.parameters()})
+seen["AdamW state (exp_avg)"] = str({s["exp_avg"].dtype for s in optimizer.state.values()})
+print(f"under bf16 autocast on {run.device}:")
+for name, dtype in seen.items():
+    print(f"  {name:36s} {dtype}")
+assert seen["logits"] == "torch.bfloat16", "the output layer is a matmul: bf16"
+assert seen["cross-entropy loss"] == "torch.float32", "the loss is computed in float32"
+assert seen["parameters"] == seen["gradients"] == seen["AdamW state (exp_avg)"] == "{torch.float32}", \
+    "weights, gradients and optimizer state stay float32"
+
+# %% [markdown]
+# The matrix products (the projections, the feed-forward layers, the output layer, the products
+# inside attention) ran in bf16: their inputs were float32 and autocast cast them. The layer norms
+# ran in float32, and so does the residual stream: adding a bf16 branch to the float32 residual
+# promotes the sum to float32, so the stream between the blocks never loses precision. The
+# cross-entropy is on autocast's float32 list. Which other operations are on it depends on the
+# device: on this CPU the attention softmax and the log-softmax of the logits stayed in bf16 (the
+# CPU's float32 list is shorter than CUDA's; on CUDA both are on it, and a `gpu` run prints
+# float32 there). The
+# parameters, their gradients and AdamW's moments are float32: the optimizer adds small updates to
+# full-precision weights, which is what keeps bf16 training close to fp32 in the curves above.
+#
+# **fp16 and the gradient scaler.** float16's range is the problem, not its precision: a gradient
+# smaller than about $6 \times 10^{-8}$ (fp16's smallest subnormal) becomes zero. Micikevicius et
+# al. (2018, section 3.2) scale the loss by a large factor $s$ before the backward pass, so every
+# gradient is $s$ times larger, and divide by $s$ before the step; `torch.amp.GradScaler` picks $s$
+# dynamically, halving it and skipping the step when a gradient overflows to inf, doubling it after
+# a run of good steps. bf16 has float32's exponent range and needs none of it
+# (`tfmlib.precision.make_grad_scaler` returns a disabled scaler for bf16 and fp32):
+
+# %%
+tiny = torch.tensor(1e-8)
+scale = 2.0**16
+print(f"a gradient of {tiny.item():.0e}: in fp16 {tiny.half().item():.1e}, in bf16 {tiny.bfloat16().item():.1e}; "
+      f"scaled by 2^16 in fp16 {(tiny * scale).half().item():.2e} -> unscaled in fp32 "
+      f"{((tiny * scale).half().float() / scale).item():.2e}")
+for p in ("fp32", "bf16", "fp16"):
+    if p == "fp32" or (p == "bf16" and supports_bf16(run.device)) or (p == "fp16" and supports_fp16(run.device)):
+        print(f"make_grad_scaler({run.device.type!r}, {p!r}).is_enabled() = {make_grad_scaler(run.device, p).is_enabled()}")
+assert tiny.half().item() == 0.0 and (tiny * scale).half().item() > 0, "fp16 underflows, scaled fp16 does not"
+
+# %% [markdown]
+# The fp16 run of the figure trained with the scaler; its printed line counts the steps the scaler
+# skipped (none here: the scaler starts at $2^{16}$ and no gradient of this small model overflowed
+# at that scale). **Speed** is the point of all this, and it depends entirely on the hardware: a
+# training step in each precision, timed in turns:
+
+# %%
+def make_step(model: DecoderLM, batches: list, precision: str, compiled: torch.nn.Module | None = None):
+    """One training step (forward and loss under autocast, backward, AdamW) over ``batches`` in turn."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = make_grad_scaler(run.device, precision)
+    cycle = itertools.cycle(batches)
+    net = compiled if compiled is not None else model
+
+    def step() -> None:
+        inputs, targets = next(cycle)
+        with autocast(run.device, precision):
+            loss, _ = lm_loss(net, (inputs, targets))
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    return step
+
+
+packed_batches = [tuple(t.to(run.device) for t in b) for b in itertools.islice(packed_loader(), run.time_steps)]
+packed_tokens = run.packed_batch * run.block_len
+t = interleaved_medians({p: make_step(new_model(), packed_batches, p) for p in precisions},
+                        repeats=run.time_steps, warmup=2, device=run.device)
+print(t)
+for p in precisions[1:]:
+    print(f"{p}: {packed_tokens / t[p]:,.0f} tokens/s against fp32's {packed_tokens / t['fp32']:,.0f} "
+          f"({t['fp32'] / t[p]:.2f}x) on {run.device}")
+
+# %% [markdown]
+# On a CPU it depends on the instructions the processor has: bf16 products need AVX512-BF16 or AMX
+# to be fast, and without them they are emulated and slower than float32. This machine has
+# AVX512-BF16 (section 6 measures a large bf16 matrix product at about twice fp32's rate), but the
+# step of this small model gained only 1.07x in bf16: its matrices are small, and a good part of a
+# step is not matrix products at all (the casts autocast adds, the optimizer, Python). fp16 took
+# 10 times as long as fp32 here: this CPU has no fast fp16 products. On a GPU with bf16 matrix
+# units the bf16 step is several times faster than the fp32 one at GPT-2's size.
+#
+# ## 4. `torch.compile`
+#
+# Eager PyTorch runs one kernel per operation, each reading its inputs from memory and writing its
+# output back; between them Python decides what to run next. `torch.compile` (Ansel et al. 2024)
+# traces the Python into a graph (TorchDynamo), and generates code for it (TorchInductor: C++ with
+# OpenMP on a CPU, Triton kernels on a GPU) that fuses chains of element-wise operations into one
+# loop and removes the Python overhead. The compiling happens at the first call and takes seconds
+# to minutes; a call with a new shape compiles again (the second time with symbolic sizes, so that
+# later shapes reuse it). So it pays only when enough steps follow: if compiling costs $C$ seconds
+# and a step falls from $t_e$ to $t_c$, it breaks even after $C / (t_e - t_c)$ steps.
+#
+# `tfmlib.compiling.compile_or_fallback` compiles and runs one trial step; if anything fails (no C++
+# compiler, an unsupported platform) it returns the eager model and a note that says why, so the
+# chapter runs everywhere. Here it compiles the model of the table's fourth row (fused attention,
+# bf16 autocast) for chapter 09's padded batches, whose length changes from batch to batch, so it
+# asks for symbolic sizes from the start (`torch.compile(model, dynamic=True)`) rather than one
+# compile for the first shape and another when the second arrives. The compile starts from an empty
+# on-disk cache, as a reader's first run does:
+
+# %%
+padded_batches = [tuple(t.to(run.device) for t in b) for b in itertools.islice(padded_loader(), 16)]
+shapes = sorted({tuple(b[0].shape) for b in padded_batches})
+print(f"{len(padded_batches)} padded batches, shapes {shapes[:6]}{' ...' if len(shapes) > 6 else ''}")
+
+
+def forward_backward(net: torch.nn.Module, batch: tuple[Tensor, Tensor], precision: str = "bf16") -> None:
+    with autocast(run.device, precision):
+        loss, _ = lm_loss(net, batch)
+    loss.backward()
+
+
+eager_model = new_model()
+compile_model = new_model()
+if run.compile:
+    # an empty on-disk cache: the compile a reader pays the first time (a re-run reuses Inductor's cache)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-")
+    compiled, report = compile_or_fallback(compile_model, lambda m: forward_backward(m, padded_batches[0]),
+                                           compiler=lambda m: torch.compile(m, dynamic=True), device=run.device)
+    first_calls = []
+    for batch in padded_batches[1:4]:               # new shapes: the recompiles
+        start = time.perf_counter()
+        forward_backward(compiled, batch)
+        first_calls.append(time.perf_counter() - start)
+    compile_model.zero_grad(set_to_none=True)
+else:
+    compiled, report, first_calls = compile_model, "not compiled: skipped in the smoke profile (a compile takes ~20 s)", []
+print(f"compile_or_fallback: {report}")
+print("first calls with new shapes after it: " + ", ".join(f"{s:.2f} s" for s in first_calls))
+
+t = interleaved_medians({"eager": make_step(eager_model, padded_batches, "bf16"),
+                         "compiled": make_step(compile_model, padded_batches, "bf16", compiled=compiled)},
+                        repeats=run.time_steps, warmup=len(padded_batches), device=run.device)
+print(t)
+compile_s = (getattr(report, "seconds", 0.0) + sum(first_calls)) - (1 + len(first_calls)) * t["eager"]
+gain = t["eager"] - t["compiled"]
+if getattr(report, "compiled", False):
+    print(f"compiling cost {compile_s:.1f} s beyond the eager steps; a step takes {1e3 * t['compiled']:.1f} ms "
+          f"compiled against {1e3 * t['eager']:.1f} ms eager on {run.device}: "
+          + (f"it breaks even after {compile_s / gain:,.0f} steps" if gain > 0 else "it never breaks even here"))
+else:
+    print(f"trained eagerly ({report}); both rows time the same eager model")
+
+# %% [markdown]
+# The first line is the compile: 41 s for the first step, forward and backward, in the committed
+# run. The calls with new lengths after it took hundredths of a second: the symbolic graph covers
+# them. Then the steady state: here the compiled step was not faster than the eager one (17.7
+# against 17.1 ms), so the compile never pays for itself on this machine and model. Inductor's CPU
+# code fuses element-wise chains, but a step of this model is dominated by matrix products that
+# both versions hand to the same library. On a GPU, where a small model's step is dominated by
+# launching many small kernels, fusing them saves a large share of each step, and a long run pays
+# for its compile after a few hundred or thousand steps; the break-even line is the number to
+# compute before deciding. (A second run reuses Inductor's on-disk cache and compiles faster.)
+#
+# ## 5. CPU threads
+#
+# `torch.set_num_threads(n)` sets how many threads one process uses *inside* an operation (a
+# matrix product split into `n` parts; the intra-op pool). On a laptop it is the first knob a
+# reader meets: PyTorch's default is the number of cores, and two processes that each take every
+# core fight for them. The book's tests run with `TFM_THREADS` set to each worker's share, and this
+# run says how many threads it used at the top. Here is the same training step with 1 and 2
+# threads in this process, in turns:
+
+# %%
+threads_before = torch.get_num_threads()
+print(f"load average of this machine over the last minute: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+step = make_step(new_model(), packed_batches, "fp32")
+
+
+def with_threads(n: int):
+    def call() -> None:
+        torch.set_num_threads(n)
+        step()
+    return call
+
+
+t = interleaved_medians({"1 thread": with_threads(1), "2 threads": with_threads(2)},
+                        repeats=run.thread_steps, warmup=1, device=run.device)
+torch.set_num_threads(threads_before)
+print(t)
+print(f"2 threads / 1 thread: {t['1 thread'] / t['2 threads']:.2f}x the speed on {os.cpu_count()} cores "
+      f"({run.device}; this process now uses {torch.get_num_threads()} thread(s) again)")
+
+# %% [markdown]
+# With two idle cores, two threads approach twice the speed only for large matrix products; a step
+# of a small model is partly Python and small operations that one thread runs as fast as two. And
+# the cores must be idle: this machine was shared with other work during the committed run (the
+# load average printed above, 2.4 on 2 cores, means about two runnable processes besides this
+# one), and two threads made the step *25 times slower* (0.04x). The threads of an operation wait
+# for each other at its end; when one of them is descheduled because the other core is busy, the
+# whole operation waits for it. **Several processes** make the same mistake easy. The script of section 7,
+# `python -m tfmlib.ddp_train`, trains the same kind of model in one or more processes launched by
+# `torchrun`, each with `--threads` threads. Two processes with one thread each use the two cores;
+# two processes with two threads each ask for four threads on two cores (*oversubscription*): the
+# threads of one operation wait for each other while the operating system switches between them.
+
+# %%
+DDP_SIZES = [a for flag, value in zip(("--d-model", "--heads", "--layers", "--block-len", "--sentences"),
+                                      run.ddp_sizes, strict=True) for a in (flag, str(value))]
+DDP_SIZES += ["--precision", "fp32", "--backend", "gloo"]
+
+
+def launch(nproc: int, threads: int, steps: int, global_batch: int = run.ddp_global_batch) -> dict:
+    """Run ``torchrun --nproc_per_node nproc --standalone -m tfmlib.ddp_train`` and read its JSON."""
+    out = Path(tempfile.mkdtemp()) / "ddp.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--standalone",
+           "-m", "tfmlib.ddp_train", "--steps", str(steps), "--global-batch", str(global_batch),
+           "--threads", str(threads), "--seed", str(run.seed), "--out", str(out), *DDP_SIZES]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TFM_DEVICE": "cpu"}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=run.ddp_timeout_s)
+    if done.returncode != 0:
+        raise RuntimeError(f"torchrun failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(out.read_text())
+
+
+ddp, launch_s = {}, {}
+for nproc, threads, steps in tqdm([(1, 1, run.ddp_steps), (2, 1, run.ddp_steps), (2, 2, run.over_steps)],
+                                 desc="torchrun"):
+    start = time.perf_counter()
+    ddp[nproc, threads] = launch(nproc, threads, steps)
+    launch_s[nproc, threads] = time.perf_counter() - start
+print("python -m torch.distributed.run --nproc_per_node N --standalone -m tfmlib.ddp_train "
+      f"--steps {run.ddp_steps} --global-batch {run.ddp_global_batch} --threads t ...")
+for (nproc, threads), r in ddp.items():
+    print(f"{nproc} process(es) x {threads} thread(s): {r['tokens_per_s']:8,.0f} tokens/s, "
+          f"{r['steps']} steps in {r['train_s']:.1f} s of training, {launch_s[nproc, threads]:.1f} s with the launch "
+          "and start-up")
+over = ddp[2, 1]["tokens_per_s"] / ddp[2, 2]["tokens_per_s"]
+print(f"2 x 1 thread / 2 x 2 threads: {over:.2f}x the tokens per second")
+
+# %% [markdown]
+# The third line is the oversubscribed one: four threads on two cores (already busy with other
+# work), 22.5 times fewer tokens per second than two processes with one thread each. PyTorch's
+# `torchrun` sets `OMP_NUM_THREADS=1` for each process when it starts more than one, for this
+# reason, and the script's default for `--threads` is the cores divided by the processes per
+# machine. The same rule holds for data-loading workers, test runners and notebooks run side by side:
+# the threads of all of them together should not exceed the cores.
+#
+# ## 6. Throughput accounting
+#
+# Tokens per second say how fast a run is; they do not say how far it is from what the hardware can
+# do. **Model FLOPs utilisation** (MFU; Chowdhery et al. 2022, appendix B) does: the floating-point
+# operations per second the model *needs*, divided by the device's peak. A training token costs
+# about $6N$ FLOPs for a model with $N$ weights in matrices (Kaplan et al. 2020, section 2.1): each
+# weight is one multiply-add (2 FLOPs) in the forward pass and two in the backward pass (the
+# gradient for the input and the gradient for the weight). Attention adds the products that have
+# no weights, $QK^\top$ and the weighted sum: $12 L d T$ per token for $L$ layers of width $d$ and
+# sequences of $T$ tokens (counted over the whole $T \times T$ square, as PaLM and nanoGPT do).
+# `tfmlib.throughput.lm_flops_per_token` counts both.
+#
+# A CPU has no datasheet peak in `tfmlib.throughput.PEAK_FLOPS`, so the machine's *reachable* peak
+# is measured instead: a large matrix product, the most efficient thing it does.
+
+# %%
+n = run.matmul_n
+peaks = {}
+for p, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+    a = torch.randn(n, n, device=run.device).to(dtype)
+    b = torch.randn(n, n, device=run.device).to(dtype)
+    t = interleaved_medians({"matmul": lambda a=a, b=b: a @ b}, repeats=10, warmup=2, device=run.device)
+    peaks[p] = 2 * n**3 / t.detail["matmul"].min          # the best of 10: what the machine can reach
+    sheet = peak_flops(run.device, p)
+    print(f"{n} x {n} matmul in {p}: {peaks[p] / 1e9:8.1f} GFLOP/s on {run.device} "
+          f"({run.threads or torch.get_num_threads()} thread(s)); datasheet peak: "
+          + ("none known" if sheet is None else f"{sheet / 1e12:.0f} TFLOP/s"))
+
+flops_per_token = lm_flops_per_token(model, run.block_len)
+measured = measure_training_steps(make_step(new_model(), packed_batches, "fp32"), steps=run.time_steps,
+                                  warmup=2, device=run.device, tokens_per_step=packed_tokens,
+                                  flops_per_token=flops_per_token, peak=peak_flops(run.device, "fp32"))
+print(f"this chapter's model: {flops_per_token / 1e6:.2f} MFLOP per training token at T = {run.block_len}; "
+      f"{measured['tokens_per_s']:,.0f} tokens/s in fp32 = {measured['model_flops_per_s'] / 1e9:.2f} GFLOP/s")
+datasheet = "n/a (none known for this device)" if measured["mfu"] is None else f"{measured['mfu']:.1%}"
+print(f"MFU against the measured fp32 matmul: {mfu(measured['tokens_per_s'], flops_per_token, peaks['fp32']):.1%}; "
+      f"against a datasheet peak: {datasheet}")
+gpt2 = dict(vocab_size=len(vocab), d_model=768, heads=12, layers=12)
+gpt2_flops = lm_flops_per_token(gpt2, 1024)
+print(f"GPT-2 small's shape (d 768, 12 layers, T 1024, this vocabulary): {gpt2_flops / 1e9:.2f} GFLOP per token; "
+      f"35% of an H100's 989 bf16 TFLOP/s is {0.35 * 989e12 / gpt2_flops:,.0f} tokens/s")
+
+# %% [markdown]
+# The small model reached about half of what the same thread does on one large matrix product
+# (49% in the committed run): its matrices are small (a 128-wide layer multiplies 512 rows by 128
+# columns), and a step also runs layer norms, the softmax, the optimizer and Python, which do few
+# FLOPs for the time they take. That ratio is the MFU against the machine's reachable peak; against
+# a datasheet peak (a GPU's, which `peak_flops` knows) it is the number papers report (PaLM trained
+# at 46%; nanoGPT reports about 40-50% on an A100 at GPT-2's size). The last line goes the other
+# way: what GPT-2 small needs per token, and the token rate that 35% of an H100 would give, which
+# the `gpu` profile's comment uses to size its runs.
+#
+# ## 7. Data parallelism with `torchrun`
+#
+# When one device is not enough, the simplest way to use several is **data parallelism** (Li et
+# al. 2020): every process holds a full copy of the model, reads a different part of each global
+# batch, computes its gradients, and before the step the gradients are averaged over the processes
+# (an *all-reduce*), so every copy takes the same step and the copies stay identical. With a global
+# batch of $G$ sequences and $W$ processes, each process reads $G / W$; the average of the $W$
+# per-process mean gradients is the gradient of the mean loss over the $G$ sequences (every
+# process's part has the same number of tokens, since packed blocks have no padding). So two
+# processes compute the *same* training run as one process with the whole batch, up to the order
+# of floating-point additions.
+#
+# ![Data parallelism: two processes, each a model replica with its slice of the global batch (DistributedSampler), gradients all-reduced, identical optimiser steps](figures/10_data_parallel.svg)
+#
+# The pieces, all PyTorch's own:
+#
+# * **`torchrun`** (`python -m torch.distributed.run`) starts the processes and gives each its
+#   `RANK`, `LOCAL_RANK` and `WORLD_SIZE`, and a rendezvous address;
+#   `torch.distributed.init_process_group` connects them (backend `gloo` on CPUs, `nccl` on NVIDIA
+#   GPUs);
+# * **`DistributedSampler`** gives each rank a disjoint slice of the epoch's permutation (the same
+#   permutation on every rank, from the seed and `set_epoch(epoch)`);
+# * **`DistributedDataParallel`** wraps the model: during `backward` it all-reduces the gradients in
+#   buckets, overlapping the communication with the rest of the backward pass, and divides by the
+#   world size.
+#
+# `tfmlib.ddp_train` is such a script (`tfmlib.distributed` holds its helpers). Section 5 launched it
+# with 1 and with 2 processes at the same global batch; rank 0 wrote the loss of every step,
+# averaged over the ranks. The two curves must be the same run:
+
+# %%
+one, two = np.array(ddp[1, 1]["step_loss"]), np.array(ddp[2, 1]["step_loss"])
+fig, ax = plt.subplots(figsize=(7.5, 3.8))
+plot_curves({"1 process": one, "2 processes (gloo)": two}, ax=ax,
+            title=f"The same training run on 1 and 2 processes (global batch {run.ddp_global_batch})",
+            xlabel="optimizer step", ylabel="training loss (nats)")
+plt.tight_layout()
+plt.show()
+print(f"{len(one)} steps; loss {one[0]:.4f} -> {one[-1]:.4f}; max |1 process - 2 processes| = "
+      f"{np.abs(one - two).max():.2e}; backend {ddp[2, 1].get('backend')}, world size {ddp[2, 1].get('world_size')}")
+assert len(one) == len(two) == run.ddp_steps, "both runs take every step"
+assert np.allclose(one, two, rtol=1e-5, atol=1e-6), "data parallelism must not change the training run"
+assert one[-1] < one[0], "the run learns"
+
+# %% [markdown]
+# The curves lie on top of each other: the largest printed difference is float round-off (the
+# all-reduce adds the two halves' gradients in another order than one process's matmul does).
+# `tests/test_distributed.py` runs the same comparison in CI, with a control that fails when the
+# global batch differs.
+#
+# **Many machines.** The same script runs unchanged on several nodes; `torchrun` on each machine
+# is told how many nodes there are and where to meet:
+#
+# ```bash
+# torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint host0:29500 \
+#          -m tfmlib.ddp_train --global-batch 512 --precision bf16 --backend auto
+# ```
+#
+# run on both machines, with `host0` the address of one of them; `--backend auto` picks `nccl` on
+# GPUs. Data parallelism keeps a full copy of the model, its gradients and the optimizer state on
+# every device; when that no longer fits, **FSDP** (fully sharded data parallelism, Zhao et al.
+# 2023; PyTorch's `torch.distributed.fsdp`) shards all three across the processes and gathers
+# each layer's weights only while it runs. That is the next step, beyond this book.
+#
+# ## 8. Gradient accumulation and resumable training
+#
+# **Accumulation.** A batch too big for memory can be split into $k$ micro-batches whose gradients
+# are summed before one optimizer step. The step equals one step on the whole batch only if each
+# micro-batch is weighted by its share of the tokens: the mean loss over the big batch is
+# $\sum_i n_i \bar\ell_i / \sum_i n_i$, not the mean of the $k$ means $\bar\ell_i$ (which weighs
+# a micro-batch of short, padded sentences as much as one of long ones). `fit(accumulate=k)`
+# back-propagates $n_i \bar\ell_i$ and divides the summed gradients by $\sum_i n_i$. The check: 4
+# padded batches of different lengths with `accumulate=4`, against one step on the batch that holds
+# all their sentences; and the naive mean of means, which `fit` computes when every batch reports
+# the same token count:
+
+# %%
+def sentences_of(batch: tuple[Tensor, Tensor]) -> list[list[int]]:
+    return [row[1: int((row != PAD_ID).sum())].tolist() for row in batch[0].cpu()]
+
+
+micro = [b for b in itertools.islice(padded_loader(batch_size=8), 4)]
+whole = collate_lm([s for b in micro for s in sentences_of(b)])
+print("micro-batches (sentences x length):", [tuple(b[0].shape) for b in micro], "-> one batch", tuple(whole[0].shape),
+      "; real tokens:", [real_tokens(b) for b in micro])
+assert real_tokens(whole) == sum(real_tokens(b) for b in micro), "the big batch holds the same tokens"
+
+
+def one_step(batches: list, accumulate: int, loss_fn=lm_loss) -> dict[str, Tensor]:
+    model = new_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    fit(model, batches, loss_fn, optimizer, epochs=1, device=run.device, accumulate=accumulate, clip_norm=None,
+        verbose=False)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+big = one_step([whole], 1)
+accumulated = one_step(micro, 4)
+naive = one_step(micro, 4, loss_fn=lambda m, b: (lm_loss(m, b)[0], 1))   # every batch counts the same
+diff_acc = max((big[k] - accumulated[k]).abs().max().item() for k in big)
+diff_naive = max((big[k] - naive[k]).abs().max().item() for k in big)
+print(f"max |weights after one step on the big batch - after accumulate=4| = {diff_acc:.1e}")
+print(f"max |weights after one step on the big batch - mean of the 4 means| = {diff_naive:.1e}")
+assert diff_acc < (1e-5 if run.device.type == "cpu" else 1e-4), "accumulation weighted by tokens equals the big batch"
+assert diff_naive > 10 * max(diff_acc, 1e-7), "the mean of means is a different step"
+
+# %% [markdown]
+# **Kill and resume.** A long run will be interrupted (a preempted job, a crash, a time limit). To go
+# on as if nothing had happened, a checkpoint needs more than the weights: the optimizer's state
+# (Adam's moments), the learning-rate scheduler, the gradient scaler, every random number generator
+# (dropout's masks, the shuffling), and the data position (the epoch and how many batches of it
+# were consumed), plus the history and the training time so far. `fit(checkpoint_path=...,
+# checkpoint_every=k)` writes all of it every $k$ steps, to a temporary file moved into place (a
+# reader never sees half a checkpoint), and `fit(..., resume=True)` restores it and skips the
+# batches already consumed. The test of it: a run with dropout and shuffled batches stopped after
+# $k$ steps and resumed by a fresh model object ends with the same weights, bit for bit, as a run
+# never stopped. (`tests/test_resume.py` does it with a process killed by `SIGKILL`.)
+
+# %%
+def resumable_run(path: Path | None, max_steps: int | None, resume: bool = False, seed: int = run.seed):
+    model = new_model(seed, dropout=0.1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=run.lr)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=5, gamma=0.8)
+    loader = padded_loader(batch_size=max(4, run.batch_size // 4))
+    history = fit(model, loader, lm_loss, optimizer, epochs=1, device=run.device, scheduler=scheduler,
+                  max_steps=max_steps, checkpoint_path=path, checkpoint_every=None if path is None else 2,
+                  resume=resume, verbose=False)
+    return model, history
+
+
+torch.manual_seed(123)
+uninterrupted, h_full = resumable_run(None, run.resume_steps)
+ckpt = Path(tempfile.mkdtemp()) / "train_state.pt"
+stopped_at = run.resume_steps // 2
+_, h_first = resumable_run(ckpt, stopped_at)
+torch.manual_seed(999)                        # a different global RNG state: the checkpoint must restore it
+resumed, h_rest = resumable_run(ckpt, run.resume_steps, resume=True, seed=run.seed + 1)
+pairs = list(zip(uninterrupted.state_dict().values(), resumed.state_dict().values(), strict=True))
+same = all(torch.equal(a, b) for a, b in pairs)
+close = all(torch.allclose(a, b, atol=1e-3) for a, b in pairs)
+print(f"stopped after {len(h_first.step_loss)} steps; the resumed run started at step {h_rest.resumed_from_step} "
+      f"and ended at step {len(h_rest.step_loss)}; identical weights to the uninterrupted run: {same}")
+print(f"last losses, uninterrupted {h_full.step_loss[-3:]}, resumed {h_rest.step_loss[-3:]}")
+assert h_rest.resumed_from_step == stopped_at, "the resumed run starts where the first one stopped"
+if run.device.type == "cpu":   # same seed, same numbers on the CPU; GPU kernels may add in another order
+    assert same, "kill-and-resume must end with the uninterrupted run's weights, bit for bit"
+assert close, "kill-and-resume must end with the uninterrupted run's weights"
+
+state = torch.load(ckpt, weights_only=True)
+print(f"the checkpoint ({ckpt.stat().st_size / 2**10:.0f} KiB), loaded with weights_only=True, holds:")
+for key, value in state.items():
+    inner = f" {sorted(value)[:8]}{' ...' if len(value) > 8 else ''}" if isinstance(value, dict) else ""
+    print(f"  {key}: {type(value).__name__}{inner}")
+
+# %% [markdown]
+# `torch.load(..., weights_only=True)` unpickles only tensors and plain containers (dicts, lists,
+# numbers, strings), so a checkpoint from someone else cannot run code when it is loaded; that is
+# why the training state stores numpy's random state as plain lists rather than as numpy objects. A
+# truncated or corrupt file, a model whose parameters do not match, or settings that differ from the
+# saved ones (another `accumulate`, another precision) give a `CheckpointError` that says which.
+#
+# ## 9. One table: each step added in turn
+#
+# The same model and data, each change of this chapter added to the previous ones: chapter 09's
+# explicit attention in fp32, eager, on padded sentence batches; then SDPA's fused attention;
+# then bf16 autocast; then `torch.compile`; then packed fixed-length blocks instead of padded
+# sentences; then two processes. Every row trains the same way (AdamW, a step on each batch in
+# turn); the first five are timed in turns with `interleaved_medians` after warm-up steps (which
+# also cover the compiles), and counted in **real tokens** per second (padding does not count).
+# The last row is the `torchrun` run of section 5, 2 processes with 1 thread each, against its own
+# 1-process run; its model and data match the fifth row's except that the script runs eagerly in
+# fp32.
+
+# %%
+table_padded = padded_batches[: run.table_steps]
+table_packed = packed_batches[: run.table_steps]
+padded_tokens = float(np.mean([real_tokens(b) for b in table_padded]))
+padded_len = round(float(np.mean([b[0].shape[1] for b in table_padded])))
+rows = {  # name: (step function, real tokens per step, sequence length, precision)
+    "baseline: explicit attention, fp32, eager, padded": (make_step(new_model(attention="explicit"), table_padded,
+                                                                    "fp32"), padded_tokens, padded_len, "fp32"),
+    "+ fused attention (SDPA)": (make_step(new_model(), table_padded, "fp32"), padded_tokens, padded_len, "fp32"),
+    "+ bf16 autocast": (make_step(new_model(), table_padded, "bf16"), padded_tokens, padded_len, "bf16"),
+    "+ torch.compile": (make_step(compile_model, table_padded, "bf16", compiled=compiled), padded_tokens,
+                        padded_len, "bf16"),
+    "+ packed blocks": (make_step(compile_model, table_packed, "bf16", compiled=compiled), packed_tokens,
+                        run.block_len, "bf16"),
+}
+t = interleaved_medians({name: row[0] for name, row in rows.items()}, repeats=run.table_steps,
+                        warmup=run.table_steps, device=run.device)
+table = {}
+for name, (_, tokens, T, precision) in rows.items():
+    rate = tokens / t[name]
+    peak = peak_flops(run.device, precision) or peaks[precision]
+    table[name] = (rate, mfu(rate, lm_flops_per_token(model, T), peak))
+if run.device.type == "cpu":   # the torchrun runs of section 5 ran on this CPU
+    rate = ddp[2, 1]["tokens_per_s"]
+    table["+ 2 processes (torchrun, 1 thread each)"] = (
+        rate, mfu(rate, ddp[2, 1]["flops_per_token"], peaks["fp32"] * 2))
+peak_kind = "datasheet peak" if peak_flops(run.device, "fp32") else "measured matmul peak"
+print(f"on {run.device}, {run.threads or threads_before} thread(s) in this process, load average "
+      f"{os.getloadavg()[0]:.1f}; compile: {report}")
+print(f"{'':50s}{'tokens/s':>10s}{'vs baseline':>13s}{'vs row above':>14s}{'MFU':>8s}  (MFU against the {peak_kind})")
+names = list(table)
+for i, name in enumerate(names):
+    rate, util = table[name]
+    above = ddp[1, 1]["tokens_per_s"] if name.startswith("+ 2 processes") else table[names[i - 1]][0] if i else None
+    print(f"{name:50s}{rate:10,.0f}{rate / table[names[0]][0]:12.2f}x"
+          + (f"{rate / above:13.2f}x" if above else " " * 14) + f"{util:8.1%}")
+if "+ 2 processes (torchrun, 1 thread each)" in table:
+    print(f"(the last row is tfmlib.ddp_train in fp32, eager, on packed blocks; 'vs row above' compares it with "
+          f"the same script in 1 process, {ddp[1, 1]['tokens_per_s']:,.0f} tokens/s; its MFU is against 2 cores' "
+          "fp32 matmul peak)")
+else:
+    print("2 processes: not measured on this device (the torchrun runs of section 5 used the CPU's gloo backend)")
+slots = float(np.mean([b[0].numel() for b in table_padded]))
+print(f"padded batches: {padded_tokens:.0f} real tokens in {slots:.0f} slots per step on average "
+      f"({1 - padded_tokens / slots:.1%} padding), sequences of {padded_len} tokens on average; packed: "
+      f"{packed_tokens} tokens, sequences of {run.block_len}")
+fig, ax = plt.subplots(figsize=(11, 3.8))
+plot_grouped_bars({"tokens/s": {name.split(":")[0].removeprefix("+ "): rate for name, (rate, _) in table.items()}},
+                  ax=ax, fmt="{:,.0f}", title=f"Training throughput, each step added in turn ({run.device})",
+                  xlabel="configuration", ylabel="real tokens per second")
+plt.setp(ax.get_xticklabels(), rotation=15, ha="right")
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# **Which steps help here.** The middle column is each row against the baseline, the last column
+# each step's own factor. On this CPU (one thread for the first five rows, a machine shared with
+# other work), with a model this small and sentences of 13 tokens on average:
+#
+# * fused attention helped a little (1.05x): at 13 tokens attention is a small part of a step, so
+#   section 1's large gains at long lengths do not show;
+# * bf16 helped a little (1.11x), as in section 3;
+# * `torch.compile` did not help (0.89x), as in section 4;
+# * packed blocks *lowered* the tokens per second (0.76x). Chapter 09's bucketed batches already
+#   carry almost no padding here (1.3%, printed), so there was nothing to remove, and a block of 64
+#   tokens costs more per token than a sentence of 13 (attention over 64 keys instead of about 13).
+#   Packing pays where padding is large, and it is what makes a fixed context of 1024 tokens
+#   possible at all with sentences this short; the table measures speed, not what the model learns
+#   from longer contexts;
+# * two processes with one thread each gave 1.09x the script's one-process rate: the second core
+#   was not free (other work), and the all-reduce of every step costs time.
+#
+# On a GPU at GPT-2's size each of these steps is expected to be a large factor instead (fused
+# attention avoids the memory traffic of the $T \times T$ matrix, bf16 uses the tensor cores,
+# compiling removes kernel launches, packing gives full batches of one shape, a second GPU nearly
+# doubles the tokens); the `gpu` profile measures it where one is available.
+#
+# ## Summary
+#
+# * `F.scaled_dot_product_attention` computes chapter 05's attention with a backend chosen per call;
+#   the fused ones keep memory linear in the sequence length, the explicit path and the math backend
+#   keep the $T \times T$ weights (measured above on this device).
+# * The online softmax and FlashAttention's tiling compute the same attention block by block with a
+#   running max, a running sum and a rescaled output, and the backward pass recomputes the tiles
+#   from one log-sum-exp per query; `tfmlib.flash` writes it in PyTorch and it equals SDPA forward
+#   and backward, slowly.
+# * bf16 autocast runs the matrix products in 16 bits and keeps weights, gradients, optimizer state,
+#   the residual stream and the loss in float32; its loss curve follows fp32's within a few hundredths
+#   of a nat. fp16 needs a gradient scaler for its narrow range; bf16 does not. Its speed depends on
+#   the hardware.
+# * `torch.compile` pays its compile time back only after enough faster steps; new shapes recompile;
+#   `compile_or_fallback` trains eagerly, and says so, where it cannot compile.
+# * Threads: one process's `set_num_threads` speeds up large operations on idle cores; threads
+#   that outnumber the free cores (busy cores, or several processes each taking all of them) slow
+#   every operation down, here by an order of magnitude.
+# * MFU relates tokens per second to a peak: $6N$ plus attention FLOPs per token, against a datasheet
+#   or a measured matmul peak.
+# * `torchrun` + `DistributedSampler` + DDP: two processes compute the same run as one with the same
+#   global batch (tested); FSDP shards what does not fit.
+# * Gradient accumulation equals a bigger batch when weighted by tokens; a resumable checkpoint holds
+#   the optimizer, scheduler, RNG and data position, and a resumed run ends bit-identical on the CPU.
+
+# %% [markdown]
+# ## Exercises
+#
+# **Questions**
+#
+# 1. Section 3 trains in bf16 without a gradient scaler, while fp16 needs one. What is different
+#    about the two formats that makes the scaler necessary for one and not the other? Which
+#    gradients would fp16 lose without it?
+# 2. Section 4 measures the compile time and the step time. When does `torch.compile` not pay
+#    off? Think of the number of steps, and of batches whose shape changes from step to step (the
+#    padded sentence batches of chapter 09, against the packed blocks of this chapter).
+# 3. Section 7 runs two processes on a machine with two cores. Should the 2-process run be faster
+#    than one process with two threads? What does each process compute, what do they exchange at
+#    every step, and what does the table in section 9 say?
+# 4. DistributedDataParallel keeps a full copy of the model, its gradients and Adam's two moments
+#    on every device. What does FSDP shard instead, and from how many parameters does a model
+#    trained with Adam in mixed precision stop fitting on one 80 GB GPU without it?
+#
+# **Coding exercises**
+#
+# *Merging two partial softmax states.* Attention over keys split into two blocks can be computed
+# block by block, and merged. For one block, a query row's state is its running max
+# $m = \max_j s_j$, its sum $\ell = \sum_j e^{s_j - m}$ and its own attention output
+# $o = \sum_j e^{s_j - m} v_j / \ell$ (normalised). Given the states of two blocks, return the
+# state of both together, `(m, l, o)`; shapes `m, l` $(\dots, T)$, `o` $(\dots, T, d_v)$. This is
+# the step that lets FlashAttention and its split-key variants spread keys across blocks, or
+# devices.
+
+# %%
+def merge_softmax_states(m1, l1, o1, m2, l2, o2):
+    """The (m, l, o) of attention over the keys of both blocks."""
+    raise NotImplementedError  # your code here
+
+
+exercises.check("10.merge_softmax_states", merge_softmax_states)
+
+# %% [markdown]
+# *Weights for gradient accumulation.* A group of micro-batches is to give the gradient of one
+# batch made of all of them. Each micro-batch's loss is the mean over its real (non-`PAD`)
+# target tokens. Given the micro-batches' target tensors (`(B_i, T_i)` ids; padding is `PAD_ID`
+# = 0), return one weight per micro-batch such that $\sum_i w_i \nabla L_i$ is the big batch's
+# gradient.
+
+# %%
+def accumulation_weights(targets: list[torch.Tensor]) -> torch.Tensor:
+    """One weight per micro-batch of the group."""
+    raise NotImplementedError  # your code here
+
+
+exercises.check("10.accumulation_weights", accumulation_weights)
+
+# %% [markdown]
+# *FLOPs per token and MFU.* For a decoder-only model with `layers` layers of width `d_model`
+# (four $d \times d$ attention projections and a feed-forward $d \to$ `d_ff` $\to d$ per layer,
+# biases and norms neglected), a vocabulary of `vocab` with an output layer, trained on
+# `context`-token sequences, return the training FLOPs per token (section 6's convention, the
+# full $T \times T$ attention) and the MFU at `tokens_per_s` on a device of `peak` FLOP/s, as a
+# fraction.
+
+# %%
+def mfu(*, vocab: int, d_model: int, layers: int, d_ff: int, context: int, tokens_per_s: float,
+        peak: float) -> tuple[float, float]:
+    """(training FLOPs per token, model FLOPs utilisation as a fraction)."""
+    raise NotImplementedError  # your code here
+
+
+exercises.check("10.mfu", mfu)
+
+# %% [markdown]
+# *Which examples does each rank read?* Return the dataset indices, in order, that rank `rank` of
+# `world_size` processes reads in epoch `epoch` from a shuffling `DistributedSampler` with seed
+# `seed`, over a dataset of `n` examples (`drop_last=False`), without calling the sampler.
+
+# %%
+def rank_indices(*, n: int, world_size: int, rank: int, epoch: int, seed: int) -> list[int]:
+    """The indices rank `rank` reads in epoch `epoch`."""
+    raise NotImplementedError  # your code here
+
+
+exercises.check("10.rank_indices", rank_indices)
+
+# %% [markdown]
+# ## References
+#
+# * Dao, Fu, Ermon, Rudra & Ré (2022). *FlashAttention: fast and memory-efficient exact attention
+#   with IO-awareness.* NeurIPS. Section 3 and Algorithm 1: tiling and recomputation.
+# * Dao (2023). *FlashAttention-2: faster attention with better parallelism and work partitioning.*
+#   Section 3.1 and Algorithm 1 (the forward loop order), Algorithm 2 (the backward pass).
+# * Milakov & Gimelshein (2018). *Online normalizer calculation for softmax.* Section 3: the running
+#   maximum and rescaled sum.
+# * Rabe & Staats (2021). *Self-attention does not need $O(n^2)$ memory.* Section 2: attention in
+#   chunks with a running normaliser.
+# * Micikevicius et al. (2018). *Mixed precision training.* ICLR. Section 3: fp32 master weights,
+#   loss scaling, and accumulation in fp32.
+# * Kalamkar et al. (2019). *A study of BFLOAT16 for deep learning training.* Sections 2-3: the
+#   format and training with it.
+# * Li et al. (2020). *PyTorch Distributed: experiences on accelerating data parallel training.*
+#   VLDB. Sections 3-4: DistributedDataParallel, gradient buckets and overlap with the backward pass.
+# * Zhao et al. (2023). *PyTorch FSDP: experiences on scaling fully sharded data parallel.* VLDB.
+#   Section 3: sharding parameters, gradients and optimizer state.
+# * Kaplan et al. (2020). *Scaling laws for neural language models.* Section 2.1: $6N$ FLOPs per
+#   training token.
+# * Chowdhery et al. (2022). *PaLM: scaling language modeling with pathways.* Appendix B: model FLOPs
+#   utilisation.
+# * Ansel et al. (2024). *PyTorch 2: faster machine learning through dynamic Python bytecode
+#   transformation and graph compilation.* ASPLOS. Sections 3-5: TorchDynamo and TorchInductor.
