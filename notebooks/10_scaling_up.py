@@ -87,15 +87,19 @@ from tfmlib.train import fit
 
 run = setup(
     seed=0,
+    # smoke: a 1-layer, 32-wide model and short sweeps, seconds per section; the compile is skipped
+    # (~30-40 s on its own); the three torchrun launches (~5-15 s each, mostly starting Python and
+    # importing torch) are most of its ~25 s under pytest.
     smoke=dict(sentences=2_000, d_model=32, heads=2, layers=1, batch_size=16, block_len=32, packed_batch=8,
                attn_lengths=(32, 64, 128), attn_heads=2, attn_dk=16, attn_repeats=1, flash_len=64,
                flash_repeats=1, mp_steps=16, fp16_steps=8, mp_budget_s=None, time_steps=3, compile=False,
                thread_steps=2, matmul_n=256, ddp_steps=4, over_steps=2, ddp_global_batch=8, ddp_timeout_s=120,
                resume_steps=6, table_steps=3, lr=3e-3, ddp_sizes=(32, 2, 1, 32, 2_000)),
-    # cpu, one thread of a 2-core machine: the attention sweep ~10 s, the tiled attention ~5 s, two
-    # (three with fp16) 150-step runs at 30-60 ms a step ~20 s, torch.compile ~25 s for the first
-    # shape and as much again for the recompile with dynamic shapes, three torchrun launches of
-    # 30 steps ~15 s each, the table ~20 s: about 3-4 minutes in all.
+    # cpu, one thread of a 2-core machine, measured cell by cell: the attention sweep ~3 s, the tiled
+    # attention under 1 s, the fp32 and bf16 runs (150 steps at ~25-40 ms) and fp16's (40 steps at
+    # ~270 ms) ~20 s, torch.compile ~40-50 s from an empty cache, the three torchrun launches ~25 s,
+    # the table ~2 s: about 2 minutes in all (the compile was cut to one, with symbolic shapes, and
+    # the fp16 and oversubscribed runs to 40 and 10 steps, after a first version took 5 minutes).
     cpu=dict(sentences=20_000, d_model=128, heads=4, layers=2, batch_size=32, block_len=64, packed_batch=8,
              attn_lengths=(64, 128, 256, 512, 1024), attn_heads=4, attn_dk=32, attn_repeats=3, flash_len=256,
              flash_repeats=3, mp_steps=150, fp16_steps=40, mp_budget_s=None, time_steps=8, compile=True,
@@ -299,9 +303,9 @@ assert growth["explicit (ch. 05)"] > 0.5 * length_ratio**2, "the explicit path k
 # tile in on-chip memory never writes the matrix out. On this CPU (one thread, the committed `cpu`
 # run) the fused flash kernel was also the fastest at every length, and the gap grew with the
 # length: at $T = 1024$ the explicit attention took 243 ms, the math backend 139 ms and the flash
-# kernel 45 ms. Both fused and math paths skip the Python-level steps of chapter 05's version
-# (the mask built as a tensor, the softmax written out); the flash kernel also skips the tiles
-# above the diagonal and never writes the weights to memory.
+# kernel 45 ms. The math backend computes what chapter 05's version computes, in fewer and larger
+# operations; the flash kernel also skips the tiles above the diagonal and never writes the weights
+# to memory (section 2 shows how).
 #
 # ## 2. Why the fused kernels need less memory
 #
@@ -1380,4 +1384,5 @@ exercises.check("10.rank_indices", rank_indices)
 # * Chowdhery et al. (2022). *PaLM: scaling language modeling with pathways.* Appendix B: model FLOPs
 #   utilisation.
 # * Ansel et al. (2024). *PyTorch 2: faster machine learning through dynamic Python bytecode
-#   transformation and graph compilation.* ASPLOS. Sections 3-5: TorchDynamo and TorchInductor.
+#   transformation and graph compilation.* ASPLOS. Sections 3-5: TorchDynamo, TorchInductor and
+#   dynamic shapes.
