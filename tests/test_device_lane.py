@@ -12,6 +12,7 @@ optimiser step of each model family through ``fit``.
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -199,3 +200,117 @@ def test_one_fit_step_per_model_family(device, family):
     assert hist.epochs[0]["train_loss"] == pytest.approx(hist.step_loss[0])
     torch.testing.assert_close([p.detach().cpu() for p in model.parameters()],
                                [p.detach() for p in model_cpu.parameters()], atol=1e-4, rtol=1e-3)
+
+
+# --------------------------------------------------------------------------- chapter 10 on the device
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_tiled_attention_matches_sdpa_on_the_device(device, causal):
+    """FlashAttention's tiling in plain PyTorch (tfmlib.flash) against the device's own
+    F.scaled_dot_product_attention kernel, forward and backward, with padded keys and tiles that
+    do not divide the lengths."""
+    from tfmlib.flash import tiled_attention
+
+    g = torch.Generator().manual_seed(3)
+    B, h, T, d = 2, 2, 11, 8
+    q, k, v = (torch.randn(B, h, T, d, generator=g) for _ in range(3))
+    real = torch.ones(B, T, dtype=torch.bool)
+    real[1, 8:] = False                                       # three padded keys in the second row
+    upstream = torch.randn(B, h, T, d, generator=g)
+
+    def run(fn):
+        leaves = [t.to(device).requires_grad_() for t in (q, k, v)]
+        out = fn(*leaves)
+        grads = torch.autograd.grad(out, leaves, upstream.to(device))
+        return [out.detach().cpu(), *(gr.cpu() for gr in grads)]
+
+    def sdpa(q_, k_, v_):
+        mask = real.to(device)[:, None, None, :]               # (B, 1, 1, S): True = may attend
+        if causal:
+            mask = mask & torch.ones(T, T, dtype=torch.bool, device=device).tril()
+        return torch.nn.functional.scaled_dot_product_attention(q_, k_, v_, attn_mask=mask)
+
+    tiled = run(lambda q_, k_, v_: tiled_attention(q_, k_, v_, causal=causal,
+                                                   key_padding_mask=real.to(device), block_q=4, block_k=3))
+    reference = run(sdpa)
+    for name, a, b in zip(["output", "dq", "dk", "dv"], tiled, reference, strict=True):
+        torch.testing.assert_close(a, b, **TOL, msg=lambda m, name=name: f"{name} on {device}: {m}")
+    assert reference[0].abs().sum() > 0 and reference[1].abs().sum() > 0, "not a trivially zero case"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fit_with_precision_auto_on_the_device(device):
+    """fit(precision="auto"): the device's low precision for the matmuls (bf16 where supported,
+    fp16 with a gradient scaler on older GPUs), float32 weights, gradients and optimizer state, and a
+    first loss close to the float32 one from the same weights."""
+    from tfmlib.lm import DecoderLM
+    from tfmlib.precision import DTYPES, pick_precision
+    from tfmlib.rnn import lm_loss
+
+    precision = pick_precision(device, "auto")
+    g = torch.Generator().manual_seed(4)
+    tokens = torch.randint(4, 40, (6, 4, 13), generator=g)      # 6 batches of 4 blocks of 12 + 1 tokens
+    batches = [(b[:, :-1], b[:, 1:]) for b in tokens]
+    runs = {}
+    for name, prec in (("fp32", "fp32"), ("auto", "auto")):
+        torch.manual_seed(6)
+        model = DecoderLM(40, d_model=32, heads=2, layers=2, context=12, dropout=0.0)
+        seen: list[torch.dtype] = []
+        linear = next(m for m in model.modules() if isinstance(m, nn.Linear))
+        linear.register_forward_hook(lambda m, i, o, seen=seen: seen.append(o.dtype))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        hist = fit(model, batches, lm_loss, opt, epochs=1, device=device, precision=prec, verbose=False)
+        runs[name] = (model, opt, hist, seen)
+    model, opt, hist, seen = runs["auto"]
+    expected = DTYPES[precision]
+    assert set(seen) == {expected}, f"{device}: auto is {precision}, a linear layer computed in {set(seen)}"
+    assert set(runs["fp32"][3]) == {torch.float32}
+    assert all(p.dtype == torch.float32 and p.device.type == torch.device(device).type
+               for p in model.parameters()), "weights stay float32 on the device"
+    states = [t for s in opt.state.values() for t in s.values()
+              if isinstance(t, torch.Tensor) and t.dim() > 0]
+    assert states and all(t.dtype == torch.float32 for t in states), "Adam's moments stay float32"
+    assert len(hist.step_loss) == 6 and all(map(math.isfinite, hist.step_loss)), hist.step_loss
+    assert hist.step_loss[0] == pytest.approx(runs["fp32"][2].step_loss[0], rel=2e-2), (
+        f"{device}: the first {precision} loss is far from the float32 one")
+    assert hist.step_loss[-1] < hist.step_loss[0], f"{device}: {precision} training did not learn"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_resumed_run_on_the_device_ends_with_the_uninterrupted_weights(device, tmp_path):
+    """tests/test_resume.py's run (dropout, shuffled buckets, Adam, a warm-up schedule, accumulate=2)
+    trained on the device, stopped after 4 steps and resumed: the device's generators (dropout on a
+    GPU draws from the CUDA generator) and the optimizer's state come back from the file."""
+    import importlib.util
+    from pathlib import Path
+
+    fixture = Path(__file__).parent / "fixtures" / "resume_run.py"
+    spec = importlib.util.spec_from_file_location("resume_run", fixture)
+    resume_run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(resume_run)
+
+    def train(seed, **kwargs):
+        model, loader, loss_fn, optimizer, scheduler, base = resume_run.build(seed)
+        history = fit(model, loader, loss_fn, optimizer, scheduler=scheduler, device=device, verbose=False,
+                      **base, **kwargs)
+        return model, history
+
+    path = tmp_path / "state.pt"
+    full, full_hist = train(0)
+    _, first = train(0, checkpoint_path=path, max_steps=4)
+    assert len(first.step_loss) == 4
+    resumed, hist = train(1, checkpoint_path=path, resume=True)   # another seed: all must come from the file
+    assert hist.resumed_from_step == 4 and len(hist.step_loss) == len(full_hist.step_loss)
+    assert next(resumed.parameters()).device.type == torch.device(device).type
+    torch.testing.assert_close(hist.step_loss, full_hist.step_loss, rtol=1e-6, atol=0.0,
+                               msg=lambda m: f"losses after the resume on {device}: {m}")
+    for (name, a), b in zip(resumed.state_dict().items(), full.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7,
+                                   msg=lambda m, name=name: f"{name} on {device}: {m}")
+    # not trivially equal: the resumed run's own seed, trained from scratch, ends elsewhere
+    other, _ = train(1)
+    pairs = zip(other.state_dict().values(), full.state_dict().values(), strict=True)
+    assert any(not torch.allclose(a, b) for a, b in pairs), \
+        "seed 1 from scratch ends where seed 0 does: the comparison above would prove nothing"

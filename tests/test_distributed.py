@@ -31,6 +31,7 @@ from tfmlib.distributed import (
     read_torchrun_env,
     setup_distributed,
 )
+from tfmlib.train import fit
 
 ROOT = Path(__file__).resolve().parents[1]
 # small enough for CI (each launch is a few seconds, mostly importing torch), big enough to learn
@@ -174,3 +175,84 @@ def test_script_arguments():
     finally:
         torch.set_num_threads(threads)                   # main sets this process's threads
     assert result["world_size"] == 1 and len(result["step_loss"]) == 2 and "weights" not in result
+
+
+# A worker of the accumulation test below: rank RANK of 2 trains a float64 linear layer wrapped in
+# DistributedDataParallel through fit(accumulate=2) on its own micro-batches (unequal token counts)
+# and saves its weights and how many times DDP's all-reduce hook ran.
+_ACCUMULATE_WORKER = r"""
+import os, sys
+import torch
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
+from tfmlib.distributed import distributed
+from tfmlib.train import fit
+
+sys.path.insert(0, os.environ["TEST_DIR"])
+from test_distributed import _accumulation_batches, _mse_tokens
+
+torch.set_num_threads(1)
+with distributed("gloo", timeout_s=60) as ctx:
+    torch.manual_seed(0)
+    model = DistributedDataParallel(nn.Linear(4, 3).double())
+    calls = []
+    def counting_hook(state, bucket):
+        calls.append(1)
+        return default_hooks.allreduce_hook(state, bucket)
+    model.register_comm_hook(None, counting_hook)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    fit(model, _accumulation_batches()[ctx.rank], _mse_tokens, optimizer, epochs=1, accumulate=2,
+        clip_norm=None, verbose=False)
+    torch.save({"weights": {k: v.clone() for k, v in model.module.state_dict().items()},
+                "allreduce_calls": len(calls)}, os.environ["OUT"])
+"""
+
+
+def _accumulation_batches() -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Three micro-batches per rank, with 5, 2, 3 (rank 0) and 1, 6, 4 (rank 1) examples."""
+    g = torch.Generator().manual_seed(7)
+    sizes = [[5, 2, 3], [1, 6, 4]]
+    return [[(torch.randn(n, 4, generator=g, dtype=torch.float64),
+              torch.randn(n, 3, generator=g, dtype=torch.float64)) for n in rank] for rank in sizes]
+
+
+def _mse_tokens(model, batch):
+    x, y = batch
+    return ((model(x) - y) ** 2).sum(-1).mean(), x.shape[0]
+
+
+def test_ddp_accumulation_all_reduces_once_per_step_and_weights_tokens_over_ranks(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+               "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OUT": str(tmp_path / f"rank{rank}.pt"),
+               "TEST_DIR": str(Path(__file__).parent),
+               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        procs.append(subprocess.Popen([sys.executable, "-c", _ACCUMULATE_WORKER], cwd=ROOT, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    for p in procs:
+        out, _ = p.communicate(timeout=120)
+        assert p.returncode == 0, f"a DDP worker failed:\n{out[-3000:]}"
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    # the reference: one process, one step per global group (both ranks' micro-batches of the group)
+    batches = _accumulation_batches()
+    groups = [[batches[0][0], batches[0][1], batches[1][0], batches[1][1]], [batches[0][2], batches[1][2]]]
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(4, 3).double()
+    optimizer = torch.optim.SGD(ref.parameters(), lr=0.5)
+    big = [(torch.cat([x for x, _ in g]), torch.cat([y for _, y in g])) for g in groups]
+    fit(ref, big, _mse_tokens, optimizer, epochs=1, clip_norm=None, verbose=False)
+    for r, got in enumerate(ranks):
+        for k, v in ref.state_dict().items():
+            torch.testing.assert_close(got["weights"][k], v, rtol=1e-12, atol=1e-12,
+                                       msg=f"rank {r}: {k} differs from one step per global group")
+    # the 2 micro-batches of the full group: one all-reduce (the first ran in no_sync); the short group
+    # of one micro-batch ran in no_sync and was averaged by fit, outside DDP's hook
+    assert [got["allreduce_calls"] for got in ranks] == [1, 1], [got["allreduce_calls"] for got in ranks]

@@ -28,8 +28,11 @@ def mlp(seed=0):
 
 
 def fake_cuda(monkeypatch, bf16: bool):
+    """CUDA present; a GPU with native bf16 (Ampere+) or one without (a V100 or a T4), where
+    torch.cuda.is_bf16_supported() says True by default because bf16 runs there emulated."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported",
+                        lambda including_emulation=True: bf16 or including_emulation)
 
 
 def test_pick_precision_resolves_auto_per_device(monkeypatch):

@@ -56,14 +56,16 @@ def _device(device: torch.device | str) -> torch.device:
 def supports_bf16(device: torch.device | str) -> bool:
     """Whether autocast can compute in bfloat16 on ``device``.
 
-    CUDA: GPUs that support bf16 (Ampere, compute capability 8.0, and newer:
-    ``torch.cuda.is_bf16_supported()``). CPU: always (torch's CPU autocast supports bf16; it is
-    fast only on CPUs with bf16 instructions such as AVX512-BF16 or AMX, elsewhere it is emulated
-    and often slower than fp32). MPS: macOS 14 or newer. Any other device: ``False``.
+    CUDA: GPUs that compute in bf16 natively (Ampere, compute capability 8.0, and newer:
+    ``torch.cuda.is_bf16_supported(including_emulation=False)``; without that argument PyTorch
+    also says ``True`` on a V100 or a T4, where bf16 runs only emulated, slowly). CPU: always
+    (torch's CPU autocast supports bf16; it is fast only on CPUs with bf16 instructions such as
+    AVX512-BF16 or AMX, elsewhere it is emulated and often slower than fp32). MPS: macOS 14 or
+    newer. Any other device: ``False``.
     """
     device = _device(device)
     if device.type == "cuda":
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
     if device.type == "cpu":
         return True
     if device.type == "mps":

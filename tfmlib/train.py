@@ -141,6 +141,15 @@ def _epoch_sampler(loader: Any) -> Any:
     return None
 
 
+def _ddp_world_size(model: nn.Module) -> int | None:
+    """The world size when ``model`` is a ``DistributedDataParallel`` (possibly inside
+    ``torch.compile``'s wrapper) and a process group is running, else ``None``."""
+    inner = getattr(model, "_orig_mod", model)
+    if isinstance(inner, nn.parallel.DistributedDataParallel) and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size()
+    return None
+
+
 def fit(
     model: nn.Module,
     loader: Any,
@@ -198,6 +207,13 @@ def fit(
       summed gradients are divided by the group's token count before clipping (no host read, also
       with tensor counts). The last, shorter group of an epoch still steps. ``step_loss``,
       ``max_steps``, ``eval_every``, ``checkpoint_every`` and the scheduler count optimiser steps.
+      Under ``DistributedDataParallel`` the first ``k - 1`` batches of a group run inside the
+      model's ``no_sync()`` (their gradients are summed locally, and the gradients are all-reduced
+      once per step, not ``k`` times), and the divisor is the group's token count summed over the
+      ranks (divided by the world size, since DDP averages): each rank divides by the same number,
+      and the step equals one step on the global group even when the ranks' token counts differ.
+      (A group cut short by the end of an epoch has its gradients all-reduced explicitly.) Without
+      accumulation DDP averages the ranks' mean losses, weighting each rank equally.
     * ``checkpoint_path``: write a training state there (:mod:`tfmlib.resume`: model, optimizer,
       scheduler, scaler, random number generators, data position, History, training time and the
       settings that must match) every ``checkpoint_every`` optimiser steps and when training ends,
@@ -262,6 +278,7 @@ def fit(
     settings = {"epochs": epochs, "accumulate": accumulate, "precision": precision, "clip_norm": clip_norm,
                 "scheduler": type(scheduler).__name__ if scheduler is not None else None}
     model.to(device)
+    ddp_world = _ddp_world_size(model) if accumulate > 1 else None
     history = History()
     start, steps, stop = time.perf_counter(), 0, False
     eval_seconds = 0.0  # time spent in eval_fn, kept out of the training time
@@ -343,7 +360,12 @@ def fit(
         if scaler is not None:
             scaler.unscale_(optimizer)
         if group_tokens is not None:
-            divisor = _at_least_one(group_tokens)
+            if ddp_world is not None:  # the same divisor on every rank: the global group's tokens / W
+                total = torch.as_tensor(group_tokens, device=device).to(torch.float64).reshape(1)
+                torch.distributed.all_reduce(total)
+                divisor: int | torch.Tensor = total[0].clamp(min=1) / ddp_world
+            else:
+                divisor = _at_least_one(group_tokens)
             for p in model.parameters():
                 if p.grad is not None:
                     p.grad.div_(divisor)
@@ -421,7 +443,10 @@ def fit(
 
         for batch in batches if not stop else ():
             batch = move_to(batch, device)
-            with amp():
+            # DDP: the batches of a group before its last only accumulate their gradients locally
+            # (DDP decides in the forward pass whether the backward all-reduces)
+            local_only = ddp_world is not None and micro < accumulate - 1
+            with model.no_sync() if local_only else contextlib.nullcontext(), amp():  # type: ignore[operator]
                 loss, n_tokens = loss_fn(model, batch)
             if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
                 got = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
@@ -448,7 +473,8 @@ def fit(
                 group_loss = group_loss + loss.detach().to(group_loss.dtype) * n_tokens
                 group_tokens = group_tokens + n_tokens
             weighted = loss * n_tokens  # summed over the group, then divided by its token count
-            (weighted if scaler is None else scaler.scale(weighted)).backward()
+            with model.no_sync() if local_only else contextlib.nullcontext():  # type: ignore[operator]
+                (weighted if scaler is None else scaler.scale(weighted)).backward()
             micro += 1
             if micro == accumulate:
                 end_group(group_loss, group_tokens)
@@ -457,6 +483,11 @@ def fit(
                 if stop:
                     break
         if micro > 0:  # the last, shorter group of the epoch
+            if ddp_world is not None:  # its batches all ran in no_sync: average the gradients here
+                for p in model.parameters():
+                    if p.grad is not None:
+                        torch.distributed.all_reduce(p.grad)
+                        p.grad.div_(ddp_world)
             end_group(group_loss, group_tokens)
             stop = after_step(bar, epoch, batches_done, t0, eval_seconds_at_t0)
         read_pending(bar)
