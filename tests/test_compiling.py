@@ -2,6 +2,7 @@
 where it cannot; the first call's seconds reported either way."""
 
 import os
+import random
 import shutil
 
 import pytest
@@ -79,3 +80,26 @@ def test_a_real_compile_of_a_tiny_module():
     torch.testing.assert_close(chosen(x), model(x)), "the compiled module must compute the same"
     assert set(dict(chosen.named_parameters())) == {f"_orig_mod.{n}" for n, _ in model.named_parameters()}
     assert next(chosen.parameters()) is next(model.parameters()), "the compiled module shares the weights"
+
+
+@pytest.mark.parametrize("works", [True, False])
+def test_the_trial_leaves_the_random_generators_as_they_were(works):
+    """A trial step with dropout draws random numbers; the run after compile_or_fallback must draw
+    the ones an eager run from the same seed draws (compiled or fallen back)."""
+    def trial(m):
+        torch.nn.functional.dropout(torch.ones(100), 0.5)
+        random.random()
+        _step(m)
+        if not works:
+            raise RuntimeError("no compiler here")
+
+    model = _tiny()
+    torch.manual_seed(11)
+    random.seed(11)
+    expected = (torch.rand(4), random.random())
+    torch.manual_seed(11)
+    random.seed(11)
+    _, note = compile_or_fallback(model, trial, compiler=lambda m: m)
+    assert note.compiled is works, note
+    got = (torch.rand(4), random.random())
+    assert torch.equal(got[0], expected[0]) and got[1] == expected[1], "the trial's draws leaked into the run"

@@ -78,14 +78,21 @@ def compile_or_fallback(model: nn.Module, trial: Callable[[nn.Module], object],
     ``seconds`` and ``error``. ``report.seconds`` is the
     wall time of ``compiler(model)`` and the trial, which is where the compiling happens
     (``device``, when given, is synchronised before the clock stops). Any exception from the
-    compiler or the trial means "train eagerly"; the trial's gradients are cleared either way, so
-    the trial step leaves no trace on the training run (it does not step an optimiser).
+    compiler or the trial means "train eagerly". The trial leaves no trace on the training run:
+    its gradients are cleared either way, it steps no optimiser, and the random number generators
+    (Python's, NumPy's, torch's CPU and CUDA/MPS ones, :func:`tfmlib.resume.capture_rng_state`)
+    are put back as they were before it, so that the dropout masks of the run that follows are
+    those an eager run from the same seed would draw (buffers a trial updates, such as a batch
+    norm's running statistics, are not restored: pass a trial that leaves them alone).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"compile_or_fallback: model must be an nn.Module, got {type(model).__name__}")
     if not callable(trial):
         raise TypeError(f"compile_or_fallback: trial must be callable, got {type(trial).__name__}")
+    from tfmlib.resume import capture_rng_state, restore_rng_state
+
     compiler = compiler or default_compiler
+    rng = capture_rng_state()
     start = time.perf_counter()
     try:
         compiled = compiler(model)
@@ -94,12 +101,14 @@ def compile_or_fallback(model: nn.Module, trial: Callable[[nn.Module], object],
             synchronize(device)
     except Exception as e:  # noqa: BLE001  (any failure to compile means: train eagerly)
         seconds = time.perf_counter() - start
+        restore_rng_state(rng)
         for p in model.parameters():
             p.grad = None
         lines = str(e).strip().splitlines()
         error = f"{type(e).__name__}: {lines[0][:200] if lines else '(no message)'}"
         return model, CompileReport(compiled=False, seconds=seconds, error=error)
     seconds = time.perf_counter() - start
+    restore_rng_state(rng)
     for p in model.parameters():
         p.grad = None
     return compiled, CompileReport(compiled=True, seconds=seconds)
