@@ -62,5 +62,10 @@ def test_errors():
         pack_sequences([[5, 6], [7]], 5)
     with pytest.raises(ValueError, match="PAD id"):
         pack_sequences([[5, PAD_ID, 6]], 1)
-    with pytest.raises(TypeError, match="sequence of id sequences"):
+    with pytest.raises(TypeError, match="^pack_sequences: seqs must be a sequence of id sequences"):
         pack_sequences("abc", 1)
+    # each public function names itself in its errors
+    with pytest.raises(ValueError, match="^packed_stream: seqs is empty"):
+        packed_stream([])
+    with pytest.raises(ValueError, match=r"^PackedBlocks|^pack_sequences: seqs\[0\] is empty"):
+        PackedBlocks([[]], 2)

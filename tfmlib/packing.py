@@ -42,17 +42,22 @@ def packed_stream(seqs: Sequence[Sequence[int]], *, eos_id: int = EOS_ID) -> lis
     ``ValueError`` for no sentences, an empty sentence, or a ``PAD`` id inside a sentence (a packed
     target that is ``PAD`` would silently drop out of :func:`tfmlib.rnn.lm_loss`).
     """
+    return _stream(seqs, eos_id, "packed_stream")
+
+
+def _stream(seqs: Sequence[Sequence[int]], eos_id: int, who: str) -> list[int]:
+    """:func:`packed_stream`, its errors naming ``who`` (the public function called)."""
     if isinstance(seqs, (str, bytes)) or not isinstance(seqs, Sequence):
-        raise TypeError(f"pack_sequences: seqs must be a sequence of id sequences, got {type(seqs).__name__}")
+        raise TypeError(f"{who}: seqs must be a sequence of id sequences, got {type(seqs).__name__}")
     if len(seqs) == 0:
-        raise ValueError("pack_sequences: seqs is empty (nothing to pack)")
+        raise ValueError(f"{who}: seqs is empty (nothing to pack)")
     stream: list[int] = []
     for i, seq in enumerate(seqs):
         ids = seq.tolist() if isinstance(seq, Tensor) else list(seq)
         if not ids:
-            raise ValueError(f"pack_sequences: seqs[{i}] is empty")
+            raise ValueError(f"{who}: seqs[{i}] is empty")
         if PAD_ID in ids:
-            raise ValueError(f"pack_sequences: seqs[{i}] contains the PAD id {PAD_ID}; packed blocks have "
+            raise ValueError(f"{who}: seqs[{i}] contains the PAD id {PAD_ID}; packed blocks have "
                              "no padding and lm_loss would ignore those targets")
         stream.extend(ids)
         stream.append(eos_id)
@@ -73,7 +78,7 @@ def pack_sequences(seqs: Sequence[Sequence[int]], block_len: int, *, eos_id: int
     """
     if not isinstance(block_len, int) or isinstance(block_len, bool) or block_len < 1:
         raise ValueError(f"pack_sequences: block_len must be an int >= 1, got {block_len!r}")
-    stream = packed_stream(seqs, eos_id=eos_id)
+    stream = _stream(seqs, eos_id, "pack_sequences")
     row = block_len + 1
     n_blocks = len(stream) // row
     if n_blocks == 0:
@@ -91,7 +96,7 @@ class PackedBlocks(Dataset):
     stream's tail did not fill a block; ``stream_tokens`` the length of the stream.
     """
 
-    def __init__(self, seqs: Sequence[Sequence[int]], block_len: int, *, eos_id: int = EOS_ID):
+    def __init__(self, seqs: Sequence[Sequence[int]], block_len: int, *, eos_id: int = EOS_ID) -> None:
         self.rows = pack_sequences(seqs, block_len, eos_id=eos_id)       # (N, L + 1)
         self.block_len = block_len
         self.stream_tokens = len(seqs) + sum(len(s) for s in seqs)
