@@ -210,9 +210,10 @@ with distributed("gloo", timeout_s=60) as ctx:
 
 
 def _accumulation_batches() -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
-    """Three micro-batches per rank, with 5, 2, 3 (rank 0) and 1, 6, 4 (rank 1) examples."""
+    """Three micro-batches per rank, with 5, 2, 3 (rank 0) and 1, 8, 4 (rank 1) examples: the groups of
+    accumulate=2 hold 7 and 9 tokens, then 3 and 4."""
     g = torch.Generator().manual_seed(7)
-    sizes = [[5, 2, 3], [1, 6, 4]]
+    sizes = [[5, 2, 3], [1, 8, 4]]
     return [[(torch.randn(n, 4, generator=g, dtype=torch.float64),
               torch.randn(n, 3, generator=g, dtype=torch.float64)) for n in rank] for rank in sizes]
 
