@@ -44,7 +44,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tfmlib.train import CheckpointError, state_mismatch, write_atomically
+from tfmlib.train import CheckpointError, read_safely, state_mismatch, write_atomically
 
 INTRODUCED_IN = 10
 
@@ -242,12 +242,7 @@ def load_training_state(
     ``settings`` differ from the saved ones (every difference listed).
     """
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"no training state at {path}")
-    try:
-        payload = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:  # truncated file, not a zip, unpickling refused...
-        raise CheckpointError(f"{path} is not a readable training state ({type(e).__name__}: {e})") from e
+    payload = read_safely(path, "training state", map_location)
     if not isinstance(payload, dict) or payload.get("format") != STATE_FORMAT:
         what = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
         raise CheckpointError(f"{path} is not a {STATE_FORMAT} file (it holds {what!r}; a model "

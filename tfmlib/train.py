@@ -620,6 +620,19 @@ def save_checkpoint(
     return write_atomically(payload, path)
 
 
+def read_safely(path: str | Path, what: str, map_location: str | torch.device = "cpu") -> Any:
+    """``torch.load(path, weights_only=True)``: loading never runs code from the file. Raises
+    :class:`CheckpointError` naming ``what`` (e.g. ``"checkpoint"``) for a missing file and for one
+    that cannot be read (truncated, not a zip, holding objects ``weights_only`` refuses)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no {what} at {path}")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # truncated file, not a zip, unpickling refused...
+        raise CheckpointError(f"{path} is not a readable {what} ({type(e).__name__}: {e})") from e
+
+
 def write_atomically(payload: Any, path: str | Path) -> Path:
     """``torch.save(payload)`` to ``path`` through a temporary file in the same folder moved into
     place with ``os.replace``; the folder is created if missing. Returns ``path``."""
@@ -683,12 +696,7 @@ def load_checkpoint(
     differ from ``model``'s (the message lists them).
     """
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"no checkpoint at {path}")
-    try:
-        payload = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:  # truncated file, not a zip, unpickling refused...
-        raise CheckpointError(f"{path} is not a readable checkpoint ({type(e).__name__}: {e})") from e
+    payload = read_safely(path, "checkpoint", map_location)
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{path} is not a {CHECKPOINT_FORMAT} file")
     try:
