@@ -82,6 +82,7 @@ def test_peak_table_and_mfu():
     cuda = torch.device("cuda")
     assert peak_flops(cuda, "bf16", name="NVIDIA H100 80GB HBM3") == 989e12
     assert peak_flops(cuda, "bf16", name="NVIDIA H100 PCIe") == 756e12, "PCIe must not match SXM"
+    assert peak_flops(cuda, "bf16", name="NVIDIA H100 NVL") == 835e12, "NVL must not match SXM"
     assert peak_flops(cuda, "bf16", name="Tesla T4") is None, "a T4 has no bf16 tensor cores"
     assert peak_flops(torch.device("cpu"), "fp32") is None
     with pytest.raises(ValueError, match="precision must be"):

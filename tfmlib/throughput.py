@@ -71,6 +71,7 @@ __all__ = [
 # "fp32" the plain (non-TF32) rate that fp32 matmuls get by default in PyTorch.
 PEAK_FLOPS: list[tuple[str, dict[str, float | None]]] = [
     ("H100 PCIe", {"bf16": 756e12, "fp16": 756e12, "fp32": 51e12}),
+    ("H100 NVL", {"bf16": 835e12, "fp16": 835e12, "fp32": 60e12}),
     ("H100", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),         # SXM
     ("H200", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
     ("A100", {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12}),
