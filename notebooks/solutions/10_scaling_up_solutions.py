@@ -137,17 +137,17 @@ assert (gradient([0.5, 0.5]) - big).abs().max() > 1e-6, "1/N does not, with uneq
 # real `DecoderLM` (a fraction of a percent more, printed below).
 
 # %%
-def mfu(*, vocab: int, d_model: int, layers: int, d_ff: int, context: int, tokens_per_s: float,
-        peak: float) -> tuple[float, float]:
+def flops_and_mfu(*, vocab: int, d_model: int, layers: int, d_ff: int, context: int, tokens_per_s: float,
+                  peak: float) -> tuple[float, float]:
     n = layers * (4 * d_model * d_model + 2 * d_model * d_ff) + d_model * vocab
     flops_per_token = 6 * n + 12 * layers * d_model * context
     return flops_per_token, tokens_per_s * flops_per_token / peak
 
 
-exercises.check("10.mfu", mfu, must_pass=True)
+exercises.check("10.mfu", flops_and_mfu, must_pass=True)
 
 gpt2 = dict(vocab=50304, d_model=768, layers=12, d_ff=3072, context=1024)
-mine, _ = mfu(**gpt2, tokens_per_s=1.0, peak=1.0)
+mine, _ = flops_and_mfu(**gpt2, tokens_per_s=1.0, peak=1.0)
 with torch.device("meta"):
     lm = DecoderLM(gpt2["vocab"], d_model=768, heads=12, layers=12, d_ff=3072, context=1024)
 package = lm_flops_per_token(lm, 1024)

@@ -41,8 +41,9 @@ def _as_triple(out: Any) -> Triple:
 
 
 @checker("10.merge_softmax_states", hint="section 2: each side's sum l and output were computed relative to "
-         "its own max; bring both to the common max (multiply each side by e to the power of its max minus "
-         "the new one) before adding, and weight each side's output by its rescaled share of the total sum")
+         "its own max, so they cannot simply be added; the online softmax's update shows how a sum moves "
+         "to a larger max, and the output of both blocks is a weighted mean of the two sides' outputs "
+         "(ask what each side's weight must be); try a block whose keys are all masked")
 def _check_merge_softmax_states(merge: Callable[..., Triple]) -> None:
     g = torch.Generator().manual_seed(10)
     cases = [(1, 3, 4, 5, 2, 1.0), (2, 5, 7, 3, 4, 4.0), (3, 4, 6, 6, 3, 12.0), (1, 2, 1, 1, 5, 30.0)]
@@ -111,9 +112,9 @@ def _targets(g: torch.Generator, rows: int, length: int, real_lengths: Sequence[
     return t
 
 
-@checker("10.accumulation_weights", hint="section 8: the loss of one big batch is a mean over its real "
-         "target tokens (padding does not count); each micro-batch's mean loss stands for its own "
-         "real tokens, so its weight is its share of all the real tokens in the group")
+@checker("10.accumulation_weights", hint="section 8: write the big batch's loss out as a mean over what it "
+         "averages, then write each micro-batch's mean loss the same way, and compare; mind what the "
+         "padding contributes")
 def _check_accumulation_weights(weights_fn: Callable[[list[torch.Tensor]], Any]) -> None:
     g = torch.Generator().manual_seed(3)
     groups = [
