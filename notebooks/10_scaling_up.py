@@ -302,8 +302,8 @@ assert growth["explicit (ch. 05)"] > 0.5 * length_ratio**2, "the explicit path k
 # there is limited by reading and writing memory, not by arithmetic, and a kernel that keeps each
 # tile in on-chip memory never writes the matrix out. On this CPU (one thread, the committed `cpu`
 # run) the fused flash kernel was also the fastest at every length, and the gap grew with the
-# length: at $T = 1024$ the explicit attention took 243 ms, the math backend 139 ms and the flash
-# kernel 45 ms. The math backend computes what chapter 05's version computes, in fewer and larger
+# length: at $T = 1024$ the explicit attention took 298 ms, the math backend 150 ms and the flash
+# kernel 43 ms. The math backend computes what chapter 05's version computes, in fewer and larger
 # operations; the flash kernel also skips the tiles above the diagonal and never writes the weights
 # to memory (section 2 shows how).
 #
@@ -599,8 +599,8 @@ print(f"T = {T_check}: {tiles[64]} tiles of 64 x 64 and {tiles[16]} of 16 x 16 c
 # $(B, h, T, T)$ tensors. Its time is the price of writing it in Python: every tile is a few
 # PyTorch calls (two small matrix products, the exponentials, the rescaling), each with its own
 # overhead. With 64 x 64 tiles a sequence of 256 has only 10 tiles on or below the diagonal, and
-# the tiled attention ran about as fast as the explicit one (6.5 against 6.4 ms, 1.7x the fused
-# kernel); with 16 x 16 tiles there are 136, and it took 26 ms, 6.9x the fused kernel. A GPU kernel
+# the tiled attention ran about as fast as the explicit one (6.8 against 6.6 ms, 1.7x the fused
+# kernel); with 16 x 16 tiles there are 136, and it took 25 ms, 6.3x the fused kernel. A GPU kernel
 # runs the same loops with the tiles in registers and on-chip memory, one launch for the whole
 # computation. So this is the algorithm, readable and checked, not a way to train; `tfmlib` trains
 # with `F.scaled_dot_product_attention`. (`tests/test_flash.py` checks the same equalities in
@@ -729,9 +729,9 @@ assert seen["parameters"] == seen["gradients"] == seen["AdamW state (exp_avg)"] 
 # cross-entropy is on autocast's float32 list. Which other operations are on it depends on the
 # device: on this CPU the attention softmax and the log-softmax of the logits stayed in bf16 (the
 # CPU's float32 list is shorter than CUDA's; on CUDA both are on it, and a `gpu` run prints
-# float32 there). The
-# parameters, their gradients and AdamW's moments are float32: the optimizer adds small updates to
-# full-precision weights, which is what keeps bf16 training close to fp32 in the curves above.
+# float32 there). The parameters, their gradients and AdamW's moments are float32: the optimizer
+# adds small updates to full-precision weights, which is what keeps bf16 training close to fp32 in
+# the curves above.
 #
 # **fp16 and the gradient scaler.** float16's range is the problem, not its precision: a gradient
 # smaller than about $6 \times 10^{-8}$ (fp16's smallest subnormal) becomes zero. Micikevicius et
@@ -790,7 +790,7 @@ for p in precisions[1:]:
 # On a CPU it depends on the instructions the processor has: bf16 products need AVX512-BF16 or AMX
 # to be fast, and without them they are emulated and slower than float32. This machine has
 # AVX512-BF16 (section 6 measures a large bf16 matrix product at about twice fp32's rate), but the
-# step of this small model gained only 1.07x in bf16: its matrices are small, and a good part of a
+# step of this small model gained only 1.03x in bf16: its matrices are small, and a good part of a
 # step is not matrix products at all (the casts autocast adds, the optimizer, Python). fp16 took
 # 10 times as long as fp32 here: this CPU has no fast fp16 products. On a GPU with bf16 matrix
 # units the bf16 step is several times faster than the fp32 one at GPT-2's size.
@@ -858,10 +858,10 @@ else:
     print(f"trained eagerly ({report}); both rows time the same eager model")
 
 # %% [markdown]
-# The first line is the compile: 41 s for the first step, forward and backward, in the committed
+# The first line is the compile: 37 s for the first step, forward and backward, in the committed
 # run. The calls with new lengths after it took hundredths of a second: the symbolic graph covers
-# them. Then the steady state: here the compiled step was not faster than the eager one (17.7
-# against 17.1 ms), so the compile never pays for itself on this machine and model. Inductor's CPU
+# them. Then the steady state: here the compiled step was not faster than the eager one (18.3
+# against 16.7 ms), so the compile never pays for itself on this machine and model. Inductor's CPU
 # code fuses element-wise chains, but a step of this model is dominated by matrix products that
 # both versions hand to the same library. On a GPU, where a small model's step is dominated by
 # launching many small kernels, fusing them saves a large share of each step, and a long run pays
@@ -901,10 +901,12 @@ print(f"2 threads / 1 thread: {t['1 thread'] / t['2 threads']:.2f}x the speed on
 # With two idle cores, two threads approach twice the speed only for large matrix products; a step
 # of a small model is partly Python and small operations that one thread runs as fast as two. And
 # the cores must be idle: this machine was shared with other work during the committed run (the
-# load average printed above, 2.4 on 2 cores, means about two runnable processes besides this
-# one), and two threads made the step *25 times slower* (0.04x). The threads of an operation wait
-# for each other at its end; when one of them is descheduled because the other core is busy, the
-# whole operation waits for it. **Several processes** make the same mistake easy. The script of section 7,
+# load average printed above, 1.2 on 2 cores, says the other core was busy much of the time), and
+# the second thread made the step only 1.10x faster. The threads of an operation wait for each
+# other at its end; when one of them is descheduled because its core is busy, the whole operation
+# waits for it, so a second thread helps only as much as a second core is free.
+#
+# **Several processes** make the same mistake easy. The script of section 7,
 # `python -m tfmlib.ddp_train`, trains the same kind of model in one or more processes launched by
 # `torchrun`, each with `--threads` threads. Two processes with one thread each use the two cores;
 # two processes with two threads each ask for four threads on two cores (*oversubscription*): the
@@ -946,7 +948,7 @@ print(f"2 x 1 thread / 2 x 2 threads: {over:.2f}x the tokens per second")
 
 # %% [markdown]
 # The third line is the oversubscribed one: four threads on two cores (already busy with other
-# work), 22.5 times fewer tokens per second than two processes with one thread each. PyTorch's
+# work), 7.1 times fewer tokens per second than two processes with one thread each. PyTorch's
 # `torchrun` sets `OMP_NUM_THREADS=1` for each process when it starts more than one, for this
 # reason, and the script's default for `--threads` is the cores divided by the processes per
 # machine. The same rule holds for data-loading workers, test runners and notebooks run side by side:
@@ -996,7 +998,7 @@ print(f"GPT-2 small's shape (d 768, 12 layers, T 1024, this vocabulary): {gpt2_f
 
 # %% [markdown]
 # The small model reached about half of what the same thread does on one large matrix product
-# (49% in the committed run): its matrices are small (a 128-wide layer multiplies 512 rows by 128
+# (54% in the committed run): its matrices are small (a 128-wide layer multiplies 512 rows by 128
 # columns), and a step also runs layer norms, the softmax, the optimizer and Python, which do few
 # FLOPs for the time they take. That ratio is the MFU against the machine's reachable peak; against
 # a datasheet peak (a GPU's, which `peak_flops` knows) it is the number papers report (PaLM trained
@@ -1236,18 +1238,21 @@ plt.show()
 # each step's own factor. On this CPU (one thread for the first five rows, a machine shared with
 # other work), with a model this small and sentences of 13 tokens on average:
 #
-# * fused attention helped a little (1.05x): at 13 tokens attention is a small part of a step, so
+# * fused attention helped a little (1.02x): at 13 tokens attention is a small part of a step, so
 #   section 1's large gains at long lengths do not show;
-# * bf16 helped a little (1.11x), as in section 3;
-# * `torch.compile` did not help (0.89x), as in section 4;
-# * packed blocks *lowered* the tokens per second (0.76x). Chapter 09's bucketed batches already
+# * bf16 helped a little (1.12x), as in section 3;
+# * `torch.compile` did not help (0.92x), as in section 4;
+# * packed blocks *lowered* the tokens per second (0.83x). Chapter 09's bucketed batches already
 #   carry almost no padding here (1.3%, printed), so there was nothing to remove, and a block of 64
 #   tokens costs more per token than a sentence of 13 (attention over 64 keys instead of about 13).
 #   Packing pays where padding is large, and it is what makes a fixed context of 1024 tokens
 #   possible at all with sentences this short; the table measures speed, not what the model learns
 #   from longer contexts;
-# * two processes with one thread each gave 1.09x the script's one-process rate: the second core
-#   was not free (other work), and the all-reduce of every step costs time.
+# * two processes with one thread each gave 1.05x the script's one-process rate: the second core
+#   was not free (the load average printed with the table), and the all-reduce of every step costs
+#   time. (The script's own rates, 12,897 and 13,596 tokens/s, are lower than the in-process rows:
+#   it counts every step from the first, warm-up included, in `fit`'s training time, where the rows
+#   above are medians after warm-up steps; its two runs are to be compared with each other.)
 #
 # On a GPU at GPT-2's size each of these steps is expected to be a large factor instead (fused
 # attention avoids the memory traffic of the $T \times T$ matrix, bf16 uses the tensor cores,
@@ -1271,7 +1276,7 @@ plt.show()
 #   `compile_or_fallback` trains eagerly, and says so, where it cannot compile.
 # * Threads: one process's `set_num_threads` speeds up large operations on idle cores; threads
 #   that outnumber the free cores (busy cores, or several processes each taking all of them) slow
-#   every operation down, here by an order of magnitude.
+#   every operation down, here about sevenfold.
 # * MFU relates tokens per second to a peak: $6N$ plus attention FLOPs per token, against a datasheet
 #   or a measured matmul peak.
 # * `torchrun` + `DistributedSampler` + DDP: two processes compute the same run as one with the same
