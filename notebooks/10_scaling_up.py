@@ -94,17 +94,22 @@ run = setup(
                attn_lengths=(32, 64, 128), attn_heads=2, attn_dk=16, attn_repeats=1, flash_len=64,
                flash_repeats=1, mp_steps=16, fp16_steps=8, mp_budget_s=None, time_steps=3, compile=False,
                thread_steps=2, matmul_n=256, ddp_steps=4, over_steps=2, ddp_global_batch=8, ddp_timeout_s=120,
-               resume_steps=6, table_steps=3, lr=3e-3, ddp_sizes=(32, 2, 1, 32, 2_000)),
+               resume_steps=6, table_steps=3, lr=3e-3, ddp_sizes=(32, 2, 1, 32, 2_000), mp_seeds=(1,),
+               rounds=1, resume_budget_s=None),
     # cpu, one thread of a 2-core machine, measured cell by cell: the attention sweep ~3 s, the tiled
     # attention under 1 s, the fp32 and bf16 runs (150 steps at ~25-40 ms) and fp16's (40 steps at
     # ~270 ms) ~20 s, torch.compile ~40-50 s from an empty cache, the three torchrun launches ~25 s,
     # the table ~2 s: about 2 minutes in all (the compile was cut to one, with symbolic shapes, and
     # the fp16 and oversubscribed runs to 40 and 10 steps, after a first version took 5 minutes).
+    # The second reader's additions: three more seeds of fp32 and bf16 (mp_seeds, ~30 s), the threads
+    # with a spinning process (~10 s), the table in 3 rounds with 3 reference rows (~15 s): 2 min 46 s
+    # in the committed run, at a load average of 2-3 from other work.
     cpu=dict(sentences=20_000, d_model=128, heads=4, layers=2, batch_size=32, block_len=64, packed_batch=8,
              attn_lengths=(64, 128, 256, 512, 1024), attn_heads=4, attn_dk=32, attn_repeats=3, flash_len=256,
              flash_repeats=3, mp_steps=150, fp16_steps=40, mp_budget_s=None, time_steps=8, compile=True,
              thread_steps=6, matmul_n=1024, ddp_steps=30, over_steps=10, ddp_global_batch=16, ddp_timeout_s=300,
-             resume_steps=20, table_steps=8, lr=3e-3, ddp_sizes=(128, 4, 2, 64, 20_000)),
+             resume_steps=20, table_steps=8, lr=3e-3, ddp_sizes=(128, 4, 2, 64, 20_000), mp_seeds=(1, 2, 3),
+             rounds=3, resume_budget_s=None),
     # gpu, an estimate (nobody could run it where this was written): chapter 09's model at GPT-2
     # small's size, d_model 768, 12 layers, 12 heads, context 1024, bf16. It costs about
     # 6 N + 12 L d T = 0.62 GFLOP per training token (section 6 prints it); at an assumed 35-40% of an
@@ -114,12 +119,15 @@ run = setup(
     # of training (mp_budget_s), the compile section and the table take a few dozen steps each, the
     # compiles of a model this size ~1-2 minutes; the torchrun runs use the CPU's gloo backend at the
     # cpu profile's sizes (ddp_sizes: d_model, heads, layers, block, sentences), since two processes
-    # cannot share one GPU: about 5-6 minutes in all, most of it compiling.
+    # cannot share one GPU: about 5-6 minutes in all, most of it compiling. No extra seeds for the
+    # precision comparison (mp_seeds: each pair of runs would cost another minute); the resumable run
+    # (20 steps, ~1 s) is capped at resume_budget_s; the table's 3 rounds of 10 steps take seconds.
     gpu=dict(sentences=50_000, d_model=768, heads=12, layers=12, batch_size=64, block_len=1024, packed_batch=16,
              attn_lengths=(512, 1024, 2048, 4096, 8192), attn_heads=12, attn_dk=64, attn_repeats=5,
              flash_len=1024, flash_repeats=3, mp_steps=300, fp16_steps=300, mp_budget_s=30.0, time_steps=10, compile=True,
              thread_steps=6, matmul_n=8192, ddp_steps=30, over_steps=10, ddp_global_batch=16, ddp_timeout_s=300,
-             resume_steps=20, table_steps=10, lr=6e-4, ddp_sizes=(128, 4, 2, 64, 20_000)),
+             resume_steps=20, table_steps=10, lr=6e-4, ddp_sizes=(128, 4, 2, 64, 20_000), mp_seeds=(),
+             rounds=3, resume_budget_s=120.0),
 )
 print(f"torch {torch.__version__}; device {run.device}; CPU threads in this process: {torch.get_num_threads()}; "
       f"cores on this machine: {os.cpu_count()}")
@@ -302,8 +310,8 @@ assert growth["explicit (ch. 05)"] > 0.5 * length_ratio**2, "the explicit path k
 # there is limited by reading and writing memory, not by arithmetic, and a kernel that keeps each
 # tile in on-chip memory never writes the matrix out. On this CPU (one thread, the committed `cpu`
 # run) the fused flash kernel was also the fastest at every length, and the gap grew with the
-# length: at $T = 1024$ the explicit attention took 298 ms, the math backend 150 ms and the flash
-# kernel 43 ms. The math backend computes what chapter 05's version computes, in fewer and larger
+# length: at $T = 1024$ the explicit attention took 242 ms, the math backend 136 ms and the flash
+# kernel 44 ms. The math backend computes what chapter 05's version computes, in fewer and larger
 # operations; the flash kernel also skips the tiles above the diagonal and never writes the weights
 # to memory (section 2 shows how).
 #
@@ -595,12 +603,13 @@ print(f"T = {T_check}: {tiles[64]} tiles of 64 x 64 and {tiles[16]} of 16 x 16 c
 
 # %% [markdown]
 # The tiled attention keeps what grows like $T$ (doubling the length doubled it, x2.00), and none
-# of its saved tensors is $T \times T$, while the explicit attention's grew x3.72 and holds three
-# $(B, h, T, T)$ tensors. Its time is the price of writing it in Python: every tile is a few
+# of its saved tensors is $T \times T$, while the explicit attention's grew x3.72 and four of its
+# saved tensors are $T \times T$ per head (three of shape $(B, h, T, T)$, one $(B h, T, T)$, the batched
+# product's view). Its time is the price of writing it in Python: every tile is a few
 # PyTorch calls (two small matrix products, the exponentials, the rescaling), each with its own
 # overhead. With 64 x 64 tiles a sequence of 256 has only 10 tiles on or below the diagonal, and
-# the tiled attention ran about as fast as the explicit one (6.8 against 6.6 ms, 1.7x the fused
-# kernel); with 16 x 16 tiles there are 136, and it took 25 ms, 6.3x the fused kernel. A GPU kernel
+# the tiled attention was a little slower than the explicit one (8.7 against 6.8 ms, 2.1x the fused
+# kernel); with 16 x 16 tiles there are 136, and it took 26 ms, 6.4x the fused kernel. A GPU kernel
 # runs the same loops with the tiles in registers and on-chip memory, one launch for the whole
 # computation. So this is the algorithm, readable and checked, not a way to train; `tfmlib` trains
 # with `F.scaled_dot_product_attention`. (`tests/test_flash.py` checks the same equalities in
@@ -652,6 +661,10 @@ plot_curves(curves, ax=axes[0], smooth=5, title="Training loss, same seed and ba
             xlabel="optimizer step", ylabel="cross-entropy (nats), 5-step mean")
 plot_curves({f"{p} - fp32": curves[p] - curves["fp32"][: len(curves[p])] for p in precisions[1:]}, ax=axes[1],
             title="Difference from the fp32 run", xlabel="optimizer step", ylabel="loss difference (nats)")
+colour = {line.get_label(): line.get_color() for line in axes[0].get_lines()}
+for line in axes[1].get_lines():                 # each precision keeps its left-panel colour
+    line.set_color(colour[line.get_label().split(" - ")[0]])
+axes[1].legend()
 axes[1].axhline(0, color="gray", lw=0.8)
 plt.tight_layout()
 plt.show()
@@ -664,13 +677,36 @@ assert abs(curves["bf16"][-10:].mean() - curves["fp32"][len(curves["bf16"]) - 10
     "bf16 trains like fp32"
 
 # %% [markdown]
+# One pair of runs shows one seed's luck. The same comparison from other initialisations and batch
+# orders (the `gpu` profile skips it: each run there is capped at `mp_budget_s`):
+
+# %%
+diffs_by_seed = {run.seed: curves["bf16"] - curves["fp32"][: len(curves["bf16"])]}
+for seed in tqdm(run.mp_seeds, desc="seeds"):
+    pair = {p: np.array(train_run(p, seed=seed)[1].step_loss) for p in ("fp32", "bf16")}
+    n = min(len(pair["fp32"]), len(pair["bf16"]))
+    diffs_by_seed[seed] = pair["bf16"][:n] - pair["fp32"][:n]
+for seed, d in diffs_by_seed.items():
+    print(f"seed {seed}: bf16 - fp32 over {len(d)} steps: step 1 {d[0]:+.1e}, largest |difference| "
+          f"{np.abs(d).max():.3f} nats, mean over the last 10 steps {d[-10:].mean():+.4f} nats")
+last10 = [d[-10:].mean() for d in diffs_by_seed.values()]
+largest = [np.abs(d).max() for d in diffs_by_seed.values()]
+print(f"over {len(diffs_by_seed)} seed(s): mean difference over the last 10 steps from {min(last10):+.4f} to "
+      f"{max(last10):+.4f} nats; largest single-step difference from {min(largest):.3f} to {max(largest):.3f}")
+assert all(abs(x) < 0.2 for x in last10), "bf16 trains like fp32 from every seed"
+
+# %% [markdown]
 # Before the first update the two models are the same, so the first step's losses differ only by
 # the rounding of bf16's products: by $6 \times 10^{-5}$ nats in the committed `cpu` run. From
 # then on the weights differ too and the curves separate a little, but they do not drift apart:
 # over 150 steps, while the loss fell from 5.74 to about 3.1, the largest difference was 0.049 nats,
 # and over the last ten steps bf16's loss was 0.008 nats *lower* than fp32's on average (the right
-# panel: bf16 a little above fp32 in the middle of the run, then on both sides of zero). The fp16 run
-# (40 steps with the scaler; fp16 is slow on a CPU, see below) stayed within 0.011 nats of fp32.
+# panel: bf16 a little above fp32 in the middle of the run, then on both sides of zero). That sign
+# belongs to the seed: over the four seeds the mean difference over the last ten steps went from
+# -0.008 to +0.028 nats, and the largest difference at a single step from 0.049 to 0.256 nats (seed
+# 1's curves parted at one step by a quarter of a nat and came back together). What holds from every
+# seed is that the curves stay together and end within a few hundredths of a nat. The fp16 run (40
+# steps with the scaler; fp16 is slow on a CPU, see below) stayed within 0.011 nats of fp32.
 #
 # **What autocast keeps in float32.** Hooks on the modules of one forward pass under bf16 autocast
 # record the dtype of each output, and a probing attention kernel records its tensors:
@@ -726,12 +762,15 @@ assert seen["parameters"] == seen["gradients"] == seen["AdamW state (exp_avg)"] 
 # inside attention) ran in bf16: their inputs were float32 and autocast cast them. The layer norms
 # ran in float32, and so does the residual stream: adding a bf16 branch to the float32 residual
 # promotes the sum to float32, so the stream between the blocks never loses precision. The
-# cross-entropy is on autocast's float32 list. Which other operations are on it depends on the
-# device: on this CPU the attention softmax and the log-softmax of the logits stayed in bf16 (the
-# CPU's float32 list is shorter than CUDA's; on CUDA both are on it, and a `gpu` run prints
-# float32 there). The parameters, their gradients and AdamW's moments are float32: the optimizer
-# adds small updates to full-precision weights, which is what keeps bf16 training close to fp32 in
-# the curves above.
+# layer norms' float32 has two different reasons: on CUDA `layer_norm` is on autocast's float32
+# list; on the CPU it is on no list and runs in its input's dtype, and its input is the float32
+# residual stream (a bf16 input would give a bf16 output there). The cross-entropy is on the float32
+# list on both. Which other operations are on it depends on the device: on this CPU the attention
+# softmax and the log-softmax of the logits stayed in bf16 (the CPU's float32 list is shorter than
+# CUDA's, and its kernels for them accumulate in float32 inside; on CUDA both are on the list, and a
+# `gpu` run prints float32 there). The parameters, their gradients and AdamW's moments are
+# float32: the optimizer adds small updates to full-precision weights, which is what keeps bf16
+# training close to fp32 in the curves above.
 #
 # **fp16 and the gradient scaler.** float16's range is the problem, not its precision: a gradient
 # smaller than about $6 \times 10^{-8}$ (fp16's smallest subnormal) becomes zero. Micikevicius et
@@ -779,21 +818,29 @@ def make_step(model: DecoderLM, batches: list, precision: str, compiled: torch.n
 
 packed_batches = [tuple(t.to(run.device) for t in b) for b in itertools.islice(packed_loader(), run.time_steps)]
 packed_tokens = run.packed_batch * run.block_len
-t = interleaved_medians({p: make_step(new_model(), packed_batches, p) for p in precisions},
-                        repeats=run.time_steps, warmup=2, device=run.device)
+steps_by_precision = {p: make_step(new_model(), packed_batches, p) for p in precisions}
+rounds = [interleaved_medians(steps_by_precision, repeats=run.time_steps, warmup=2 if i == 0 else 0,
+                              device=run.device) for i in range(run.rounds)]
+t = rounds[0]
 print(t)
+print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
 for p in precisions[1:]:
+    ratios = [r["fp32"] / r[p] for r in rounds]
     print(f"{p}: {packed_tokens / t[p]:,.0f} tokens/s against fp32's {packed_tokens / t['fp32']:,.0f} "
-          f"({t['fp32'] / t[p]:.2f}x) on {run.device}")
+          f"({ratios[0]:.2f}x) on {run.device}; over {len(rounds)} round(s) of {run.time_steps} steps: "
+          f"{min(ratios):.2f}x to {max(ratios):.2f}x")
 
 # %% [markdown]
 # On a CPU it depends on the instructions the processor has: bf16 products need AVX512-BF16 or AMX
 # to be fast, and without them they are emulated and slower than float32. This machine has
-# AVX512-BF16 (section 6 measures a large bf16 matrix product at about twice fp32's rate), but the
-# step of this small model gained only 1.03x in bf16: its matrices are small, and a good part of a
-# step is not matrix products at all (the casts autocast adds, the optimizer, Python). fp16 took
-# 10 times as long as fp32 here: this CPU has no fast fp16 products. On a GPU with bf16 matrix
-# units the bf16 step is several times faster than the fp32 one at GPT-2's size.
+# AVX512-BF16 (section 6 measures a large bf16 matrix product at about twice fp32's rate), but on
+# these packed blocks the step of this small model gained only a few percent in bf16 (1.04x, and
+# from 1.02x to 1.04x over the three rounds: a difference of that size is within what other work on
+# the machine can move either way): its matrices are small, and a good part of a step is not matrix
+# products at all (the casts autocast adds, the optimizer, Python). Section 9 measures bf16 again on
+# chapter 09's sentence batches. fp16 took 10 times as long as fp32 here, in every round: this
+# CPU has no fast fp16 products. On a GPU with bf16 matrix units the bf16 step is expected to be
+# several times faster than the fp32 one at GPT-2's size; the `gpu` profile measures it.
 #
 # ## 4. `torch.compile`
 #
@@ -834,10 +881,10 @@ if run.compile:
     compiled, report = compile_or_fallback(compile_model, lambda m: forward_backward(m, padded_batches[0]),
                                            compiler=lambda m: torch.compile(m, dynamic=True), device=run.device)
     first_calls = []
-    for batch in padded_batches[1:4]:               # new shapes: the recompiles
-        start = time.perf_counter()
-        forward_backward(compiled, batch)
-        first_calls.append(time.perf_counter() - start)
+    for batch in padded_batches[1:4]:               # new shapes: would they recompile?
+        once = interleaved_medians({"first call": lambda b=batch: forward_backward(compiled, b)}, repeats=1,
+                                   warmup=0, device=run.device)
+        first_calls.append(once["first call"])
     compile_model.zero_grad(set_to_none=True)
 else:
     compiled, report, first_calls = compile_model, "not compiled: skipped in the smoke profile (a compile takes ~20 s)", []
@@ -858,14 +905,17 @@ else:
     print(f"trained eagerly ({report}); both rows time the same eager model")
 
 # %% [markdown]
-# The first line is the compile: 37 s for the first step, forward and backward, in the committed
+# The first line is the compile: 51 s for the first step, forward and backward, in the committed
 # run. The calls with new lengths after it took hundredths of a second: the symbolic graph covers
-# them. Then the steady state: here the compiled step was not faster than the eager one (18.3
-# against 16.7 ms), so the compile never pays for itself on this machine and model. Inductor's CPU
-# code fuses element-wise chains, but a step of this model is dominated by matrix products that
-# both versions hand to the same library. On a GPU, where a small model's step is dominated by
-# launching many small kernels, fusing them saves a large share of each step, and a long run pays
-# for its compile after a few hundred or thousand steps; the break-even line is the number to
+# them. Then the steady state, both warm (16 untimed steps each first): here the compiled step was
+# not faster than the eager one (38.5 against 35.9 ms; the quartiles printed show how much a shared
+# machine moves single steps, and the table of section 9 times the same pair again), so the compile
+# never pays for itself on this machine and model. Inductor's CPU code fuses element-wise chains,
+# but there is little left to fuse here: section 6 finds this model's step running at about half the
+# rate of one large matrix product, so matrix products, which both versions hand to the same
+# library, take a large part of it. On a GPU, where a small model's step is dominated by launching
+# many small kernels, fusing them can save a large share of each step, and a long run can pay for
+# its compile after some hundreds or thousands of steps; the break-even line is the number to
 # compute before deciding. (A second run reuses Inductor's on-disk cache and compiles faster.)
 #
 # ## 5. CPU threads
@@ -875,11 +925,12 @@ else:
 # reader meets: PyTorch's default is the number of cores, and two processes that each take every
 # core fight for them. The book's tests run with `TFM_THREADS` set to each worker's share, and this
 # run says how many threads it used at the top. Here is the same training step with 1 and 2
-# threads in this process, in turns:
+# threads in this process, in turns, twice: as the machine is, and with the other core kept busy on
+# purpose by a second process that only spins (what another program, another notebook or another
+# test worker does to a laptop):
 
 # %%
 threads_before = torch.get_num_threads()
-print(f"load average of this machine over the last minute: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
 step = make_step(new_model(), packed_batches, "fp32")
 
 
@@ -890,21 +941,38 @@ def with_threads(n: int):
     return call
 
 
-t = interleaved_medians({"1 thread": with_threads(1), "2 threads": with_threads(2)},
-                        repeats=run.thread_steps, warmup=1, device=run.device)
-torch.set_num_threads(threads_before)
-print(t)
-print(f"2 threads / 1 thread: {t['1 thread'] / t['2 threads']:.2f}x the speed on {os.cpu_count()} cores "
-      f"({run.device}; this process now uses {torch.get_num_threads()} thread(s) again)")
+thread_t, loads = {}, {}
+for case in ("as the machine is", "one core kept busy"):
+    spinner = (subprocess.Popen([sys.executable, "-c", "while True: pass"]) if case == "one core kept busy"
+               else None)
+    try:
+        loads[case] = os.getloadavg()[0]
+        thread_t[case] = interleaved_medians({"1 thread": with_threads(1), "2 threads": with_threads(2)},
+                                             repeats=run.thread_steps, warmup=1, device=run.device)
+    finally:
+        torch.set_num_threads(threads_before)
+        if spinner is not None:
+            spinner.kill()
+            spinner.wait()
+for case, t in thread_t.items():
+    print(f"{case} (load average before: {loads[case]:.1f} on {os.cpu_count()} cores): 1 thread "
+          f"{t.ms('1 thread'):.1f} ms, 2 threads {t.ms('2 threads'):.1f} ms (quartiles "
+          f"{1e3 * t.detail['2 threads'].quartiles[0]:.0f}-{1e3 * t.detail['2 threads'].quartiles[1]:.0f} ms): "
+          f"2 threads give {t['1 thread'] / t['2 threads']:.2f}x the speed of 1")
+print(f"({run.device}; this process uses {torch.get_num_threads()} thread(s) again)")
 
 # %% [markdown]
-# With two idle cores, two threads approach twice the speed only for large matrix products; a step
-# of a small model is partly Python and small operations that one thread runs as fast as two. And
-# the cores must be idle: this machine was shared with other work during the committed run (the
-# load average printed above, 1.2 on 2 cores, says the other core was busy much of the time), and
-# the second thread made the step only 1.10x faster. The threads of an operation wait for each
-# other at its end; when one of them is descheduled because its core is busy, the whole operation
-# waits for it, so a second thread helps only as much as a second core is free.
+# What a second thread gives depends on whether the second core is free, and the load average says
+# how free it was (it counts this process too: a load of 1 on 2 cores is this process alone, 2 is
+# one core's worth of other work). With two idle cores, two threads approach twice the speed only
+# for large matrix products; a step of a small model is partly Python and small operations that one
+# thread runs as fast as two. In the committed run the second core was not free even before the
+# spinner started (load 2.8: other work on the machine), and in both lines the second thread made
+# the step *slower*: 16 times slower as the machine was (0.06x), twice as slow with the spinner
+# (0.50x). The threads of an operation wait for each other at its end, and when one of them is
+# descheduled because its core is taken, the whole operation waits for it. How much slower depends
+# on what else runs at that moment (the two-thread quartiles span a factor of several, and the
+# spinner's line was the milder one here); that a busy core makes a second thread a loss does not.
 #
 # **Several processes** make the same mistake easy. The script of section 7,
 # `python -m tfmlib.ddp_train`, trains the same kind of model in one or more processes launched by
@@ -947,8 +1015,9 @@ over = ddp[2, 1]["tokens_per_s"] / ddp[2, 2]["tokens_per_s"]
 print(f"2 x 1 thread / 2 x 2 threads: {over:.2f}x the tokens per second")
 
 # %% [markdown]
-# The third line is the oversubscribed one: four threads on two cores (already busy with other
-# work), 7.1 times fewer tokens per second than two processes with one thread each. PyTorch's
+# The third line is the oversubscribed one: four threads on two cores, 13.7 times fewer tokens per
+# second than two processes with one thread each (how many times depends on the load, as above; a
+# few seconds of training per launch make these rates rough). PyTorch's
 # `torchrun` sets `OMP_NUM_THREADS=1` for each process when it starts more than one, for this
 # reason, and the script's default for `--threads` is the cores divided by the processes per
 # machine. The same rule holds for data-loading workers, test runners and notebooks run side by side:
@@ -998,7 +1067,7 @@ print(f"GPT-2 small's shape (d 768, 12 layers, T 1024, this vocabulary): {gpt2_f
 
 # %% [markdown]
 # The small model reached about half of what the same thread does on one large matrix product
-# (54% in the committed run): its matrices are small (a 128-wide layer multiplies 512 rows by 128
+# (56% in the committed run): its matrices are small (a 128-wide layer multiplies 512 rows by 128
 # columns), and a step also runs layer norms, the softmax, the optimizer and Python, which do few
 # FLOPs for the time they take. That ratio is the MFU against the machine's reachable peak; against
 # a datasheet peak (a GPU's, which `peak_flops` knows) it is the number papers report (PaLM trained
@@ -1132,7 +1201,7 @@ def resumable_run(path: Path | None, max_steps: int | None, resume: bool = False
     loader = padded_loader(batch_size=max(4, run.batch_size // 4))
     history = fit(model, loader, lm_loss, optimizer, epochs=1, device=run.device, scheduler=scheduler,
                   max_steps=max_steps, checkpoint_path=path, checkpoint_every=None if path is None else 2,
-                  resume=resume, verbose=False)
+                  resume=resume, time_budget_s=run.resume_budget_s, verbose=False)
     return model, history
 
 
@@ -1174,7 +1243,10 @@ for key, value in state.items():
 # then bf16 autocast; then `torch.compile`; then packed fixed-length blocks instead of padded
 # sentences; then two processes. Every row trains the same way (AdamW, a step on each batch in
 # turn); the first five are timed in turns with `interleaved_medians` after warm-up steps (which
-# also cover the compiles), and counted in **real tokens** per second (padding does not count).
+# also cover the compiles), in `rounds` rounds, and counted in **real tokens** per second (padding
+# does not count). Three reference rows, timed in the same turns, separate the batches from the
+# rest: chapter 09's padding without the bucketing, and packed blocks in fp32 and in bf16 without
+# the compiler.
 # The last row is the `torchrun` run of section 5, 2 processes with 1 thread each, against its own
 # 1-process run; its model and data match the fifth row's except that the script runs eagerly in
 # fp32.
@@ -1182,8 +1254,18 @@ for key, value in state.items():
 # %%
 table_padded = padded_batches[: run.table_steps]
 table_packed = packed_batches[: run.table_steps]
-padded_tokens = float(np.mean([real_tokens(b) for b in table_padded]))
+unbucketed = DataLoader(train_ids, batch_size=run.batch_size, shuffle=True, collate_fn=collate_lm,
+                        generator=torch.Generator().manual_seed(run.seed))    # sentences in random order
+table_unbucketed = [tuple(t.to(run.device) for t in b) for b in itertools.islice(unbucketed, run.table_steps)]
+
+
+def mean_tokens(batches: list) -> float:
+    return float(np.mean([real_tokens(b) for b in batches]))
+
+
+padded_tokens, unbucketed_tokens = mean_tokens(table_padded), mean_tokens(table_unbucketed)
 padded_len = round(float(np.mean([b[0].shape[1] for b in table_padded])))
+unbucketed_len = round(float(np.mean([b[0].shape[1] for b in table_unbucketed])))
 rows = {  # name: (step function, real tokens per step, sequence length, precision)
     "baseline: explicit attention, fp32, eager, padded": (make_step(new_model(attention="explicit"), table_padded,
                                                                     "fp32"), padded_tokens, padded_len, "fp32"),
@@ -1194,39 +1276,72 @@ rows = {  # name: (step function, real tokens per step, sequence length, precisi
     "+ packed blocks": (make_step(compile_model, table_packed, "bf16", compiled=compiled), packed_tokens,
                         run.block_len, "bf16"),
 }
-t = interleaved_medians({name: row[0] for name, row in rows.items()}, repeats=run.table_steps,
-                        warmup=run.table_steps, device=run.device)
+references = {  # the batches alone, against the second row (fused attention, fp32, eager, padded)
+    "padded, not bucketed (fused, fp32, eager)": (make_step(new_model(), table_unbucketed, "fp32"),
+                                                  unbucketed_tokens, unbucketed_len, "fp32"),
+    "packed blocks (fused, fp32, eager)": (make_step(new_model(), table_packed, "fp32"), packed_tokens,
+                                           run.block_len, "fp32"),
+    "packed blocks (fused, bf16, eager)": (make_step(new_model(), table_packed, "bf16"), packed_tokens,
+                                           run.block_len, "bf16"),
+}
+contenders = {**rows, **references}
+rounds = [interleaved_medians({name: row[0] for name, row in contenders.items()}, repeats=run.table_steps,
+                              warmup=run.table_steps if i == 0 else 0, device=run.device)
+          for i in range(run.rounds)]
+rates = {name: [tokens / r[name] for r in rounds] for name, (_, tokens, _, _) in contenders.items()}
 table = {}
-for name, (_, tokens, T, precision) in rows.items():
-    rate = tokens / t[name]
+for name, (_, _, T, precision) in contenders.items():
+    rate = float(np.median(rates[name]))
     peak = peak_flops(run.device, precision) or peaks[precision]
     table[name] = (rate, mfu(rate, lm_flops_per_token(model, T), peak))
 if run.device.type == "cpu":   # the torchrun runs of section 5 ran on this CPU
     rate = ddp[2, 1]["tokens_per_s"]
     table["+ 2 processes (torchrun, 1 thread each)"] = (
         rate, mfu(rate, ddp[2, 1]["flops_per_token"], peaks["fp32"] * 2))
+
+
+def factor(name: str, other: str) -> str:
+    """The median over the rounds of name's rate / other's rate, and its range."""
+    f = [a / b for a, b in zip(rates[name], rates[other], strict=True)]
+    return f"{np.median(f):5.2f}x [{min(f):.2f}-{max(f):.2f}]"
+
+
 peak_kind = "datasheet peak" if peak_flops(run.device, "fp32") else "measured matmul peak"
 print(f"on {run.device}, {run.threads or threads_before} thread(s) in this process, load average "
-      f"{os.getloadavg()[0]:.1f}; compile: {report}")
-print(f"{'':50s}{'tokens/s':>10s}{'vs baseline':>13s}{'vs row above':>14s}{'MFU':>8s}  (MFU against the {peak_kind})")
-names = list(table)
+      f"{os.getloadavg()[0]:.1f}; compile: {report}; {len(rounds)} round(s) of {run.table_steps} steps each, "
+      "medians over the rounds, [smallest-largest factor of a round]")
+print(f"{'':50s}{'tokens/s':>10s}{'vs baseline':>20s}{'vs row above':>20s}{'MFU':>8s}  (MFU against the {peak_kind})")
+names = [name for name in table if name not in references]
 for i, name in enumerate(names):
     rate, util = table[name]
-    above = ddp[1, 1]["tokens_per_s"] if name.startswith("+ 2 processes") else table[names[i - 1]][0] if i else None
-    print(f"{name:50s}{rate:10,.0f}{rate / table[names[0]][0]:12.2f}x"
-          + (f"{rate / above:13.2f}x" if above else " " * 14) + f"{util:8.1%}")
+    if name.startswith("+ 2 processes"):
+        vs_base = f"{rate / table[names[0]][0]:5.2f}x".rjust(20)
+        vs_above = f"{rate / ddp[1, 1]['tokens_per_s']:5.2f}x".rjust(20)
+    else:
+        vs_base = factor(name, names[0]).rjust(20)
+        vs_above = factor(name, names[i - 1]).rjust(20) if i else " " * 20
+    print(f"{name:50s}{rate:10,.0f}{vs_base}{vs_above}{util:8.1%}")
 if "+ 2 processes (torchrun, 1 thread each)" in table:
-    print(f"(the last row is tfmlib.ddp_train in fp32, eager, on packed blocks; 'vs row above' compares it with "
-          f"the same script in 1 process, {ddp[1, 1]['tokens_per_s']:,.0f} tokens/s; its MFU is against 2 cores' "
-          "fp32 matmul peak)")
+    print(f"(the last row is tfmlib.ddp_train in fp32, eager, on packed blocks, one launch; 'vs row above' compares "
+          f"it with the same script in 1 process, {ddp[1, 1]['tokens_per_s']:,.0f} tokens/s; its MFU is against 2 "
+          "cores' fp32 matmul peak)")
 else:
     print("2 processes: not measured on this device (the torchrun runs of section 5 used the CPU's gloo backend)")
-slots = float(np.mean([b[0].numel() for b in table_padded]))
-print(f"padded batches: {padded_tokens:.0f} real tokens in {slots:.0f} slots per step on average "
-      f"({1 - padded_tokens / slots:.1%} padding), sequences of {padded_len} tokens on average; packed: "
-      f"{packed_tokens} tokens, sequences of {run.block_len}")
+print("reference rows, timed in the same turns: the batches alone, eager, against the row of the same precision")
+for name in references:
+    base = "+ fused attention (SDPA)" if "fp32" in name else "+ bf16 autocast"
+    print(f"  {name:48s}{table[name][0]:10,.0f}{factor(name, base).rjust(20)}  (against {base!r})")
+padding = {}
+for name, batches in (("bucketed (chapter 09)", table_padded), ("not bucketed", table_unbucketed)):
+    slots = float(np.mean([b[0].numel() for b in batches]))
+    padding[name] = 1 - mean_tokens(batches) / slots
+    print(f"padded batches, {name}: {mean_tokens(batches):.0f} real tokens in {slots:.0f} slots per step "
+          f"({padding[name]:.1%} padding), sequences of {round(float(np.mean([b[0].shape[1] for b in batches])))} "
+          "tokens on average")
+print(f"packed: {packed_tokens} tokens per step, no padding, sequences of {run.block_len}")
+assert padding["bucketed (chapter 09)"] < padding["not bucketed"], "bucketing by length removes padding"
 fig, ax = plt.subplots(figsize=(11, 3.8))
-plot_grouped_bars({"tokens/s": {name.split(":")[0].removeprefix("+ "): rate for name, (rate, _) in table.items()}},
+plot_grouped_bars({"tokens/s": {name.split(":")[0].removeprefix("+ "): table[name][0] for name in names}},
                   ax=ax, fmt="{:,.0f}", title=f"Training throughput, each step added in turn ({run.device})",
                   xlabel="configuration", ylabel="real tokens per second")
 plt.setp(ax.get_xticklabels(), rotation=15, ha="right")
@@ -1234,25 +1349,36 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# **Which steps help here.** The middle column is each row against the baseline, the last column
-# each step's own factor. On this CPU (one thread for the first five rows, a machine shared with
-# other work), with a model this small and sentences of 13 tokens on average:
+# **Which steps help here.** The middle column is each row against the baseline, the next each
+# step's own factor; both are medians over the rounds, and the brackets hold the smallest and the
+# largest factor of a single round, which is how much the load of a shared machine moves them. On
+# this CPU (one thread for the first five rows, load 2.6), with a model this small and sentences of
+# 13 tokens on average, in the committed run:
 #
-# * fused attention helped a little (1.02x): at 13 tokens attention is a small part of a step, so
-#   section 1's large gains at long lengths do not show;
-# * bf16 helped a little (1.12x), as in section 3;
-# * `torch.compile` did not help (0.92x), as in section 4;
-# * packed blocks *lowered* the tokens per second (0.83x). Chapter 09's bucketed batches already
-#   carry almost no padding here (1.3%, printed), so there was nothing to remove, and a block of 64
-#   tokens costs more per token than a sentence of 13 (attention over 64 keys instead of about 13).
-#   Packing pays where padding is large, and it is what makes a fixed context of 1024 tokens
-#   possible at all with sentences this short; the table measures speed, not what the model learns
-#   from longer contexts;
-# * two processes with one thread each gave 1.05x the script's one-process rate: the second core
-#   was not free (the load average printed with the table), and the all-reduce of every step costs
-#   time. (The script's own rates, 12,897 and 13,596 tokens/s, are lower than the in-process rows:
-#   it counts every step from the first, warm-up included, in `fit`'s training time, where the rows
-#   above are medians after warm-up steps; its two runs are to be compared with each other.)
+# * fused attention: 1.02x (1.01x to 1.04x). At 13 tokens attention is a small part of a step, so
+#   section 1's large gains at long lengths do not show, and a factor this close to 1 is within the
+#   noise;
+# * bf16: 1.16x (1.06x to 1.18x) on these sentence batches, a gain in every round, where section 3
+#   found only a few percent on packed blocks;
+# * `torch.compile`: 0.87x (0.82x to 0.90x), slower in every round, as in section 4: it does not
+#   help here;
+# * packed blocks: 0.77x (0.76x to 0.92x). The reason is in the lines below the table. Chapter 09's
+#   bucketed batches already carry almost no padding (1.3%, printed), so packing has almost nothing
+#   to remove: in fp32, eagerly, packed blocks ran at 0.92x the bucketed batches' rate (a block of 64
+#   tokens needs 6% more FLOPs per token than a sentence of 13 by section 6's count: attention over
+#   64 keys instead of about 13). Against batches of sentences in random order (65.5% padding) the
+#   same step ran at 0.35x, so bucketing by length, chapter 02's trick, already gets what packing
+#   would gain here. Most of the row's drop comes from bf16, which gained on the sentence batches
+#   and not on the blocks (eagerly, bf16 on packed blocks ran at 0.76x bf16's rate on the sentence
+#   batches). Packing pays where padding is large, and it is what makes a fixed context of 1024
+#   tokens possible at all with sentences this short; the table measures speed, not what the model
+#   learns from longer contexts;
+# * two processes with one thread each: 0.93x the script's one-process rate, from one launch of each
+#   (a few seconds of training), at the load printed in section 5. Two processes can use both cores
+#   only when the second one is free, and the all-reduce of every step costs time. (The script
+#   counts every step from the first, warm-up included, in `fit`'s training time, where the rows
+#   above are medians after warm-up steps, so its rates are compared with each other, not with the
+#   rows above.)
 #
 # On a GPU at GPT-2's size each of these steps is expected to be a large factor instead (fused
 # attention avoids the memory traffic of the $T \times T$ matrix, bf16 uses the tensor cores,
@@ -1269,14 +1395,15 @@ plt.show()
 #   from one log-sum-exp per query; `tfmlib.flash` writes it in PyTorch and it equals SDPA forward
 #   and backward, slowly.
 # * bf16 autocast runs the matrix products in 16 bits and keeps weights, gradients, optimizer state,
-#   the residual stream and the loss in float32; its loss curve follows fp32's within a few hundredths
-#   of a nat. fp16 needs a gradient scaler for its narrow range; bf16 does not. Its speed depends on
+#   the residual stream and the loss in float32; its loss curve stays with fp32's (from every seed
+#   tried, the last steps' mean within a few hundredths of a nat; which one ends lower is the seed's). fp16 needs a gradient scaler for its narrow range; bf16 does not. Its speed depends on
 #   the hardware.
 # * `torch.compile` pays its compile time back only after enough faster steps; new shapes recompile;
 #   `compile_or_fallback` trains eagerly, and says so, where it cannot compile.
 # * Threads: one process's `set_num_threads` speeds up large operations on idle cores; threads
 #   that outnumber the free cores (busy cores, or several processes each taking all of them) slow
-#   every operation down, here about sevenfold.
+#   every operation down, here 2 to 16 times. Timings on a shared machine move with its load:
+#   repeat them, and trust the factors that hold in every round.
 # * MFU relates tokens per second to a peak: $6N$ plus attention FLOPs per token, against a datasheet
 #   or a measured matmul peak.
 # * `torchrun` + `DistributedSampler` + DDP: two processes compute the same run as one with the same
@@ -1297,7 +1424,8 @@ plt.show()
 #    padded sentence batches of chapter 09, against the packed blocks of this chapter).
 # 3. Section 7 runs two processes on a machine with two cores. Should the 2-process run be faster
 #    than one process with two threads? What does each process compute, what do they exchange at
-#    every step, and what does the table in section 9 say?
+#    every step, and what do section 5 (one process, 1 and 2 threads) and the last row of section
+#    9's table say?
 # 4. DistributedDataParallel keeps a full copy of the model, its gradients and Adam's two moments
 #    on every device. What does FSDP shard instead, and from how many parameters does a model
 #    trained with Adam in mixed precision stop fitting on one 80 GB GPU without it?
@@ -1344,13 +1472,13 @@ exercises.check("10.accumulation_weights", accumulation_weights)
 # fraction.
 
 # %%
-def mfu(*, vocab: int, d_model: int, layers: int, d_ff: int, context: int, tokens_per_s: float,
-        peak: float) -> tuple[float, float]:
+def flops_and_mfu(*, vocab: int, d_model: int, layers: int, d_ff: int, context: int, tokens_per_s: float,
+                  peak: float) -> tuple[float, float]:
     """(training FLOPs per token, model FLOPs utilisation as a fraction)."""
     raise NotImplementedError  # your code here
 
 
-exercises.check("10.mfu", mfu)
+exercises.check("10.mfu", flops_and_mfu)
 
 # %% [markdown]
 # *Which examples does each rank read?* Return the dataset indices, in order, that rank `rank` of
