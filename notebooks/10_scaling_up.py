@@ -374,7 +374,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, key_keep: Tensor | None, causal: b
         i1 = min(i0 + block_q, T)
         qi = qs[:, :, i0:i1]                                                  # (B, h, bq, d)
         m = q.new_full((B, h, i1 - i0), -math.inf)                            # running max
-        ell = q.new_zeros(B, h, i1 - i0)                                        # running sum
+        ell = q.new_zeros(B, h, i1 - i0)                                      # running sum
         acc = q.new_zeros(B, h, i1 - i0, d_v)                                 # un-normalised output
         for j0 in range(0, S, block_k):
             if causal and j0 > i1 - 1 + offset:

@@ -116,7 +116,7 @@ def online_softmax(x: Tensor, block_size: int, *, return_trace: bool = False) ->
     block_size = _positive_int(block_size, "block_size", who)
     n = x.shape[-1]
     m = torch.full(x.shape[:-1], -math.inf, dtype=x.dtype, device=x.device)   # running max
-    ell = torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)             # running sum
+    ell = torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)           # running sum
     trace: list[tuple[Tensor, Tensor]] = []
     for start in range(0, n, block_size):
         block = x[..., start:start + block_size]                              # (..., <= block_size)
@@ -162,7 +162,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, key_keep: Tensor | None, causal: b
         i1 = min(i0 + block_q, T)
         qi = qs[:, :, i0:i1]                                                  # (B, h, bq, d)
         m = q.new_full((B, h, i1 - i0), -math.inf)                            # running max
-        ell = q.new_zeros(B, h, i1 - i0)                                        # running sum
+        ell = q.new_zeros(B, h, i1 - i0)                                      # running sum
         acc = q.new_zeros(B, h, i1 - i0, d_v)                                 # un-normalised output
         for j0 in range(0, S, block_k):
             if causal and j0 > i1 - 1 + offset:
