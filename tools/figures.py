@@ -917,7 +917,7 @@ def fig_10_flash_tiling() -> Canvas:
                 kind, label = "muted", "skip"
             elif i == cur_i and j == cur_j:
                 kind, label = "weight", "$S_{ij}$"
-            elif i == cur_i and j < cur_j:
+            elif i < cur_i or (i == cur_i and j < cur_j):  # earlier query blocks are finished
                 kind, label = "state", "done"
             else:
                 kind, label = "op", ""
@@ -944,7 +944,7 @@ def fig_10_flash_tiling() -> Canvas:
            fs=8.5, color="#444444")
     c.text(3.8, 0.6, r"saved for the backward pass: $Q, K, V, O$ and $L = m + \log \ell$ per row "
            "(memory linear in $T$); the backward recomputes each tile", fs=8.5, color="#444444")
-    c.legend(0.5, 0.22, [("weight", "tile in use"), ("state", "already folded in"), ("op", "to do"),
+    c.legend(0.5, 0.22, [("weight", "tile in use"), ("state", "done"), ("op", "to do"),
                          ("muted", "skipped: above the diagonal")], fs=8.5, dx=1.62)
     return c
 
