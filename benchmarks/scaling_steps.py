@@ -7,8 +7,9 @@ builds them (:func:`tfmlib.ddp_train.build_data`), so that the last step, which 
 under ``torchrun``, trains the same model on the same data. The steps, each keeping the ones before:
 
 1. baseline: explicit attention (chapter 05's softmax, ``model.attention = "explicit"``), fp32,
-   eager, padded sentence batches (``tfmlib.rnn.collate_lm``: one sentence per row, padded to the
-   longest; the padding is computed and thrown away);
+   eager, padded sentence batches bucketed by length as chapters 02 and 09 batch them
+   (``tfmlib.rnn.collate_lm``: one sentence per row, padded to the longest of its batch; the little
+   padding left is computed and thrown away);
 2. + fused attention (``model.attention = "fused"``: ``F.scaled_dot_product_attention``);
 3. + bf16 autocast (:func:`tfmlib.precision.autocast`; fp16 where bf16 is missing, fp32 where
    neither is: the row says which ran);
@@ -22,8 +23,11 @@ under ``torchrun``, trains the same model on the same data. The steps, each keep
    shown). On one GPU there is no second device: the row is
    skipped with the reason.
 
-Two reference rows, marked by parentheses, are not steps: step 5 without compile (so that what
-compile does to fixed-shape batches can be read off) and the torchrun script with 1 process.
+Four reference rows, marked by parentheses, are not steps: step 5 without compile (so that what
+compile does to fixed-shape batches can be read off); sentence batches *not* bucketed and packed
+blocks, both fused, fp32 and eager (to read off what the batching alone does: against the bucketed
+batches of step 2, packing removes only the little padding bucketing leaves, while random batches
+are mostly padding); and the torchrun script with 1 process.
 
 Each padded batch holds about as many real tokens as a packed batch (``--batch`` blocks of
 ``--block-len`` tokens), so every row trains on about the same number of real tokens per step.
@@ -104,21 +108,37 @@ def matmul_flops(device: torch.device, precision: str, n: int, repeats: int = 5)
 
 
 def padded_batches(sentences: list[list[int]], n_batches: int, tokens_per_batch: int, max_len: int,
-                   seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+                   seed: int, *, bucketed: bool = True) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``n_batches`` padded sentence batches (``collate_lm``), each of about ``tokens_per_batch`` real
-    target tokens: random sentences (fixed seed), each cut to ``max_len - 1`` words (+ EOS)."""
+    target tokens: random sentences (fixed seed), each cut to ``max_len - 1`` words (+ EOS).
+    ``bucketed`` (chapter 02's and 09's bucketing): the drawn sentences are sorted by length before
+    they are cut into batches, so a batch holds sentences of about one length and little padding;
+    otherwise each batch holds sentences in random order, padded to its longest."""
     g = torch.Generator().manual_seed(seed)
     order = torch.randperm(len(sentences), generator=g).tolist()
-    batches, pos = [], 0
-    for _ in range(n_batches):
-        rows, real = [], 0
-        while real < tokens_per_batch:
-            s = sentences[order[pos % len(order)]][: max_len - 1]
-            pos += 1
-            rows.append(s)
-            real += len(s) + 1
+    # bucketing sorts a pool 20 times larger than needed (as BucketBatchSampler's pool_factor does), so
+    # that neighbours in the sorted pool have about one length; a random pick of its batches is kept
+    pool = 20 if bucketed else 1
+    drawn, real, pos = [], 0, 0
+    while real < pool * n_batches * tokens_per_batch:
+        s = sentences[order[pos % len(order)]][: max_len - 1]
+        pos += 1
+        drawn.append(s)
+        real += len(s) + 1
+    if bucketed:
+        drawn.sort(key=len)
+    batches, rows, real = [], [], 0
+    for s in drawn:
+        rows.append(s)
+        real += len(s) + 1
+        if real >= tokens_per_batch:
+            batches.append(collate_lm(rows))
+            rows, real = [], 0
+    if rows and len(batches) < n_batches:
         batches.append(collate_lm(rows))
-    return batches
+    if bucketed:  # the batches in random order, not shortest first
+        batches = [batches[i] for i in torch.randperm(len(batches), generator=g).tolist()]
+    return batches[:n_batches]
 
 
 def packed_batches(blocks: Any, n_batches: int, batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -217,6 +237,8 @@ def main(argv: list[str] | None = None) -> dict:
     tokens_per_step = cfg["batch"] * cfg["block_len"]
     packed = packed_batches(blocks, cfg["cycle"], cfg["batch"])
     padded = padded_batches(english, cfg["cycle"], tokens_per_step, cfg["block_len"], seed=0)
+    unbucketed = padded_batches(english, cfg["cycle"], tokens_per_step, cfg["block_len"], seed=0,
+                                bucketed=False)
     low = pick_precision(device, "auto")                    # bf16 where the device has it
     threads = torch.get_num_threads()
 
@@ -227,17 +249,21 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"  {describe(where)}")
 
     steps = [  # name, attention, precision, compile, data
-        ("baseline: explicit attention, fp32, eager, padded sentences", "explicit", "fp32", False, "padded"),
+        ("baseline: explicit attention, fp32, eager, bucketed sentences", "explicit", "fp32", False,
+         "padded"),
         ("+ fused attention (SDPA)", "fused", "fp32", False, "padded"),
         (f"+ {low} autocast", "fused", low, False, "padded"),
         ("+ torch.compile", "fused", low, True, "padded"),
         ("+ packed fixed-token batches", "fused", low, True, "packed"),
         ("  (packed, eager: the same without compile, for reference)", "fused", low, False, "packed"),
+        ("  (sentences not bucketed: fused, fp32, eager, for reference)", "fused", "fp32", False,
+         "unbucketed"),
+        ("  (packed: fused, fp32, eager, for reference)", "fused", "fp32", False, "packed"),
     ]
     contenders: dict[str, Callable[[], None]] = {}
     rows: list[dict[str, Any]] = []
     for name, attention, precision, compiled, data in steps:
-        batches = padded if data == "padded" else packed
+        batches = {"padded": padded, "unbucketed": unbucketed, "packed": packed}[data]
         model = make_model(len(vocab), cfg, device, attention)
         note, compile_s = "eager", None
         module: torch.nn.Module = model
@@ -299,16 +325,19 @@ def main(argv: list[str] | None = None) -> dict:
     base = rows[0]["tokens_per_s"]
     print("\nreachable here (a {n} x {n} matmul, {t} thread(s)): ".format(n=cfg["matmul"], t=threads)
           + ", ".join(f"{p} {f / 1e9:,.1f} GFLOP/s" for p, f in reachable.items()))
-    print(f"{'step':58s}{'prec':>6s}{'proc x thr':>11s}{'tokens/s':>11s}{'x base':>8s}{'MFU':>7s}"
+    print(f"{'step':64s}{'prec':>6s}{'proc x thr':>11s}{'tokens/s':>11s}{'x base':>8s}{'MFU':>7s}"
           f"{'of matmul':>10s}")
     for row in rows:
         m = "-" if row["mfu"] is None else f"{100 * row['mfu']:.1f}%"
-        print(f"{row['step']:58s}{row['precision']:>6s}{row['processes']:>6d} x {row['threads']:<3d}"
+        print(f"{row['step']:64s}{row['precision']:>6s}{row['processes']:>6d} x {row['threads']:<3d}"
               f"{row['tokens_per_s']:>11,.0f}{row['tokens_per_s'] / base:>7.2f}x{m:>7s}"
               f"{100 * row['of_matmul_peak']:>9.1f}%")
         row["speedup_vs_baseline"] = row["tokens_per_s"] / base
     if ddp_note:
         print(f"+ 2 processes: {ddp_note}")
+    for label, batches in (("bucketed sentences", padded), ("sentences not bucketed", unbucketed)):
+        slots = sum(x.numel() for x, _ in batches)
+        print(f"{label}: {1 - real_tokens(batches) / slots:.1%} of the positions are padding")
     print("tokens/s: real target tokens (padding excluded); MFU: of the datasheet peak (none for a CPU); "
           "of matmul: of a large matmul's FLOP/s measured here at that precision, per process")
 
