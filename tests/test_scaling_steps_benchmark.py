@@ -14,7 +14,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import scaling_steps as bench  # noqa: E402
 
-STEPS = ["baseline: explicit attention, fp32, eager, padded sentences", "+ fused attention (SDPA)",
+STEPS = ["baseline: explicit attention, fp32, eager, bucketed sentences", "+ fused attention (SDPA)",
          "+ {low} autocast", "+ torch.compile", "+ packed fixed-token batches"]
 
 
@@ -33,7 +33,10 @@ def test_smoke_run_writes_every_step(tmp_path: Path) -> None:
     names = [r["step"] for r in data["rows"]]
     assert names[:5] == [s.format(low=low) for s in STEPS], f"the single-process steps, in order: {names}"
     assert "packed, eager" in names[5] and data["rows"][5]["compiled"] == "eager", names[5]
-    assert [r["processes"] for r in data["rows"][6:]] == [1, 2], f"the torchrun rows: {names[6:]}"
+    unbucketed, packed_fp32 = data["rows"][6], data["rows"][7]
+    assert "not bucketed" in unbucketed["step"] and unbucketed["data"] == "unbucketed", unbucketed["step"]
+    assert packed_fp32["data"] == "packed" and packed_fp32["precision"] == "fp32", packed_fp32["step"]
+    assert [r["processes"] for r in data["rows"][8:]] == [1, 2], f"the torchrun rows: {names[8:]}"
     for row in data["rows"]:
         assert row["tokens_per_s"] > 0 and row["flops_per_token"] > 0, f"{row['step']}: {row}"
         assert row["mfu"] is None, "the CPU has no datasheet peak: MFU must be None, not a number"
@@ -45,9 +48,12 @@ def test_smoke_run_writes_every_step(tmp_path: Path) -> None:
     assert single[3]["compiled"].startswith(("compiled", "eager")), single[3]["compiled"]
     packed = single[4]
     assert packed["real_tokens_per_round"] == packed["slots_per_round"], "packed blocks have no padding"
-    padded = single[0]
-    assert padded["real_tokens_per_round"] < padded["slots_per_round"], "padded batches carry padding"
-    ddp = data["rows"][7]
+    def padding(row: dict) -> float:
+        return 1 - row["real_tokens_per_round"] / row["slots_per_round"]
+
+    assert padding(unbucketed) > 0, "random sentence batches carry padding"
+    assert padding(single[0]) <= padding(unbucketed), "bucketing must not add padding"
+    ddp = data["rows"][9]
     assert ddp["backend"] == "gloo" and ddp["steps"] == data["sizes"]["ddp_steps"], ddp
 
 
@@ -59,6 +65,19 @@ def test_batches_hold_about_the_same_real_tokens() -> None:
         assert 64 <= real < 64 + 8, f"a padded batch holds {real} real tokens, asked for about 64"
         assert x.shape[1] <= 8, f"sentences are cut to the context: length {x.shape[1]}"
     assert bench.real_tokens(padded) == sum(int((y != 0).sum()) for _, y in padded)
+
+
+def test_bucketing_leaves_less_padding_than_random_batches() -> None:
+    lengths = [3 + (i * 7919) % 40 for i in range(2_000)]             # 3..42 words, scattered
+    sentences = [[5] * n for n in lengths]
+
+    def padding(batches: list) -> float:
+        return 1 - bench.real_tokens(batches) / sum(x.numel() for x, _ in batches)
+
+    bucketed = bench.padded_batches(sentences, 8, tokens_per_batch=256, max_len=64, seed=0)
+    scattered = bench.padded_batches(sentences, 8, tokens_per_batch=256, max_len=64, seed=0, bucketed=False)
+    assert len(bucketed) == len(scattered) == 8
+    assert padding(bucketed) < 0.1 < 0.3 < padding(scattered), (padding(bucketed), padding(scattered))
 
 
 def test_matmul_flops_is_positive_and_counts_2n3() -> None:
