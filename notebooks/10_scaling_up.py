@@ -237,8 +237,8 @@ print(f"{'default choice':17s}         (autograd node: {type(out.grad_fn).__name
 assert "math" in available, "the math backend runs everywhere"
 
 # %% [markdown]
-# Now the cost of one forward and backward pass of causal self-attention (2 sequences,
-# `attn_heads` heads of width `attn_dk`) as the length $T$ grows: chapter 05's explicit attention,
+# Now the cost of one forward and backward pass of causal self-attention (2 sequences of a few
+# heads each; the table's first line gives the sizes) as the length $T$ grows: chapter 05's explicit attention,
 # and SDPA restricted to each backend that runs here. Time goes through
 # `tfmlib.timing.interleaved_medians` (the contenders take turns, the device is synchronised);
 # memory is what autograd keeps for the backward pass (`tfmlib.flash.saved_tensor_bytes`, which
