@@ -39,39 +39,72 @@ def test_08_hints_point_the_way_without_the_code(name):
 
 
 def smoothed_loss_ref(logits, targets, eps):
+    """1 - eps on the reference, nothing on padding (id 0), eps / (V - 2) on every other token."""
     log_p = F.log_softmax(logits, -1)
     nll = -log_p.gather(-1, targets[..., None]).squeeze(-1)
-    per_token = (1 - eps) * nll + eps * (-log_p.mean(-1))
+    others = (-log_p.sum(-1) - nll + log_p[..., 0]) / (logits.shape[-1] - 2)
+    per_token = (1 - eps) * nll + eps * others
     real = targets != 0
     return per_token[real].sum() / real.sum()
 
 
-def _smoothed_over_wrong_tokens(logits, targets, eps):
+def _smoothed_over_v_minus_1(logits, targets, eps):
     log_p = F.log_softmax(logits, -1)
     nll = -log_p.gather(-1, targets[..., None]).squeeze(-1)
     others = (-log_p.sum(-1) - nll) / (logits.shape[-1] - 1)
     return ((1 - eps) * nll + eps * others)[targets != 0].mean()
 
 
+def _pytorch_convention(logits, targets, eps):
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=0, label_smoothing=eps)
+
+
+def _counts_padding(logits, targets, eps):
+    log_p = F.log_softmax(logits, -1)
+    nll = -log_p.gather(-1, targets[..., None]).squeeze(-1)
+    others = (-log_p.sum(-1) - nll + log_p[..., 0]) / (logits.shape[-1] - 2)
+    return ((1 - eps) * nll + eps * others).mean()
+
+
+def test_08_smoothed_loss_reference_is_the_formula():
+    """The reference answer is -sum_k q_k log p_k with the q the exercise defines, built explicitly."""
+    torch.manual_seed(0)
+    B, T, V, eps = 3, 4, 9, 0.2
+    logits, targets = torch.randn(B, T, V, dtype=torch.double), torch.randint(1, V, (B, T))
+    targets[2, 2:] = 0
+    q = torch.full((B, T, V), eps / (V - 2), dtype=torch.double)
+    q[..., 0] = 0.0
+    q.scatter_(-1, targets[..., None], 1 - eps)
+    real = targets != 0
+    assert torch.allclose(q.sum(-1)[real], torch.ones(int(real.sum()), dtype=torch.double)), \
+        "q must be a distribution at every real position"
+    want = (-(q * F.log_softmax(logits, -1)).sum(-1))[real].mean()
+    assert torch.allclose(smoothed_loss_ref(logits, targets, eps), want), "the reference must be the formula"
+    plain = _pytorch_convention(logits, targets, 0.0)
+    assert torch.allclose(smoothed_loss_ref(logits, targets, 0.0), plain), "eps = 0: the plain cross-entropy"
+
+
 @pytest.mark.parametrize("wrong", [
-    lambda lg, t, e: F.cross_entropy(lg.flatten(0, 1), t.flatten(), label_smoothing=e),   # counts padding
+    _counts_padding,                                                                       # counts padding
     lambda lg, t, e: F.cross_entropy(lg.flatten(0, 1), t.flatten(), ignore_index=0),       # no smoothing
-    _smoothed_over_wrong_tokens,                                                           # eps / (V - 1)
+    _pytorch_convention,                                                                   # eps / V
+    _smoothed_over_v_minus_1,                                                              # eps / (V - 1)
     lambda lg, t, e: smoothed_loss_ref(lg, t, e) + e * math.log(lg.shape[-1]) * 0.5,       # shifted
     lambda lg, t, e: F.cross_entropy(lg.flatten(0, 1), t.flatten(), ignore_index=0, label_smoothing=e,
                                      reduction="none"),                                          # not reduced
-    lambda lg, t, e: (F.cross_entropy(lg.flatten(0, 1), t.flatten(), ignore_index=0, label_smoothing=e,
-                                      reduction="sum") / t.numel()),                             # denominator
-], ids=["counts-padding", "no-smoothing", "over-wrong-tokens", "shifted", "not-reduced", "denominator"])
+    lambda lg, t, e: smoothed_loss_ref(lg, t, e) * (t != 0).sum() / t.numel(),                 # denominator
+], ids=["counts-padding", "no-smoothing", "pytorch-convention", "over-v-minus-1", "shifted", "not-reduced",
+        "denominator"])
 def test_08_smoothed_loss(wrong):
     _accepts("08.smoothed_loss", smoothed_loss_ref)
     _rejects("08.smoothed_loss", wrong)
 
 
 @pytest.mark.parametrize("wrong, message", [
-    (_smoothed_over_wrong_tokens, "V - 1 wrong tokens"),
-    (lambda lg, t, e: F.cross_entropy(lg.flatten(0, 1), t.flatten(), label_smoothing=e), "padded positions"),
-], ids=["over-wrong-tokens", "counts-padding"])
+    (_pytorch_convention, "PyTorch's convention"),
+    (_smoothed_over_v_minus_1, "V - 1 tokens"),
+    (_counts_padding, "padded positions"),
+], ids=["pytorch-convention", "over-v-minus-1", "counts-padding"])
 def test_08_smoothed_loss_names_the_mistake(wrong, message, capsys):
     exercises.check("08.smoothed_loss", wrong)
     assert message in capsys.readouterr().out

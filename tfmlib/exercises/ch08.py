@@ -25,40 +25,56 @@ def _smoothing_case(seed: int) -> tuple[torch.Tensor, torch.Tensor, float]:
     return logits, targets, eps
 
 
-@checker("08.smoothed_loss", hint="section 1 splits the loss into two cross-entropies: one with the "
-         "reference token, weighted 1 - eps, and one with the uniform distribution over all V tokens (the "
-         "reference included), weighted eps; work in log-probabilities for stability, and average over the "
-         "real positions only (padding is id 0)")
+def _smoothed_over_others(logits: torch.Tensor, targets: torch.Tensor, eps: float) -> torch.Tensor:
+    """The reference answer: 1 - eps on the reference, 0 on padding, eps / (V - 2) on the others."""
+    log_p = torch.nn.functional.log_softmax(logits.double(), -1)
+    nll = -log_p.gather(-1, targets[..., None]).squeeze(-1)
+    others = (-log_p.sum(-1) - nll + log_p[..., 0]) / (logits.shape[-1] - 2)
+    real = targets != 0
+    return ((1 - eps) * nll + eps * others)[real].sum() / real.sum()
+
+
+@checker("08.smoothed_loss", hint="start from section 1's split of the loss into a weighted cross-entropy "
+         "with the reference token and one with a uniform distribution; here the uniform part covers only "
+         "the V - 2 tokens that are neither the reference nor padding (id 0), so take those two terms out "
+         "of the sum over the vocabulary before dividing; work in log-probabilities, and average over the "
+         "real positions only")
 def _check_smoothed_loss(smoothed_loss: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]) -> None:
     F = torch.nn.functional
     for seed in range(6):
         logits, targets, eps = _smoothing_case(seed)
         V = logits.shape[-1]
-        want = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=0, label_smoothing=eps)
+        want = _smoothed_over_others(logits, targets, eps)
         got = smoothed_loss(logits.clone(), targets.clone(), eps)
         if not isinstance(got, torch.Tensor):
             raise Wrong(f"return a scalar tensor, got {type(got).__name__}")
         if got.dim() != 0:
             raise Wrong(f"return a scalar (0-d) tensor, averaged over the real tokens; got shape "
                         f"{tuple(got.shape)}")
-        if eps > 0 and not torch.allclose(got.double(), want.double(), atol=1e-5, rtol=1e-4):
+        if eps > 0 and not torch.allclose(got.double(), want, atol=1e-5, rtol=1e-4):
             log_p = F.log_softmax(logits.double(), -1)
             nll = -log_p.gather(-1, targets[..., None]).squeeze(-1)
             real = targets != 0
-            others = (-log_p.sum(-1) - nll) / (V - 1)       # eps spread over the V - 1 wrong tokens
-            if torch.allclose(got.double(), ((1 - eps) * nll + eps * others)[real].mean(), atol=1e-5):
-                raise Wrong("you spread eps over the V - 1 wrong tokens; this book (like Szegedy et al. "
-                            "and PyTorch's label_smoothing) gives eps / V to every token, the right one "
-                            "included: q = (1 - eps) * one_hot + eps / V")
+            pytorch = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=0,
+                                      label_smoothing=eps)
+            if torch.allclose(got.double(), pytorch.double(), atol=1e-5):
+                raise Wrong("that is PyTorch's convention (eps / V to every token, the reference and "
+                            "padding included); this exercise gives the reference 1 - eps, padding 0, and "
+                            "eps / (V - 2) to each of the other tokens")
+            over_v1 = ((1 - eps) * nll + eps * (-log_p.sum(-1) - nll) / (V - 1))[real].mean()
+            if torch.allclose(got.double(), over_v1, atol=1e-5):
+                raise Wrong("you spread eps over the V - 1 tokens other than the reference, padding "
+                            "included: padding (id 0) gets no mass, so eps goes to V - 2 tokens")
             if (targets == 0).any():
-                everything = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), label_smoothing=eps)
-                if torch.allclose(got.double(), everything.double(), atol=1e-5):
+                everything = _smoothed_over_others(logits, targets.clamp(min=1), eps)
+                counted = ((1 - eps) * nll + eps * (-log_p.sum(-1) - nll + log_p[..., 0]) / (V - 2)).mean()
+                if any(torch.allclose(got.double(), x, atol=1e-5) for x in (everything, counted)):
                     raise Wrong("your loss counts the padded positions too: average over the tokens "
                                 "where targets != 0 only")
             plain = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=0)
             if torch.allclose(got.double(), plain.double(), atol=1e-5):
                 raise Wrong(f"with eps={eps} you returned the plain cross-entropy: mix in the uniform part")
-        expect_close(got, want, f"smoothed_loss(logits {tuple(logits.shape)}, targets "
+        expect_close(got.double(), want, f"smoothed_loss(logits {tuple(logits.shape)}, targets "
                      f"{tuple(targets.shape)}, eps={eps})")
 
 
