@@ -33,37 +33,53 @@ from tfmlib.train import transformer_peak_lr, warmup_inverse_sqrt
 # %% [markdown]
 # ## Coding exercises
 #
-# **1. A label-smoothed loss that ignores padding.** Expand $-\sum_k q_k \log p_k$ with
-# $q = (1 - \varepsilon)\,\text{one-hot} + \varepsilon / V$: it is $(1 - \varepsilon)$ times the
-# plain negative log-likelihood plus $\varepsilon$ times the mean of $-\log p_k$ over the $V$
-# tokens. No $(B, T, V)$ target tensor is needed. The average runs over the real tokens only:
-# select them with the mask *before* averaging (multiplying the loss by the mask and dividing by
-# the number of all positions would shrink it).
+# **1. The other label smoothing.** Expand $-\sum_k q_k \log p_k$ with the exercise's $q$:
+# it is $(1 - \varepsilon)$ times the plain negative log-likelihood $-\log p_y$ plus
+# $\varepsilon$ times the mean of $-\log p_k$ over the $V - 2$ tokens that are neither the
+# reference nor `<pad>`. That sum is the sum over the whole vocabulary minus the reference's
+# and padding's terms; no $(B, T, V)$ target tensor is needed. The average runs over the real
+# tokens only: select them with the mask *before* averaging (multiplying the loss by the mask and
+# dividing by the number of all positions would shrink it).
 
 # %%
 def smoothed_loss(logits: Tensor, targets: Tensor, eps: float) -> Tensor:
+    V = logits.shape[-1]
     log_p = F.log_softmax(logits, dim=-1)                            # (B, T, V)
     nll = -log_p.gather(-1, targets[..., None]).squeeze(-1)           # (B, T): -log p(reference)
-    uniform = -log_p.mean(dim=-1)                                     # (B, T): cross-entropy with 1/V
-    per_token = (1 - eps) * nll + eps * uniform
+    others = (-log_p.sum(dim=-1) - nll + log_p[..., PAD_ID]) / (V - 2)  # mean over the V - 2 others
+    per_token = (1 - eps) * nll + eps * others
     return per_token[targets != PAD_ID].mean()
 
 
 exercises.check("08.smoothed_loss", smoothed_loss, must_pass=True)
 
 # %% [markdown]
-# It is what `tfmlib.seq2seq.translation_loss` computes, through `F.cross_entropy`'s
-# `label_smoothing` and `ignore_index`:
+# Against the explicit target: building $q$ as a `(B, T, V)` tensor gives the same loss. Without
+# smoothing it is `F.cross_entropy`; with it, it differs a little from PyTorch's convention
+# ($\varepsilon / V$ to every token), less so the larger $V$ is:
 
 # %%
 torch.manual_seed(0)
-logits, targets = torch.randn(4, 6, 30), torch.randint(1, 30, (4, 6))
-targets[2, 4:] = PAD_ID
-for eps in (0.0, 0.1, 0.3):
-    mine = smoothed_loss(logits, targets, eps)
-    pytorch = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=PAD_ID, label_smoothing=eps)
-    print(f"eps = {eps}: solution {mine.item():.6f}, F.cross_entropy {pytorch.item():.6f}")
-    assert torch.allclose(mine, pytorch, atol=1e-6), "the solution must match PyTorch's label smoothing"
+gap = {}                                   # (V, eps) -> |solution - PyTorch's convention|
+for V in (30, 400):
+    logits, targets = torch.randn(4, 6, V, dtype=torch.double), torch.randint(1, V, (4, 6))
+    targets[2, 4:] = PAD_ID
+    real = targets != PAD_ID
+    for eps in (0.0, 0.1, 0.3):
+        q = torch.full((4, 6, V), eps / (V - 2), dtype=torch.double)
+        q[..., PAD_ID] = 0.0
+        q.scatter_(-1, targets[..., None], 1 - eps)
+        explicit = (-(q * F.log_softmax(logits, -1)).sum(-1))[real].mean()
+        mine = smoothed_loss(logits, targets, eps)
+        pytorch = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=PAD_ID, label_smoothing=eps)
+        print(f"V = {V:3d}, eps = {eps}: solution {mine.item():.6f}, explicit q {explicit.item():.6f}, "
+              f"PyTorch's convention {pytorch.item():.6f}")
+        assert torch.allclose(mine, explicit), "the solution must be -sum_k q_k log p_k with the exercise's q"
+        if eps == 0.0:
+            assert torch.allclose(mine, pytorch), "without smoothing both are the plain cross-entropy"
+        gap[V, eps] = abs(mine.item() - pytorch.item())
+for eps in (0.1, 0.3):
+    assert gap[400, eps] < gap[30, eps], "the two conventions should differ less on a larger vocabulary"
 
 # %% [markdown]
 # **2. The paper's learning rate.** Eq. (3) as written: the smaller of the rising branch
