@@ -13,7 +13,7 @@ from tfmlib import exercises
 
 
 def test_check_api_never_raises_without_must_pass(capsys):
-    assert exercises.names(7) == ["07.decoder_masks", "07.layer_norm", "07.sublayer"]
+    assert exercises.names(7) == ["07.decoder_masks", "07.rms_norm", "07.sublayer"]
     for name in exercises.names(7):
         assert not exercises.check(name, _stub)
         out = capsys.readouterr().out
@@ -22,40 +22,38 @@ def test_check_api_never_raises_without_must_pass(capsys):
         assert "ZeroDivisionError" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("name", ["07.decoder_masks", "07.layer_norm", "07.sublayer"])
+@pytest.mark.parametrize("name", ["07.decoder_masks", "07.rms_norm", "07.sublayer"])
 def test_07_hints_point_the_way_without_the_code(name):
     _hint_gives_no_code(name, ("keepdim", "torch.", "sqrt(", "x.mean", "x + sublayer", "norm(x", "[:, None",
                                "tril", "return "))
 
 
-# ----------------------------------------------------------------------------- 07.layer_norm
+# ----------------------------------------------------------------------------- 07.rms_norm
 
 
-def layer_norm_ref(x, gamma, beta, eps):
-    mu = x.mean(-1, keepdim=True)
-    var = ((x - mu) ** 2).mean(-1, keepdim=True)
-    return gamma * (x - mu) / torch.sqrt(var + eps) + beta
+def rms_norm_ref(x, gamma, eps):
+    return gamma * x / torch.sqrt((x ** 2).mean(-1, keepdim=True) + eps)
+
+
+def _centred(x):
+    return x - x.mean(-1, keepdim=True)
 
 
 @pytest.mark.parametrize(("wrong", "message"), [
-    (lambda x, g, b, e: g * (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True) + e) + b,
-     "d - 1"),
-    (lambda x, g, b, e: g * (x - x.mean(-1, keepdim=True)) / (x.std(-1, unbiased=False, keepdim=True) + e)
-     + b, "inside the square root"),
-    (lambda x, g, b, e: g * (x - x.mean(0, keepdim=True)) / torch.sqrt(x.var(0, unbiased=False, keepdim=True)
-                                                                        + e) + b,
-     "last axis"),
-    (lambda x, g, b, e: g * (x - x.sum(-1, keepdim=True)) / torch.sqrt(
-        ((x - x.sum(-1, keepdim=True)) ** 2).mean(-1, keepdim=True) + e) + b, "not their sum"),
-    (lambda x, g, b, e: layer_norm_ref(x, b, g, e), "gamma multiplies"),
-    (lambda x, g, b, e: (x - x.mean(-1, keepdim=True))                                  # no gain and bias
-     / torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + e), "wrong values"),
-], ids=["unbiased", "eps-outside", "batch-axis", "sum", "gamma-beta-swapped", "no-affine"])
-def test_07_layer_norm(wrong, message, capsys):
-    _accepts("07.layer_norm", layer_norm_ref)
-    _accepts("07.layer_norm", lambda x, g, b, e: torch.nn.functional.layer_norm(x, (x.shape[-1],), g, b, e))
+    (lambda x, g, e: g * _centred(x) / torch.sqrt((_centred(x) ** 2).mean(-1, keepdim=True) + e),
+     "does not subtract the mean"),
+    (lambda x, g, e: g * x / ((x ** 2).mean(-1, keepdim=True).sqrt() + e), "inside the square root"),
+    (lambda x, g, e: g * x / torch.sqrt((x ** 2).sum(-1, keepdim=True) + e), "not their sum"),
+    (lambda x, g, e: g * x / torch.sqrt((x ** 2).mean(0, keepdim=True) + e), "not over the batch"),
+    (lambda x, g, e: g * x / ((x ** 2).mean(-1, keepdim=True) + e), "not by the mean square itself"),
+    (lambda x, g, e: x / torch.sqrt((x ** 2).mean(-1, keepdim=True) + e), "wrong values"),      # no gain
+    (lambda x, g, e: rms_norm_ref(x, g, e) + g, "wrong values"),                   # a bias made of gamma
+], ids=["centred", "eps-outside", "sum", "batch-axis", "no-root", "no-gain", "extra-bias"])
+def test_07_rms_norm(wrong, message, capsys):
+    _accepts("07.rms_norm", rms_norm_ref)
+    _accepts("07.rms_norm", lambda x, g, e: torch.nn.functional.rms_norm(x, (x.shape[-1],), g, e))
     capsys.readouterr()
-    _rejects("07.layer_norm", wrong)
+    _rejects("07.rms_norm", wrong)
     assert message in capsys.readouterr().out
 
 

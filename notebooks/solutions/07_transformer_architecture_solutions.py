@@ -32,31 +32,47 @@ from tfmlib.transformer import DecoderLayer, EncoderLayer, LayerNormScratch
 # %% [markdown]
 # ## Coding exercises
 #
-# **1. Layer normalisation from the formula.** Both statistics are means over the last axis
-# (the features of one position), the variance is the biased one, and $\epsilon$ goes inside the
-# square root. `x.var(-1)` would divide by $d - 1$: write the mean of the squared deviations
-# out, or pass `unbiased=False`.
+# **1. RMSNorm.** One statistic, the mean of the squared features over the last axis, kept as an
+# axis of size 1; $\epsilon$ inside the square root, as in section 3's LayerNorm; the gain after
+# normalising, and no centring and no bias.
 
 # %%
-def layer_norm(x: Tensor, gamma: Tensor, beta: Tensor, eps: float) -> Tensor:
-    mu = x.mean(dim=-1, keepdim=True)
-    var = ((x - mu) ** 2).mean(dim=-1, keepdim=True)
-    return gamma * (x - mu) / torch.sqrt(var + eps) + beta
+def rms_norm(x: Tensor, gamma: Tensor, eps: float) -> Tensor:
+    return gamma * x / torch.sqrt((x ** 2).mean(dim=-1, keepdim=True) + eps)
 
 
-exercises.check("07.layer_norm", layer_norm, must_pass=True)
+exercises.check("07.rms_norm", rms_norm, must_pass=True)
 
+# %% [markdown]
+# Against PyTorch's `nn.RMSNorm`, and against section 3's LayerNorm with $\beta = 0$. The two
+# normalisations agree exactly when the vector's mean is zero: then its mean square *is* its
+# variance. For a vector whose mean is large compared with its spread they part ways: LayerNorm
+# removes the mean and blows the small spread up to unit size; RMSNorm keeps the mean, and the
+# spread stays small next to it.
+
+# %%
 torch.manual_seed(0)
-scratch = LayerNormScratch(12)
+gamma = torch.randn(12, dtype=torch.double)
+reference = nn.RMSNorm(12, eps=1e-5).double()
 with torch.no_grad():
-    scratch.gamma.normal_()
-    scratch.beta.normal_()
-x = torch.randn(3, 5, 12) * 4 + 1
+    reference.weight.copy_(gamma)
+scratch = LayerNormScratch(12).double()
 with torch.no_grad():
-    mine, package = layer_norm(x, scratch.gamma, scratch.beta, scratch.eps), scratch(x)
-print(f"max |solution - tfmlib.transformer.LayerNormScratch| = {(mine - package).abs().max().item():.1e}; "
-      f"bit for bit equal (the same operations in the same order): {torch.equal(mine, package)}")
-assert torch.equal(mine, package), "the solution must match the package's LayerNormScratch"
+    scratch.gamma.copy_(gamma)                                                  # beta stays 0
+x = torch.randn(3, 5, 12, dtype=torch.double) * 4 + 1
+centred = x - x.mean(-1, keepdim=True)
+offset = 10.0 + 0.1 * torch.randn(12, dtype=torch.double)                      # mean 10, spread 0.1
+with torch.no_grad():
+    vs_torch = (rms_norm(x, gamma, 1e-5) - reference(x)).abs().max().item()
+    zero_mean = (rms_norm(centred, gamma, 1e-5) - scratch(centred)).abs().max().item()
+    ln_offset, rms_offset = scratch(offset) / gamma, rms_norm(offset, gamma, 1e-5) / gamma   # without the gain
+print(f"max |solution - nn.RMSNorm| = {vs_torch:.1e}; on zero-mean vectors, max |RMSNorm - LayerNorm| = "
+      f"{zero_mean:.1e}")
+print(f"a vector of mean 10 and spread 0.1, normalised (gain removed): LayerNorm gives mean "
+      f"{ln_offset.mean().item():.2f} and spread {ln_offset.std(unbiased=False).item():.2f}; RMSNorm gives mean "
+      f"{rms_offset.mean().item():.2f} and spread {rms_offset.std(unbiased=False).item():.3f}")
+assert vs_torch < 1e-12 and zero_mean < 1e-12, "RMSNorm must match nn.RMSNorm, and LayerNorm on zero-mean vectors"
+assert abs(ln_offset.mean().item()) < 1e-6 and rms_offset.std().item() < 0.05, "the two treat a mean differently"
 
 # %% [markdown]
 # **2. A sublayer, post-LN or pre-LN.** Post-LN normalises the residual sum; pre-LN normalises

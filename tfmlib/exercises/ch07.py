@@ -13,51 +13,46 @@ import torch
 from .core import Wrong, checker, expect_close, mask_mismatch
 
 
-def _layer_norm_case(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+def _rms_norm_case(seed: int) -> tuple[torch.Tensor, torch.Tensor, float]:
     g = torch.Generator().manual_seed(seed)
     shape = [(3, 8), (2, 5, 6), (4, 3, 2, 10), (1, 16)][seed % 4]
-    x = torch.randn(*shape, generator=g, dtype=torch.double) * (1 + 3 * seed) + 2 * seed
-    x[..., 0, :] = 1.5 + 1e-3 * torch.randn(shape[-1], generator=g, dtype=torch.double)  # near-constant
+    x = torch.randn(*shape, generator=g, dtype=torch.double) * (1 + 3 * seed) + 2 * seed   # mean far from 0
+    x[..., 0, :] = 1e-3 * torch.randn(shape[-1], generator=g, dtype=torch.double)           # nearly zero
     gamma = torch.randn(shape[-1], generator=g, dtype=torch.double)
-    beta = torch.randn(shape[-1], generator=g, dtype=torch.double)
-    return x, gamma, beta, [1e-5, 1e-3, 0.1, 1e-2][seed % 4]
+    return x, gamma, [1e-5, 1e-3, 0.1, 1e-2][seed % 4]
 
 
-def _layer_norm_mistakes(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor,
-                         eps: float) -> dict[str, torch.Tensor]:
-    """What typical wrong versions of layer normalisation return (for helpful messages)."""
-    mu = x.mean(-1, keepdim=True)
-    var = x.var(-1, unbiased=False, keepdim=True)
+def _rms_norm_mistakes(x: torch.Tensor, gamma: torch.Tensor, eps: float) -> dict[str, torch.Tensor]:
+    """What typical wrong versions of RMS normalisation return (for helpful messages)."""
+    ms = (x ** 2).mean(-1, keepdim=True)
+    centred = x - x.mean(-1, keepdim=True)
     return {
-        "you divided by d - 1 (x.var() and x.std() are unbiased by default; layer norm uses "
-        "unbiased=False)": gamma * (x - mu) / torch.sqrt(x.var(-1, keepdim=True) + eps) + beta,
-        "epsilon must go inside the square root: sqrt(var + eps), not sqrt(var) + eps":
-            gamma * (x - mu) / (var.sqrt() + eps) + beta,
-        "the mean and variance are over the last axis (the features of one position), not over "
-        "the batch": gamma * (x - x.mean(0, keepdim=True)) / torch.sqrt(x.var(0, unbiased=False, keepdim=True)
-                                                                         + eps) + beta,
-        "mu is the mean of the features, not their sum":
-            gamma * (x - x.sum(-1, keepdim=True)) / torch.sqrt(((x - x.sum(-1, keepdim=True)) ** 2).mean(
-                -1, keepdim=True) + eps) + beta,
-        "gamma multiplies the normalised vector and beta is added after: gamma * x_hat + beta":
-            (x - mu) / torch.sqrt(var + eps) * beta + gamma,
+        "that is LayerNorm without its bias: RMSNorm does not subtract the mean, it divides x itself by "
+        "its root mean square": gamma * centred / torch.sqrt((centred ** 2).mean(-1, keepdim=True) + eps),
+        "epsilon must go inside the square root: sqrt(mean square + eps), not sqrt(mean square) + eps":
+            gamma * x / (ms.sqrt() + eps),
+        "the statistic is the mean of the squares over the features, not their sum":
+            gamma * x / torch.sqrt((x ** 2).sum(-1, keepdim=True) + eps),
+        "the mean square is over the last axis (the features of one position), not over the batch":
+            gamma * x / torch.sqrt((x ** 2).mean(0, keepdim=True) + eps),
+        "divide by the root of the mean square, not by the mean square itself": gamma * x / (ms + eps),
     }
 
 
-@checker("07.layer_norm", hint="both statistics are means over the last axis only, kept as an axis of size "
-         "1 so they broadcast back; mind which variance torch computes by default (section 3's table shows "
-         "the slip) and where eps goes; gamma and beta act after normalising")
-def _check_layer_norm(layer_norm: Callable[..., torch.Tensor]) -> None:
+@checker("07.rms_norm", hint="like section 3's LayerNorm with the centring and the bias left out: one "
+         "statistic, the mean of the squared features over the last axis only, kept as an axis of size 1 "
+         "so that it broadcasts back; eps goes where section 3 put it; gamma acts after normalising")
+def _check_rms_norm(rms_norm: Callable[..., torch.Tensor]) -> None:
     for seed in range(4):
-        x, gamma, beta, eps = _layer_norm_case(seed)
-        want = torch.nn.functional.layer_norm(x, (x.shape[-1],), gamma, beta, eps)
-        got = layer_norm(x.clone(), gamma.clone(), beta.clone(), eps)
+        x, gamma, eps = _rms_norm_case(seed)
+        want = torch.nn.functional.rms_norm(x, (x.shape[-1],), gamma, eps)
+        got = rms_norm(x.clone(), gamma.clone(), eps)
         if isinstance(got, torch.Tensor) and got.shape == want.shape and \
                 not torch.allclose(got.double(), want, atol=1e-6, rtol=1e-5):
-            for reason, wrong in _layer_norm_mistakes(x, gamma, beta, eps).items():
+            for reason, wrong in _rms_norm_mistakes(x, gamma, eps).items():
                 if wrong.shape == want.shape and torch.allclose(got.double(), wrong, atol=1e-6, rtol=1e-5):
                     raise Wrong(reason)
-        expect_close(got, want, f"layer_norm(x of shape {tuple(x.shape)}, eps={eps})", atol=1e-6, rtol=1e-5)
+        expect_close(got, want, f"rms_norm(x of shape {tuple(x.shape)}, eps={eps})", atol=1e-6, rtol=1e-5)
 
 
 @checker("07.sublayer", hint="read section 4's two formulas: ask for each what the LayerNorm is applied to, "
