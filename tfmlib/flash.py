@@ -65,16 +65,11 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from tfmlib.attention import _check_qkv
+from tfmlib.positional import check_positive_int
 
 INTRODUCED_IN = 10
 
 __all__ = ["online_softmax", "saved_tensor_bytes", "tiled_attention"]
-
-
-def _positive_int(value: object, name: str, who: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{who}: {name} must be a positive int, got {value!r}")
-    return value
 
 
 def _safe_max(m: Tensor) -> Tensor:
@@ -113,7 +108,7 @@ def online_softmax(x: Tensor, block_size: int, *, return_trace: bool = False) ->
         raise TypeError(f"{who}: x must be a floating tensor, got {got}")
     if x.dim() == 0 or x.shape[-1] == 0:
         raise ValueError(f"{who}: x must have a non-empty last dimension, got shape {tuple(x.shape)}")
-    block_size = _positive_int(block_size, "block_size", who)
+    check_positive_int(who, "block_size", block_size)
     n = x.shape[-1]
     m = torch.full(x.shape[:-1], -math.inf, dtype=x.dtype, device=x.device)   # running max
     ell = torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)           # running sum
@@ -274,8 +269,8 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     S = k.shape[-2]
     if min(T, S, d, v.shape[-1], B, h) == 0:
         raise ValueError(f"{who}: empty input (q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)})")
-    block_q = _positive_int(block_q, "block_q", who)
-    block_k = _positive_int(block_k, "block_k", who)
+    check_positive_int(who, "block_q", block_q)
+    check_positive_int(who, "block_k", block_k)
     if not isinstance(causal, bool):
         raise TypeError(f"{who}: causal must be a bool, got {type(causal).__name__}")
     if causal and S < T:
