@@ -288,9 +288,10 @@ def fit(
     pending_skipped: list[torch.Tensor] = []  # fp16: whether the scaler skipped each step
     total_loss, total_tokens = 0.0, 0
     first_epoch, skip_batches, restored = 1, 0, None
+    if checkpoint_path is not None:
+        # tfmlib.resume imports this module, so it is imported here rather than at the top
+        from tfmlib.resume import load_training_state, restore_rng_state, save_training_state
     if resume and Path(checkpoint_path).is_file():  # type: ignore[arg-type]
-        from tfmlib.resume import load_training_state
-
         restored = load_training_state(checkpoint_path, model=model, optimizer=optimizer,  # type: ignore[arg-type]
                                        scheduler=scheduler, scaler=scaler, settings=settings)
         history = History.from_dict(restored.history)
@@ -343,8 +344,6 @@ def fit(
         return metrics
 
     def save_state(bar: Any, epoch: int, batches_done: int, epoch_seconds: float) -> None:
-        from tfmlib.resume import save_training_state
-
         read_pending(bar)
         synchronize(device)
         save_training_state(
@@ -384,15 +383,16 @@ def fit(
             scheduler.step()
         steps += 1
 
+    def out_of_steps_or_time() -> bool:
+        return (max_steps is not None and steps >= max_steps) or (
+            time_budget_s is not None and time.perf_counter() - start - eval_seconds >= time_budget_s)
+
     def after_step(bar: Any, epoch: int, batches_done: int, epoch_t0: float, epoch_eval0: float) -> bool:
         """Bookkeeping after an optimiser step: read the losses, evaluate, save the training state;
         True when training should stop."""
         if len(pending_loss) >= log_every:
             read_pending(bar)
-        done = (max_steps is not None and steps >= max_steps) or (
-            time_budget_s is not None
-            and time.perf_counter() - start - eval_seconds >= time_budget_s
-        )
+        done = out_of_steps_or_time()
         if eval_every is not None and steps % eval_every == 0:
             evaluate()
         if checkpoint_path is not None and (done or (checkpoint_every is not None
@@ -427,19 +427,14 @@ def fit(
         if restored is not None:
             for _ in range(skip_batches):  # the batches the saved run had consumed
                 if next(batches, None) is None:
-                    from tfmlib.resume import CheckpointError
-
                     raise CheckpointError(f"{checkpoint_path}: the loader has fewer batches in epoch {epoch} "
                                           f"than the saved run had consumed ({skip_batches})")
             batches_done = skip_batches
             # after the skipped batches (and the loader's own draw when it started): from here on the
             # random numbers are those the saved run went on with
-            from tfmlib.resume import restore_rng_state
-
             restore_rng_state(restored.rng)
             restored = None
-            stop = (max_steps is not None and steps >= max_steps) or (
-                time_budget_s is not None and time.perf_counter() - start - eval_seconds >= time_budget_s)
+            stop = out_of_steps_or_time()
 
         for batch in batches if not stop else ():
             batch = move_to(batch, device)
@@ -506,8 +501,6 @@ def fit(
         if stop:
             break
     if restored is not None:  # resumed from the state saved when all epochs were done
-        from tfmlib.resume import restore_rng_state
-
         restore_rng_state(restored.rng)
     if eval_every is not None and (not history.evals or history.evals[-1]["step"] != steps):
         evaluate()  # the last step, unless it was a multiple of eval_every
