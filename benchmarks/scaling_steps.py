@@ -72,7 +72,7 @@ from tfmlib.config import seed_everything
 from tfmlib.data import tokenize
 from tfmlib.ddp_train import build_data
 from tfmlib.lm import DecoderLM
-from tfmlib.precision import autocast, pick_precision
+from tfmlib.precision import DTYPES, autocast, pick_precision
 from tfmlib.rnn import collate_lm, lm_loss
 from tfmlib.synthetic import load_bundled
 from tfmlib.throughput import lm_flops_per_token, mfu, peak_flops
@@ -94,7 +94,6 @@ PROFILES: dict[str, dict[str, Any]] = {
     "gpu": dict(d_model=768, heads=12, layers=12, block_len=1024, batch=16, sentences=50000, cycle=4,
                 rounds=10, ddp_steps=40, ddp_repeats=1, compile_backend="inductor", matmul=8192),
 }
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def matmul_flops(device: torch.device, precision: str, n: int, repeats: int = 5) -> float:
