@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import json
 import math
 import sys
@@ -163,11 +164,12 @@ def train_fast(model: Transformer, train_data: TranslationDataset, val_batches: 
         print(f"torch.compile: {compile_note} ({compile_seconds:.1f} s, not counted in the budget)")
 
     best = {"val_loss": math.inf, "epoch": 0, "state": None}
+    epoch_numbers = itertools.count(1)  # validate runs once per epoch
 
     def validate(_: nn.Module) -> dict[str, float]:
         # the eager model (it shares its weights with a compiled one): no compile for eval shapes
         val_loss = round(validation_loss(model, val_batches, device, precision), 4)
-        epoch = best["epoch_seen"] = best.get("epoch_seen", 0) + 1
+        epoch = next(epoch_numbers)
         if val_loss < best["val_loss"]:
             best.update(val_loss=val_loss, epoch=epoch, state=copy.deepcopy(model.state_dict()))
         return {"val_loss": val_loss}
