@@ -14,7 +14,8 @@ module                 chapter  what it holds
 ``plot``               00       loss curves and labelled heatmaps
 ``exercises``          00       checkers for the coding exercises at the end of every chapter
 ``rnn``                01       RNN and GRU cells from scratch, the unrolled GRU, a GRU language model
-``train``              01       the training loop, checkpoints
+``train``              01       the training loop (fit) and its bookkeeping parts
+``checkpoint``         01       the checkpoint file: model, optimizer, vocabularies, config; atomic, safe
 ``timing``             01       the one timing helper (device synchronised, interleaved medians)
 ``seq2seq``            02       the encoder-decoder interface, a GRU encoder-decoder, the padded loss
 ``decoding``           02       greedy decoding, translating texts, evaluating a translator
@@ -29,6 +30,8 @@ module                 chapter  what it holds
 ``kv_cache``           09       the key-value cache, cached attention and layer steps
 ``flash``              10       the online softmax and FlashAttention's tiling in plain PyTorch
 ``precision``          10       mixed precision: bf16/fp16 autocast, the gradient scaler
+``training_step``      10       one optimiser step: precision, token-weighted accumulation, DDP, clipping
+``rng``                10       the random number generators' states, captured and restored
 ``resume``             10       training states that resume a killed run exactly
 ``packing``            10       sentences packed into fixed-length blocks (no padding)
 ``throughput``         10       model FLOPs per token, device peaks, MFU, timed training steps

@@ -23,6 +23,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from tfmlib.rng import capture_rng_state, restore_rng_state
 from tfmlib.timing import synchronize
 
 INTRODUCED_IN = 10
@@ -80,7 +81,7 @@ def compile_or_fallback(model: nn.Module, trial: Callable[[nn.Module], object],
     (``device``, when given, is synchronised before the clock stops). Any exception from the
     compiler or the trial means "train eagerly". The trial leaves no trace on the training run:
     its gradients are cleared either way, it steps no optimiser, and the random number generators
-    (Python's, NumPy's, torch's CPU and CUDA/MPS ones, :func:`tfmlib.resume.capture_rng_state`)
+    (Python's, NumPy's, torch's CPU and CUDA/MPS ones, :func:`tfmlib.rng.capture_rng_state`)
     are put back as they were before it, so that the dropout masks of the run that follows are
     those an eager run from the same seed would draw (buffers a trial updates, such as a batch
     norm's running statistics, are not restored: pass a trial that leaves them alone).
@@ -89,8 +90,6 @@ def compile_or_fallback(model: nn.Module, trial: Callable[[nn.Module], object],
         raise TypeError(f"compile_or_fallback: model must be an nn.Module, got {type(model).__name__}")
     if not callable(trial):
         raise TypeError(f"compile_or_fallback: trial must be callable, got {type(trial).__name__}")
-    from tfmlib.resume import capture_rng_state, restore_rng_state
-
     compiler = compiler or default_compiler
     rng = capture_rng_state()
     start = time.perf_counter()

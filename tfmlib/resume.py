@@ -3,15 +3,15 @@
 Introduced in chapter 10 (scaling up); :func:`tfmlib.train.fit` writes and reads them through its
 ``checkpoint_path``, ``checkpoint_every`` and ``resume`` arguments.
 
-A model checkpoint (:func:`tfmlib.train.save_checkpoint`) holds what is needed to *use* a model.
+A model checkpoint (:func:`tfmlib.checkpoint.save_checkpoint`) holds what is needed to *use* a model.
 To *continue training* so that the run ends with the very weights an uninterrupted run would have,
 a training state also holds:
 
 * the optimizer's state (Adam's two moment estimates and its step count), the learning-rate
   scheduler's position and fp16's gradient scaler (its current scale);
-* every random number generator the step may draw from: Python's ``random``, NumPy's global
-  generator, torch's CPU generator (dropout on the CPU, ``torch.randperm``...), the generator of
-  every CUDA device (dropout on a GPU) when CUDA has been used, and MPS's;
+* every random number generator the step may draw from (:mod:`tfmlib.rng`): Python's ``random``,
+  NumPy's global generator, torch's CPU generator (dropout on the CPU, ``torch.randperm``...), the
+  generator of every CUDA device (dropout on a GPU) when CUDA has been used, and MPS's;
 * the data position: the epoch, how many batches of it were consumed (micro-batches with
   ``accumulate``), the optimiser steps so far, and the epoch value of the sampler, whose order
   depends only on (seed, epoch), so that the resumed run replays the epoch and skips what was done;
@@ -33,84 +33,24 @@ state is stored as a tensor and numbers), and loading it never runs code from th
 
 from __future__ import annotations
 
-import random
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
-from tfmlib.train import CheckpointError, read_safely, state_mismatch, write_atomically
+from tfmlib.checkpoint import CheckpointError, read_safely, state_mismatch, write_atomically
+from tfmlib.rng import capture_rng_state, restore_rng_state
 
 INTRODUCED_IN = 10
 
 STATE_FORMAT = "tfmlib-training-state-1"
 
-__all__ = ["STATE_FORMAT", "CheckpointError", "TrainingState", "capture_rng_state", "load_training_state",
-           "restore_rng_state", "save_training_state"]
-
-
-# --------------------------------------------------------------------------- random number generators
-
-
-def capture_rng_state() -> dict[str, Any]:
-    """The states of the random number generators a training step may draw from, as tensors and
-    plain data (what ``torch.load(weights_only=True)`` reads back).
-
-    Keys: ``python`` (``random``'s Mersenne Twister: version, 625 words, the cached Gaussian),
-    ``numpy`` (the legacy global generator: name, 624 words as an int64 tensor, position, cached
-    Gaussian), ``torch`` (the CPU generator's byte tensor), ``cuda`` (a list with one byte tensor
-    per CUDA device, only when CUDA has been initialised in this process: a generator that was
-    never used is still in the state its seed put it in), ``mps`` (when MPS is available).
-    """
-    version, internal, gauss_next = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
-    state: dict[str, Any] = {
-        "python": {"version": version, "internal": list(internal), "gauss_next": gauss_next},
-        "numpy": {"kind": str(kind), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64).copy()),
-                  "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = list(torch.cuda.get_rng_state_all())
-    if torch.backends.mps.is_available():
-        state["mps"] = torch.mps.get_rng_state()
-    return state
-
-
-def restore_rng_state(state: Mapping[str, Any]) -> None:
-    """Put the generators back in the states :func:`capture_rng_state` returned.
-
-    CUDA states are restored device by device; when the number of CUDA devices differs from the
-    saved run's, the devices both have are restored and a warning says the rest are not.
-    Raises :class:`CheckpointError` when ``state`` lacks one of the CPU generators or holds
-    malformed values.
-    """
-    try:
-        py = state["python"]
-        random.setstate((int(py["version"]), tuple(int(w) for w in py["internal"]), py["gauss_next"]))
-        npy = state["numpy"]
-        keys = np.asarray(torch.as_tensor(npy["keys"]).tolist(), dtype=np.uint32)
-        np.random.set_state((npy["kind"], keys, int(npy["pos"]), int(npy["has_gauss"]),
-                             float(npy["cached_gaussian"])))
-        torch.set_rng_state(torch.as_tensor(state["torch"], dtype=torch.uint8).cpu())
-    except (KeyError, TypeError, ValueError, RuntimeError) as e:
-        raise CheckpointError(f"restore_rng_state: not a generator state ({type(e).__name__}: {e})") from e
-    cuda_states = state.get("cuda")
-    if cuda_states:
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count != len(cuda_states):
-            warnings.warn(f"restore_rng_state: the state holds {len(cuda_states)} CUDA generators and this "
-                          f"process sees {count} devices: restoring {min(count, len(cuda_states))}",
-                          stacklevel=2)
-        for i, s in enumerate(cuda_states[:count]):
-            torch.cuda.set_rng_state(torch.as_tensor(s, dtype=torch.uint8).cpu(), i)
-    if state.get("mps") is not None and torch.backends.mps.is_available():
-        torch.mps.set_rng_state(torch.as_tensor(state["mps"], dtype=torch.uint8).cpu())
+__all__ = ["STATE_FORMAT", "CheckpointError", "Checkpointing", "EpochOrder", "TrainingState",
+           "capture_rng_state", "epoch_sampler", "load_training_state", "restore_rng_state",
+           "save_training_state"]
 
 
 # --------------------------------------------------------------------------- the training state
@@ -301,3 +241,104 @@ def load_training_state(
     if enabled_scaler:
         scaler.load_state_dict(state.scaler_state)  # type: ignore[union-attr,arg-type]
     return state
+
+
+# --------------------------------------------------------------------------- fit's parts
+
+
+def epoch_sampler(loader: Any) -> Any:
+    """The sampler of ``loader`` whose order depends only on (seed, epoch): ``loader.batch_sampler``
+    or ``loader.sampler`` when it has ``set_epoch`` (else ``None``)."""
+    for attr in ("batch_sampler", "sampler"):
+        sampler = getattr(loader, attr, None)
+        if callable(getattr(sampler, "set_epoch", None)):
+            return sampler
+    return None
+
+
+class EpochOrder:
+    """The loader's sampler, whose batch order depends only on (seed, epoch), and its epoch value.
+
+    :func:`tfmlib.train.fit` needs one to checkpoint (a resumed run replays the interrupted epoch's
+    order and skips the batches it had done), and drives torch's ``DistributedSampler`` with it even
+    without checkpoints: that sampler keeps its epoch until told, so ``fit`` calls ``set_epoch`` at
+    the start of every epoch, as torch's documentation asks (else every epoch has the same order).
+    tfmlib's samplers advance their own epoch (the DataLoader iterates them twice per epoch: once
+    when it starts and once when it resets), so ``fit`` only reads their value, and sets it back
+    when resuming. ``first`` is the sampler's value for ``fit``'s epoch 1, ``now`` its value when the
+    current epoch started (what a training state saves).
+    """
+
+    def __init__(self, sampler: Any) -> None:
+        self.sampler = sampler
+        self.managed = isinstance(sampler, torch.utils.data.DistributedSampler)
+        self.first: int = sampler.epoch
+        self.now: int = self.first
+
+    @classmethod
+    def of(cls, loader: Any, *, checkpointing: bool) -> EpochOrder | None:
+        """The order of ``loader``'s batches when ``fit`` must manage it (``checkpointing``, or a
+        ``DistributedSampler``), else ``None``. ``ValueError`` when checkpointing needs a sampler
+        with ``set_epoch`` and an int ``epoch`` and the loader has none."""
+        if not checkpointing and not isinstance(getattr(loader, "sampler", None),
+                                                torch.utils.data.DistributedSampler):
+            return None
+        sampler = epoch_sampler(loader)
+        if sampler is None or not isinstance(getattr(sampler, "epoch", None), int):
+            raise ValueError(
+                "fit: checkpoint_path needs a loader whose batch order depends only on a seed and the epoch, "
+                "so that a resumed run can replay it: loader.batch_sampler or loader.sampler must have "
+                "set_epoch and an int attribute epoch (tfmlib.data.BucketBatchSampler, TokenBatchSampler, "
+                "torch's DistributedSampler); "
+                f"got a {type(loader).__name__}"
+                + (f" with batch_sampler {type(loader.batch_sampler).__name__}"
+                   if getattr(loader, "batch_sampler", None) is not None else ""))
+        return cls(sampler)
+
+    def start_epoch(self, epoch: int, replay: int | None = None) -> None:
+        """Before ``fit``'s ``epoch`` (1-based): the sampler's epoch set to ``replay`` (a resumed
+        epoch), or to ``first + epoch - 1`` for a ``DistributedSampler``; ``now`` recorded."""
+        if replay is not None:
+            self.sampler.set_epoch(replay)
+        elif self.managed:
+            self.sampler.set_epoch(self.first + epoch - 1)
+        self.now = self.sampler.epoch
+
+    def after_all_epochs(self) -> int:
+        """The sampler's epoch value for the epoch after the last (what the final state saves)."""
+        return self.sampler.epoch + (1 if self.managed else 0)
+
+
+class Checkpointing:
+    """``fit``'s ``checkpoint_path``, ``checkpoint_every`` and ``resume``: when a training state is
+    written, with which ``settings`` (plain data that must be equal on resume), and the state a
+    resumed run starts from."""
+
+    def __init__(self, path: str | Path, every: int | None = None,
+                 settings: Mapping[str, Any] | None = None) -> None:
+        if every is not None and (not isinstance(every, int) or isinstance(every, bool) or every < 1):
+            raise ValueError(f"Checkpointing: every must be an int >= 1 or None, got {every!r}")
+        self.path, self.every, self.settings = Path(path), every, dict(settings or {})
+
+    def due(self, steps: int, stopping: bool) -> bool:
+        """Save after this step? At every ``every``-th step and when training stops early."""
+        return stopping or (self.every is not None and steps % self.every == 0)
+
+    def restore(self, *, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None,
+                scaler: torch.amp.GradScaler | None = None, verbose: bool = True) -> TrainingState | None:
+        """The state at ``path`` loaded into the objects given (:func:`load_training_state`, with
+        ``settings`` checked), or ``None`` (and a printed line) when there is no file yet."""
+        if not self.path.is_file():
+            if verbose:
+                print(f"fit: no training state at {self.path} yet: starting from step 0")
+            return None
+        state = load_training_state(self.path, model=model, optimizer=optimizer, scheduler=scheduler,
+                                    scaler=scaler, settings=self.settings)
+        if verbose:
+            print(f"fit: resumed from {self.path} at step {state.steps} (epoch {state.epoch}, "
+                  f"{state.batches_done} batches done)")
+        return state
+
+    def save(self, **state: Any) -> Path:
+        """:func:`save_training_state` to ``path`` with ``settings``; ``state`` its other arguments."""
+        return save_training_state(self.path, settings=self.settings, **state)

@@ -1,26 +1,35 @@
-"""A small, readable training loop and safe checkpoints.
+"""The training loop of the book, and the parts it calls.
 
 Introduced in chapter 01; every chapter that trains a model uses :func:`fit`.
 
-The loop is deliberately plain: for each batch, compute the loss with a function you pass in,
-back-propagate, clip the gradient norm, step. It records the loss of every step and a summary of
-every epoch (with whatever your evaluation function measures), and shows progress with
-``tqdm.auto``; the losses stay on the device and are read back a few at a time, so a GPU is not
-made to wait for the host every step. Checkpoints hold the model, the optimizer, the
-vocabularies and the run's config together; they are written to a temporary file and moved into
-place (a reader never sees half of one) and read back with ``torch.load(..., weights_only=True)``:
-loading one never runs code from the file.
+The loop, :func:`train_loop`, is the one every PyTorch tutorial writes: for each batch, the loss
+(a function you pass in), its gradients, an optimiser step, a record of the loss. Everything else
+``fit`` does is a small named part that the loop calls:
+
+* :class:`~tfmlib.training_step.TrainingStep`: the step's arithmetic (``zero_grad``, ``backward``,
+  clipping the gradient norm, ``optimizer.step()``, ``scheduler.step()``); chapter 10 adds mixed
+  precision, gradient accumulation and data-parallel weighting to it;
+* :class:`LossLog`: the losses stay on the device and are read back a few steps at a time, so a
+  GPU is not made to wait for the host every step; it records ``History.step_loss`` and the
+  epoch's token-weighted mean;
+* :class:`TrainingClock`: training time, with evaluation left out, for time budgets and tokens/s;
+* :class:`EvalSchedule`: ``eval_fn`` after every epoch, or every ``N`` steps (chapter 08);
+* :class:`~tfmlib.resume.EpochOrder` and :class:`~tfmlib.resume.Checkpointing` (chapter 10): the
+  sampler's epoch, training states written every ``N`` steps, and the run a killed one resumes;
+* :class:`Bookkeeping`: where the run is (epoch, batches, limits) and what it has recorded; it
+  holds the parts above.
+
+Model checkpoints (:mod:`tfmlib.checkpoint`: the model, the optimizer, the vocabularies and the
+run's config together, written atomically and read with ``torch.load(..., weights_only=True)``)
+are importable from here too, as chapters 01-03 and 08 do.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import operator
-import os
-import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,8 +38,21 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from tfmlib.data import Vocab
+from tfmlib.checkpoint import (  # noqa: F401  (chapters 01-03 and 08 import these from tfmlib.train)
+    CHECKPOINT_FORMAT,
+    Checkpoint,
+    CheckpointError,
+    checkpoint_dir,
+    load_checkpoint,
+    read_safely,
+    save_checkpoint,
+    state_mismatch,
+    write_atomically,
+)
+from tfmlib.resume import Checkpointing, EpochOrder, TrainingState
+from tfmlib.rng import restore_rng_state
 from tfmlib.timing import synchronize
+from tfmlib.training_step import StepResult, TrainingStep, token_count
 
 INTRODUCED_IN = 1
 
@@ -100,54 +122,300 @@ def move_to(batch: Any, device: torch.device | str) -> Any:
     return batch
 
 
-def _token_count(n_tokens: Any, step: int) -> int:
-    """``n_tokens`` (an int, a NumPy integer or a 0-d integer tensor) as an int >= 0."""
-    try:
-        count = -1 if isinstance(n_tokens, bool) else operator.index(n_tokens)
-    except TypeError:
-        count = -1
-    if count < 0:
-        raise TypeError(f"fit: loss_fn must return (loss, n_tokens) with n_tokens an int >= 0, "
-                        f"got {n_tokens!r} at step {step}")
-    return count
+# --------------------------------------------------------------------------- the loop's parts
 
 
-def _check_token_count(n_tokens: Any, step: int) -> int | torch.Tensor:
-    """``n_tokens`` as an int >= 0, or a 0-d integer tensor kept as it is (on its device: reading
-    it would wait for the device; it is read, and checked >= 0, with the losses)."""
-    if isinstance(n_tokens, torch.Tensor) and n_tokens.dim() == 0 and not (
-            n_tokens.is_floating_point() or n_tokens.is_complex() or n_tokens.dtype == torch.bool):
-        return n_tokens.detach()
-    return _token_count(n_tokens, step)
+class LossLog:
+    """The step losses, kept on the device and read back ``log_every`` at a time.
+
+    Reading a value from a GPU makes the host wait for it (once a step, that would halve the speed
+    of a small model), so :meth:`add` only keeps the step's loss tensor; :meth:`read` reads every
+    pending loss (and tensor token counts, and fp16's skipped-step flags) in one transfer, checks
+    them, and records them in ``history``: ``step_loss``, ``skipped_steps``, and the epoch's
+    token-weighted sum (``epoch_loss``, ``epoch_tokens``). A non-finite loss is a ``ValueError``
+    naming its step, found when it is read.
+    """
+
+    def __init__(self, history: History, log_every: int = 50) -> None:
+        if not isinstance(log_every, int) or isinstance(log_every, bool) or log_every < 1:
+            raise ValueError(f"fit: log_every must be an int >= 1, got {log_every!r}")
+        self.history, self.log_every = history, log_every
+        self.pending: list[StepResult] = []
+        self.epoch_loss, self.epoch_tokens = 0.0, 0
+
+    def start_epoch(self, loss_sum: float = 0.0, tokens: int = 0) -> None:
+        """Start the epoch's sums (from a resumed epoch's, when given)."""
+        self.epoch_loss, self.epoch_tokens = loss_sum, tokens
+
+    def add(self, result: StepResult) -> None:
+        """Keep one step's loss, token count and skipped flag (on the device) until :meth:`read`."""
+        self.pending.append(result)
+
+    def due(self) -> bool:
+        """True when ``log_every`` steps are pending."""
+        return len(self.pending) >= self.log_every
+
+    def read(self, bar: Any = None) -> None:
+        """Read the pending steps in one transfer; check and record them; show the last loss on
+        ``bar`` (a tqdm bar) if given."""
+        if not self.pending:
+            return
+        first_step = len(self.history.step_loss) + 1
+        values = torch.stack([r.loss for r in self.pending]).tolist()
+        tensor_counts = [r.n_tokens for r in self.pending if isinstance(r.n_tokens, torch.Tensor)]
+        read_counts = iter(torch.stack(tensor_counts).tolist() if tensor_counts else [])
+        counts = [next(read_counts) if isinstance(r.n_tokens, torch.Tensor) else r.n_tokens
+                  for r in self.pending]
+        skipped = [r.skipped for r in self.pending if r.skipped is not None]
+        self.pending.clear()
+        for k, (value, n_tokens) in enumerate(zip(values, counts, strict=True)):
+            if not math.isfinite(value):
+                raise ValueError(f"fit: loss became {value} at step {first_step + k}")
+            n_tokens = token_count(n_tokens, first_step + k)
+            self.history.step_loss.append(value)
+            self.epoch_loss += value * n_tokens
+            self.epoch_tokens += n_tokens
+        if skipped:
+            self.history.skipped_steps += int(sum(torch.stack(skipped).tolist()))
+        if bar is not None:
+            bar.set_postfix(loss=f"{values[-1]:.3f}")
 
 
-def _positive_int_or_none(value: Any, name: str) -> None:
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise ValueError(f"fit: {name} must be an int >= 1 or None, got {value!r}")
+class TrainingClock:
+    """Training time: wall-clock seconds since the run started, less the time spent evaluating.
+
+    ``already`` is the training time a resumed run had spent. :meth:`excluding` times an
+    evaluation out of it; the device is synchronised around it, so queued training work counts as
+    training and the evaluation's own work does not.
+    """
+
+    def __init__(self, device: torch.device | str = "cpu", already: float = 0.0) -> None:
+        self.device = torch.device(device)
+        self.start = time.perf_counter() - already
+        self.eval_seconds = 0.0
+        self.start_epoch()
+
+    def training_seconds(self) -> float:
+        """Training seconds so far (evaluations excluded)."""
+        return time.perf_counter() - self.start - self.eval_seconds
+
+    def start_epoch(self, already: float = 0.0) -> None:
+        """Start timing an epoch (``already``: the seconds a resumed epoch had run)."""
+        self.epoch_start = time.perf_counter() - already
+        self.eval_seconds_at_epoch_start = self.eval_seconds
+
+    def epoch_seconds(self) -> float:
+        """Training seconds of the current epoch so far."""
+        return time.perf_counter() - self.epoch_start - (self.eval_seconds - self.eval_seconds_at_epoch_start)
+
+    @contextlib.contextmanager
+    def excluding(self) -> Iterator[float]:
+        """Time spent in the ``with`` block is not training time; yields the training seconds at
+        its start."""
+        synchronize(self.device)  # queued training work is training time, not evaluation time
+        started = time.perf_counter()
+        try:
+            yield started - self.start - self.eval_seconds
+        finally:
+            synchronize(self.device)
+            self.eval_seconds += time.perf_counter() - started
 
 
-def _at_least_one(n_tokens: int | torch.Tensor) -> int | torch.Tensor:
-    """A token count to divide by: ``max(n, 1)``, on the device for a tensor (no host read)."""
-    return n_tokens.clamp(min=1) if isinstance(n_tokens, torch.Tensor) else max(n_tokens, 1)
+class EvalSchedule:
+    """When ``eval_fn`` runs: after every epoch (``every=None``), or after every ``every`` optimiser
+    steps and after the last step (a learning curve, chapter 08). :meth:`evaluate` calls it in
+    ``eval`` mode under ``no_grad``, out of the training time, and records ``step``, ``seconds``
+    (training seconds so far) and its metrics in ``history.evals``."""
+
+    def __init__(self, model: nn.Module, eval_fn: Callable[[nn.Module], Mapping[str, float]] | None,
+                 every: int | None, history: History, clock: TrainingClock) -> None:
+        if every is not None and (not isinstance(every, int) or isinstance(every, bool) or every < 1):
+            raise ValueError(f"fit: eval_every must be an int >= 1 or None, got {every!r}")
+        if every is not None and eval_fn is None:
+            raise ValueError("fit: eval_every needs an eval_fn to call")
+        self.model, self.eval_fn, self.every, self.history, self.clock = model, eval_fn, every, history, clock
+
+    @property
+    def per_epoch(self) -> bool:
+        """True when ``eval_fn`` runs once per epoch."""
+        return self.eval_fn is not None and self.every is None
+
+    def due(self, steps: int) -> bool:
+        """True after every ``every``-th optimiser step."""
+        return self.every is not None and steps % self.every == 0
+
+    def evaluate(self, steps: int) -> dict[str, float]:
+        """Run ``eval_fn`` now (after ``steps`` optimiser steps) and record what it returns."""
+        with self.clock.excluding() as seconds:
+            self.model.eval()
+            with torch.no_grad():
+                metrics = dict(self.eval_fn(self.model))  # type: ignore[misc]
+            self.model.train()
+            self.history.evals.append({"step": steps, "seconds": seconds, **metrics})
+        return metrics
+
+    def after_last_step(self, steps: int) -> None:
+        """With ``every``: evaluate the last step too, unless it was a multiple of ``every``."""
+        if self.every is not None and (not self.history.evals or self.history.evals[-1]["step"] != steps):
+            self.evaluate(steps)
 
 
-def _epoch_sampler(loader: Any) -> Any:
-    """The sampler of ``loader`` whose order depends only on (seed, epoch): ``loader.batch_sampler``
-    or ``loader.sampler`` when it has ``set_epoch`` (else ``None``)."""
-    for attr in ("batch_sampler", "sampler"):
-        sampler = getattr(loader, attr, None)
-        if callable(getattr(sampler, "set_epoch", None)):
-            return sampler
-    return None
+class Bookkeeping:
+    """Where a run of :func:`fit` is and what it has recorded: the epoch and the batches done in it,
+    the step and time limits, and the parts that keep the records (:class:`LossLog`,
+    :class:`TrainingClock`, :class:`EvalSchedule`; :class:`~tfmlib.resume.EpochOrder` and
+    :class:`~tfmlib.resume.Checkpointing` when they are needed). ``restored`` is the training state
+    a resumed run starts from: its History, step count, time, epoch and position are taken over
+    here, and its random number generators are put back once the batches it had done are skipped.
+    """
+
+    def __init__(self, model: nn.Module, step: TrainingStep, *, log_every: int = 50,
+                 eval_fn: Callable[[nn.Module], Mapping[str, float]] | None = None,
+                 eval_every: int | None = None, max_steps: int | None = None,
+                 time_budget_s: float | None = None, order: EpochOrder | None = None,
+                 checkpoints: Checkpointing | None = None, restored: TrainingState | None = None,
+                 verbose: bool = True) -> None:
+        self.model, self.step, self.device, self.verbose = model, step, step.device, verbose
+        self.max_steps, self.time_budget_s = max_steps, time_budget_s
+        self.order, self.checkpoints, self.restored = order, checkpoints, restored
+        self.history = History() if restored is None else History.from_dict(restored.history)
+        self.first_epoch, self.epoch, self.batches_done = 1, 1, 0
+        if restored is not None:
+            self.history.resumed_from_step = step.steps = restored.steps
+            self.first_epoch = restored.epoch
+            if order is not None:
+                order.first = restored.sampler_epoch - (restored.epoch - 1)  # for a DistributedSampler
+        self.clock = TrainingClock(step.device, restored.train_seconds if restored is not None else 0.0)
+        self.log = LossLog(self.history, log_every)
+        self.evals = EvalSchedule(model, eval_fn, eval_every, self.history, self.clock)
+
+    def epochs(self, epochs: int) -> range:
+        """The epochs to run: ``1 .. epochs``, or from the one a resumed run was in."""
+        return range(self.first_epoch, epochs + 1)
+
+    def start_epoch(self, epoch: int, bar: Any) -> tuple[Iterator[Any], bool]:
+        """Start ``epoch``; returns an iterator over ``bar``'s batches and whether the run must stop
+        at once (a resumed run that had reached its limit). A resumed epoch replays its order and
+        skips the batches the saved run had done, then restores the random number generators."""
+        replay = self.restored if self.restored is not None and epoch == self.restored.epoch else None
+        self.epoch, self.batches_done = epoch, 0
+        self.clock.start_epoch(replay.epoch_seconds if replay is not None else 0.0)
+        self.log.start_epoch(*((replay.epoch_loss_sum, replay.epoch_tokens) if replay is not None else ()))
+        if self.order is not None:
+            self.order.start_epoch(epoch, replay.sampler_epoch if replay is not None else None)
+        batches = iter(bar)
+        if self.restored is None:
+            return batches, False
+        for _ in range(self.restored.batches_done):  # the batches the saved run had consumed
+            if next(batches, None) is None:
+                path = self.checkpoints.path  # type: ignore[union-attr]
+                raise CheckpointError(f"{path}: the loader has fewer batches in epoch {epoch} than the saved "
+                                      f"run had consumed ({self.restored.batches_done})")
+        self.batches_done = self.restored.batches_done
+        # after the skipped batches (and the loader's own draw when it started): from here on the
+        # random numbers are those the saved run went on with
+        restore_rng_state(self.restored.rng)
+        self.restored = None
+        return batches, self.out_of_steps_or_time()
+
+    def batch_done(self) -> None:
+        """One more batch of the epoch consumed (a training state records how many)."""
+        self.batches_done += 1
+
+    def out_of_steps_or_time(self) -> bool:
+        """True once ``max_steps`` optimiser steps are taken or ``time_budget_s`` training seconds spent."""
+        return (self.max_steps is not None and self.step.steps >= self.max_steps) or (
+            self.time_budget_s is not None and self.clock.training_seconds() >= self.time_budget_s)
+
+    def after_step(self, result: StepResult, bar: Any = None) -> bool:
+        """Record a step; read the losses, evaluate and save a training state when they are due.
+        True when training should stop."""
+        self.log.add(result)
+        if self.log.due():
+            self.log.read(bar)
+        done = self.out_of_steps_or_time()
+        if self.evals.due(self.step.steps):
+            self.evals.evaluate(self.step.steps)
+        if self.checkpoints is not None and self.checkpoints.due(self.step.steps, done):
+            self.save(bar, self.epoch, self.batches_done, self.clock.epoch_seconds())
+        return done
+
+    def save(self, bar: Any, epoch: int, batches_done: int, epoch_seconds: float,
+             sampler_epoch: int | None = None) -> None:
+        """Write a training state (after reading the pending losses, so its History is complete)."""
+        self.log.read(bar)
+        synchronize(self.device)
+        self.checkpoints.save(  # type: ignore[union-attr]
+            model=self.model, optimizer=self.step.optimizer, scheduler=self.step.scheduler,
+            scaler=self.step.scaler, epoch=epoch, batches_done=batches_done, steps=self.step.steps,
+            sampler_epoch=self.order.now if sampler_epoch is None else sampler_epoch,  # type: ignore[union-attr]
+            history=self.history.to_dict(), train_seconds=self.clock.training_seconds(),
+            epoch_seconds=epoch_seconds, epoch_loss_sum=self.log.epoch_loss,
+            epoch_tokens=self.log.epoch_tokens)
+
+    def end_epoch(self, bar: Any = None) -> dict[str, float]:
+        """Read the losses; record (and print, if ``verbose``) the epoch's summary, evaluating it
+        if ``eval_fn`` runs per epoch."""
+        self.log.read(bar)
+        synchronize(self.device)
+        if self.log.epoch_tokens == 0:
+            raise ValueError("fit: the loader yielded no batches (or no tokens)")
+        seconds = max(self.clock.epoch_seconds(), 1e-9)
+        record = {"epoch": self.epoch, "train_loss": self.log.epoch_loss / self.log.epoch_tokens,
+                  "seconds": seconds, "tokens_per_second": self.log.epoch_tokens / seconds}
+        if self.evals.per_epoch:
+            record.update(self.evals.evaluate(self.step.steps))
+        self.history.epochs.append(record)
+        if self.verbose:
+            shown = ", ".join(f"{k}={v:.4g}" for k, v in record.items() if k != "epoch")
+            print(f"epoch {self.epoch}: {shown}")
+        return record
+
+    def finish(self, epochs: int, stopped: bool) -> History:
+        """After the last epoch: evaluate the last step (with ``eval_every``), save the finished
+        run's state (when checkpointing and not stopped early); returns the History."""
+        if self.restored is not None:  # resumed from the state saved when all epochs were done
+            restore_rng_state(self.restored.rng)
+        self.evals.after_last_step(self.step.steps)
+        if self.checkpoints is not None and not stopped and self.first_epoch <= epochs:
+            # all epochs done: the state after the last
+            self.save(None, epochs + 1, 0, 0.0, sampler_epoch=self.order.after_all_epochs())  # type: ignore[union-attr]
+        return self.history
 
 
-def _ddp_world_size(model: nn.Module) -> int | None:
-    """The world size when ``model`` is a ``DistributedDataParallel`` (possibly inside
-    ``torch.compile``'s wrapper) and a process group is running, else ``None``."""
-    inner = getattr(model, "_orig_mod", model)
-    if isinstance(inner, nn.parallel.DistributedDataParallel) and torch.distributed.is_initialized():
-        return torch.distributed.get_world_size()
-    return None
+# --------------------------------------------------------------------------- the loop
+
+
+def train_loop(model: nn.Module, loader: Any, loss_fn: LossFn, step: TrainingStep, books: Bookkeeping, *,
+               epochs: int, desc: str = "train", verbose: bool = True) -> History:
+    """Chapter 01's training loop: for every batch, the loss, its gradients, a step, a record.
+
+    ``step`` does the arithmetic (zero the gradients, backward, clip, ``optimizer.step()``);
+    ``books`` keeps the records (losses, time, evaluations, checkpoints). :func:`fit` builds both.
+    """
+    stop = False
+    for epoch in books.epochs(epochs):
+        model.train()
+        bar = tqdm(loader, desc=f"{desc} {epoch}/{epochs}", leave=False, disable=not verbose)
+        batches, stop = books.start_epoch(epoch, bar)  # a resumed epoch skips the batches done
+        for batch in batches if not stop else ():
+            batch = move_to(batch, step.device)
+            with step.forward():  # autocast in bf16/fp16 (chapter 10)
+                loss, n_tokens = loss_fn(model, batch)
+            books.batch_done()
+            if step.backward(loss, n_tokens):  # False while a group of `accumulate` batches fills
+                stop = books.after_step(step.step(), bar)  # record, evaluate, save; out of steps/time?
+                if stop:
+                    break
+        if step.group_open():  # the last, shorter group of an epoch still steps
+            stop = books.after_step(step.step(), bar)
+        books.end_epoch(bar)
+        if stop:
+            break
+    return books.finish(epochs, stop)
+
+
+# --------------------------------------------------------------------------- fit
 
 
 def fit(
@@ -246,268 +514,28 @@ def fit(
     _positive_int_or_none(checkpoint_every, "checkpoint_every")
     if checkpoint_path is None and (checkpoint_every is not None or resume):
         raise ValueError("fit: checkpoint_every and resume need a checkpoint_path")
-    device = torch.device(device)
-    scaler = None
-    if precision == "fp32":
-        amp: Callable[[], Any] = contextlib.nullcontext
-    else:
-        from tfmlib.precision import autocast, make_grad_scaler, pick_precision
-
-        precision = pick_precision(device, precision)
-        amp = lambda: autocast(device, precision)  # noqa: E731
-        scaler = make_grad_scaler(device, precision) if precision == "fp16" else None
-    sampler = None
-    if checkpoint_path is not None or isinstance(getattr(loader, "sampler", None),
-                                                 torch.utils.data.DistributedSampler):
-        sampler = _epoch_sampler(loader)
-        if sampler is None or not isinstance(getattr(sampler, "epoch", None), int):
-            raise ValueError(
-                "fit: checkpoint_path needs a loader whose batch order depends only on a seed and the epoch, "
-                "so that a resumed run can replay it: loader.batch_sampler or loader.sampler must have "
-                "set_epoch and an int attribute epoch (tfmlib.data.BucketBatchSampler, TokenBatchSampler, "
-                "torch's DistributedSampler); "
-                f"got a {type(loader).__name__}"
-                + (f" with batch_sampler {type(loader.batch_sampler).__name__}"
-                   if getattr(loader, "batch_sampler", None) is not None else ""))
-    # A DistributedSampler keeps its epoch until told (fit tells it at every epoch); tfmlib's samplers
-    # advance their own (the DataLoader iterates them twice per epoch: once when it starts and once
-    # when it resets), so fit only reads their value, and sets it back when resuming.
-    managed = isinstance(sampler, torch.utils.data.DistributedSampler)
-    sampler_epoch0 = sampler.epoch if sampler is not None else 0
-    sampler_epoch_now = sampler_epoch0  # the sampler's epoch value when the current epoch started
-    settings = {"epochs": epochs, "accumulate": accumulate, "precision": precision, "clip_norm": clip_norm,
-                "scheduler": type(scheduler).__name__ if scheduler is not None else None}
-    model.to(device)
-    ddp_world = _ddp_world_size(model) if accumulate > 1 else None
-    history = History()
-    start, steps, stop = time.perf_counter(), 0, False
-    eval_seconds = 0.0  # time spent in eval_fn, kept out of the training time
-    # losses (detached, on the device) and token counts of the steps not yet read back
-    pending_loss: list[torch.Tensor] = []
-    pending_tokens: list[int | torch.Tensor] = []
-    pending_skipped: list[torch.Tensor] = []  # fp16: whether the scaler skipped each step
-    total_loss, total_tokens = 0.0, 0
-    first_epoch, skip_batches, restored = 1, 0, None
+    step = TrainingStep(model, optimizer, device=device, precision=precision, accumulate=accumulate,
+                        clip_norm=clip_norm, scheduler=scheduler)
+    order = EpochOrder.of(loader, checkpointing=checkpoint_path is not None)
+    model.to(step.device)
+    checkpoints, restored = None, None
     if checkpoint_path is not None:
-        # tfmlib.resume imports this module, so it is imported here rather than at the top
-        from tfmlib.resume import load_training_state, restore_rng_state, save_training_state
-    if resume and Path(checkpoint_path).is_file():  # type: ignore[arg-type]
-        restored = load_training_state(checkpoint_path, model=model, optimizer=optimizer,  # type: ignore[arg-type]
-                                       scheduler=scheduler, scaler=scaler, settings=settings)
-        history = History.from_dict(restored.history)
-        history.resumed_from_step = steps = restored.steps
-        first_epoch, skip_batches = restored.epoch, restored.batches_done
-        sampler_epoch0 = restored.sampler_epoch - (restored.epoch - 1)  # for a DistributedSampler
-        start = time.perf_counter() - restored.train_seconds
-        if verbose:
-            print(f"fit: resumed from {checkpoint_path} at step {steps} (epoch {first_epoch}, "
-                  f"{skip_batches} batches done)")
-    elif resume and verbose:
-        print(f"fit: no training state at {checkpoint_path} yet: starting from step 0")
+        settings = {"epochs": epochs, "accumulate": accumulate, "precision": step.precision,
+                    "clip_norm": clip_norm,
+                    "scheduler": type(scheduler).__name__ if scheduler is not None else None}
+        checkpoints = Checkpointing(checkpoint_path, checkpoint_every, settings)
+        if resume:
+            restored = checkpoints.restore(model=model, optimizer=optimizer, scheduler=scheduler,
+                                           scaler=step.scaler, verbose=verbose)
+    books = Bookkeeping(model, step, log_every=log_every, eval_fn=eval_fn, eval_every=eval_every,
+                        max_steps=max_steps, time_budget_s=time_budget_s, order=order,
+                        checkpoints=checkpoints, restored=restored, verbose=verbose)
+    return train_loop(model, loader, loss_fn, step, books, epochs=epochs, desc=desc, verbose=verbose)
 
-    def read_pending(bar: Any) -> None:
-        """Read the pending losses (and tensor token counts) in one transfer; check and record them."""
-        nonlocal total_loss, total_tokens
-        if not pending_loss:
-            return
-        first_step = steps - len(pending_loss) + 1
-        values = torch.stack(pending_loss).tolist()
-        tensor_counts = [n for n in pending_tokens if isinstance(n, torch.Tensor)]
-        read_counts = iter(torch.stack(tensor_counts).tolist() if tensor_counts else [])
-        counts = [next(read_counts) if isinstance(n, torch.Tensor) else n for n in pending_tokens]
-        pending_loss.clear()
-        pending_tokens.clear()
-        for k, (value, n_tokens) in enumerate(zip(values, counts, strict=True)):
-            if not math.isfinite(value):
-                raise ValueError(f"fit: loss became {value} at step {first_step + k}")
-            n_tokens = _token_count(n_tokens, first_step + k)
-            history.step_loss.append(value)
-            total_loss += value * n_tokens
-            total_tokens += n_tokens
-        if pending_skipped:
-            history.skipped_steps += int(sum(torch.stack(pending_skipped).tolist()))
-            pending_skipped.clear()
-        if bar is not None:
-            bar.set_postfix(loss=f"{values[-1]:.3f}")
 
-    def evaluate() -> dict[str, float]:
-        nonlocal eval_seconds
-        synchronize(device)  # queued training work is training time, not evaluation time
-        t_eval = time.perf_counter()
-        model.eval()
-        with torch.no_grad():
-            metrics = dict(eval_fn(model))
-        model.train()
-        synchronize(device)
-        history.evals.append({"step": steps, "seconds": t_eval - start - eval_seconds, **metrics})
-        eval_seconds += time.perf_counter() - t_eval
-        return metrics
-
-    def save_state(bar: Any, epoch: int, batches_done: int, epoch_seconds: float) -> None:
-        read_pending(bar)
-        synchronize(device)
-        save_training_state(
-            checkpoint_path, model=model, optimizer=optimizer, scheduler=scheduler,  # type: ignore[arg-type]
-            scaler=scaler, epoch=epoch, batches_done=batches_done, steps=steps,
-            sampler_epoch=sampler_epoch_now, history=history.to_dict(),
-            train_seconds=time.perf_counter() - start - eval_seconds, epoch_seconds=epoch_seconds,
-            epoch_loss_sum=total_loss, epoch_tokens=total_tokens, settings=settings)
-
-    def optimizer_step(group_tokens: int | torch.Tensor | None) -> None:
-        """Unscale (fp16), average over the group's tokens (``accumulate > 1``), clip, step."""
-        nonlocal steps
-        if scaler is not None:
-            scaler.unscale_(optimizer)
-        if group_tokens is not None:
-            if ddp_world is not None:  # the same divisor on every rank: the global group's tokens / W
-                total = torch.as_tensor(group_tokens, device=device).to(torch.float64).reshape(1)
-                torch.distributed.all_reduce(total)
-                divisor: int | torch.Tensor = total[0].clamp(min=1) / ddp_world
-            else:
-                divisor = _at_least_one(group_tokens)
-            for p in model.parameters():
-                if p.grad is not None:
-                    p.grad.div_(divisor)
-        if clip_norm is not None:
-            nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
-        if scaler is None:
-            optimizer.step()
-        else:
-            # the scaler lowers its scale (x backoff_factor, 0.5) exactly when it skipped the step because
-            # the gradients held an inf or a NaN; compared on the device, read with the losses
-            scale_before = scaler._get_scale_async().clone()
-            scaler.step(optimizer)
-            scaler.update()
-            pending_skipped.append(scaler._get_scale_async() < scale_before)
-        if scheduler is not None:
-            scheduler.step()
-        steps += 1
-
-    def out_of_steps_or_time() -> bool:
-        return (max_steps is not None and steps >= max_steps) or (
-            time_budget_s is not None and time.perf_counter() - start - eval_seconds >= time_budget_s)
-
-    def after_step(bar: Any, epoch: int, batches_done: int, epoch_t0: float, epoch_eval0: float) -> bool:
-        """Bookkeeping after an optimiser step: read the losses, evaluate, save the training state;
-        True when training should stop."""
-        if len(pending_loss) >= log_every:
-            read_pending(bar)
-        done = out_of_steps_or_time()
-        if eval_every is not None and steps % eval_every == 0:
-            evaluate()
-        if checkpoint_path is not None and (done or (checkpoint_every is not None
-                                                     and steps % checkpoint_every == 0)):
-            epoch_seconds = time.perf_counter() - epoch_t0 - (eval_seconds - epoch_eval0)
-            save_state(bar, epoch, batches_done, epoch_seconds)
-        return done
-
-    def end_group(group_loss: torch.Tensor, group_tokens: int | torch.Tensor) -> None:
-        """Record the token-weighted mean loss of an accumulated group and take its step."""
-        pending_loss.append(group_loss / _at_least_one(group_tokens))
-        pending_tokens.append(group_tokens)
-        optimizer_step(group_tokens)
-
-    for epoch in range(first_epoch, epochs + 1):
-        model.train()
-        t0, total_loss, total_tokens = time.perf_counter(), 0.0, 0
-        eval_seconds_at_t0 = eval_seconds
-        if restored is not None and epoch == restored.epoch:
-            t0 -= restored.epoch_seconds
-            total_loss, total_tokens = restored.epoch_loss_sum, restored.epoch_tokens
-            sampler.set_epoch(restored.sampler_epoch)  # replay the interrupted epoch's order
-        elif managed:
-            sampler.set_epoch(sampler_epoch0 + epoch - 1)
-        if sampler is not None:
-            sampler_epoch_now = sampler.epoch
-        bar = tqdm(loader, desc=f"{desc} {epoch}/{epochs}", leave=False, disable=not verbose)
-        batches = iter(bar)
-        batches_done, micro = 0, 0
-        group_loss: torch.Tensor | None = None
-        group_tokens: int | torch.Tensor = 0
-        if restored is not None:
-            for _ in range(skip_batches):  # the batches the saved run had consumed
-                if next(batches, None) is None:
-                    raise CheckpointError(f"{checkpoint_path}: the loader has fewer batches in epoch {epoch} "
-                                          f"than the saved run had consumed ({skip_batches})")
-            batches_done = skip_batches
-            # after the skipped batches (and the loader's own draw when it started): from here on the
-            # random numbers are those the saved run went on with
-            restore_rng_state(restored.rng)
-            restored = None
-            stop = out_of_steps_or_time()
-
-        for batch in batches if not stop else ():
-            batch = move_to(batch, device)
-            # DDP: the batches of a group before its last only accumulate their gradients locally
-            # (DDP decides in the forward pass whether the backward all-reduces)
-            local_only = ddp_world is not None and micro < accumulate - 1
-            with model.no_sync() if local_only else contextlib.nullcontext(), amp():  # type: ignore[operator]
-                loss, n_tokens = loss_fn(model, batch)
-            if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-                got = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
-                raise TypeError(f"fit: loss_fn must return (scalar loss tensor, n_tokens); the loss "
-                                f"is {got} at step {steps + 1} (reduce it with .mean())")
-            batches_done += 1
-            if accumulate == 1:
-                pending_tokens.append(_check_token_count(n_tokens, steps + 1))
-                pending_loss.append(loss.detach())
-                optimizer.zero_grad(set_to_none=True)
-                (loss if scaler is None else scaler.scale(loss)).backward()
-                optimizer_step(None)
-                stop = after_step(bar, epoch, batches_done, t0, eval_seconds_at_t0)
-                if stop:
-                    break
-                continue
-            n_tokens = _check_token_count(n_tokens, steps + 1)
-            if micro == 0:
-                optimizer.zero_grad(set_to_none=True)
-                # summed in at least float32 (a bf16 loss of a large group would round)
-                group_loss = loss.detach().to(torch.promote_types(loss.dtype, torch.float32)) * n_tokens
-                group_tokens = n_tokens
-            else:
-                group_loss = group_loss + loss.detach().to(group_loss.dtype) * n_tokens
-                group_tokens = group_tokens + n_tokens
-            weighted = loss * n_tokens  # summed over the group, then divided by its token count
-            with model.no_sync() if local_only else contextlib.nullcontext():  # type: ignore[operator]
-                (weighted if scaler is None else scaler.scale(weighted)).backward()
-            micro += 1
-            if micro == accumulate:
-                end_group(group_loss, group_tokens)
-                micro = 0
-                stop = after_step(bar, epoch, batches_done, t0, eval_seconds_at_t0)
-                if stop:
-                    break
-        if micro > 0:  # the last, shorter group of the epoch
-            if ddp_world is not None:  # its batches all ran in no_sync: average the gradients here
-                for p in model.parameters():
-                    if p.grad is not None:
-                        torch.distributed.all_reduce(p.grad)
-                        p.grad.div_(ddp_world)
-            end_group(group_loss, group_tokens)
-            stop = after_step(bar, epoch, batches_done, t0, eval_seconds_at_t0)
-        read_pending(bar)
-        synchronize(device)
-        if total_tokens == 0:
-            raise ValueError("fit: the loader yielded no batches (or no tokens)")
-        seconds = max(time.perf_counter() - t0 - (eval_seconds - eval_seconds_at_t0), 1e-9)
-        record = {"epoch": epoch, "train_loss": total_loss / total_tokens, "seconds": seconds,
-                  "tokens_per_second": total_tokens / seconds}
-        if eval_fn is not None and eval_every is None:
-            record.update(evaluate())
-        history.epochs.append(record)
-        if verbose:
-            shown = ", ".join(f"{k}={v:.4g}" for k, v in record.items() if k != "epoch")
-            print(f"epoch {epoch}: {shown}")
-        if stop:
-            break
-    if restored is not None:  # resumed from the state saved when all epochs were done
-        restore_rng_state(restored.rng)
-    if eval_every is not None and (not history.evals or history.evals[-1]["step"] != steps):
-        evaluate()  # the last step, unless it was a multiple of eval_every
-    if checkpoint_path is not None and not stop and first_epoch <= epochs:
-        sampler_epoch_now = sampler.epoch + (1 if managed else 0)
-        save_state(None, epochs + 1, 0, 0.0)  # all epochs done: the state after the last
-    return history
+def _positive_int_or_none(value: Any, name: str) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ValueError(f"fit: {name} must be an int >= 1 or None, got {value!r}")
 
 
 def warmup_inverse_sqrt(warmup_steps: int) -> Callable[[int], float]:
@@ -544,179 +572,3 @@ def perplexity(mean_nll: float) -> float:
         return math.exp(mean_nll)
     except OverflowError:
         return math.inf
-
-
-# --------------------------------------------------------------------------- checkpoints
-
-CHECKPOINT_FORMAT = "tfmlib-checkpoint-1"
-
-
-def checkpoint_dir() -> Path:
-    """Where notebooks keep the models they train for later chapters: ``$TFM_CHECKPOINT_DIR``, or
-    ``checkpoints/`` at the top of the project (git ignores it). Created if missing."""
-    path = Path(os.environ.get("TFM_CHECKPOINT_DIR") or Path(__file__).resolve().parents[1] / "checkpoints")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint file is missing, corrupt, from another format, or does not fit the model."""
-
-
-def _check_plain(value: Any, where: str) -> None:
-    """Configs must be plain data (what ``weights_only`` loading accepts and JSON could hold)."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return
-    if isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            _check_plain(v, f"{where}[{i}]")
-        return
-    if isinstance(value, dict):
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise TypeError(f"save_checkpoint: {where} has a non-str key {k!r}")
-            _check_plain(v, f"{where}[{k!r}]")
-        return
-    raise TypeError(
-        f"save_checkpoint: {where} is a {type(value).__name__}; configs hold only "
-        "None/bool/int/float/str and lists/dicts of them"
-    )
-
-
-def save_checkpoint(
-    path: str | Path,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer | None = None,
-    vocabs: Mapping[str, Vocab] | None = None,
-    config: Mapping[str, Any] | None = None,
-) -> Path:
-    """Save model and optimizer state, vocabularies (by name, e.g. ``{"src": v1, "tgt": v2}``)
-    and a plain-data ``config`` (what is needed to rebuild the model) in one file.
-
-    The file is written to a temporary file in the same folder and moved into place with
-    ``os.replace``: a reader never sees half a checkpoint, and a write that fails leaves an older
-    checkpoint at ``path`` intact. Tensors are saved from the device they are on;
-    :func:`load_checkpoint` maps them to ``map_location`` (the CPU by default)."""
-    config = dict(config or {})
-    _check_plain(config, "config")
-    for name, v in (vocabs or {}).items():
-        if not isinstance(v, Vocab):
-            raise TypeError(f"save_checkpoint: vocabs[{name!r}] must be a Vocab, got {type(v).__name__}")
-    payload = {
-        "format": CHECKPOINT_FORMAT,
-        "model_class": type(model).__name__,
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict() if optimizer is not None else None,
-        "vocabs": {name: v.to_dict() for name, v in (vocabs or {}).items()},
-        "config": config,
-    }
-    return write_atomically(payload, path)
-
-
-def read_safely(path: str | Path, what: str, map_location: str | torch.device = "cpu") -> Any:
-    """``torch.load(path, weights_only=True)``: loading never runs code from the file. Raises
-    :class:`CheckpointError` naming ``what`` (e.g. ``"checkpoint"``) for a missing file and for one
-    that cannot be read (truncated, not a zip, holding objects ``weights_only`` refuses)."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"no {what} at {path}")
-    try:
-        return torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:  # truncated file, not a zip, unpickling refused...
-        raise CheckpointError(f"{path} is not a readable {what} ({type(e).__name__}: {e})") from e
-
-
-def write_atomically(payload: Any, path: str | Path) -> Path:
-    """``torch.save(payload)`` to ``path`` through a temporary file in the same folder moved into
-    place with ``os.replace``; the folder is created if missing. Returns ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Write beside the target, then rename over it: os.replace is atomic within one file system, so
-    # a reader (another chapter running at the same time) sees the old file or the new one, never
-    # half of one; a failed write leaves the old file as it was.
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        # mkstemp makes the file private (0600); keep the mode an existing checkpoint had
-        os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
-
-
-def state_mismatch(own: Mapping[str, torch.Tensor], saved: Mapping[str, Any]) -> str | None:
-    """How a saved ``state_dict`` differs from a model's (missing and unexpected names, shape
-    mismatches; five of each), or ``None`` when the names and shapes agree."""
-    missing = sorted(set(own) - set(saved))
-    unexpected = sorted(set(saved) - set(own))
-    def shape(v: Any) -> tuple[int, ...] | str:
-        return tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
-
-    wrong_shape = [f"{k}: checkpoint {shape(saved[k])} vs model {shape(own[k])}"
-                   for k in own if k in saved and shape(saved[k]) != shape(own[k])]
-    if missing or unexpected or wrong_shape:
-        return f"missing {missing[:5]}, unexpected {unexpected[:5]}, shape mismatches {wrong_shape[:5]}"
-    return None
-
-
-@dataclass
-class Checkpoint:
-    """What :func:`load_checkpoint` returns."""
-
-    model_class: str
-    model_state: dict[str, torch.Tensor]
-    optimizer_state: dict | None
-    vocabs: dict[str, Vocab]
-    config: dict[str, Any]
-
-
-def load_checkpoint(
-    path: str | Path,
-    model: nn.Module | None = None,
-    optimizer: torch.optim.Optimizer | None = None,
-    map_location: str | torch.device = "cpu",
-) -> Checkpoint:
-    """Read a checkpoint safely (``weights_only=True``); load it into ``model``/``optimizer`` if given.
-
-    Raises :class:`CheckpointError` when the file is missing, unreadable or not a tfmlib
-    checkpoint, when it was saved from another model class, or when parameter names or shapes
-    differ from ``model``'s (the message lists them).
-    """
-    path = Path(path)
-    payload = read_safely(path, "checkpoint", map_location)
-    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"{path} is not a {CHECKPOINT_FORMAT} file")
-    try:
-        ckpt = Checkpoint(
-            model_class=payload["model_class"],
-            model_state=payload["model"],
-            optimizer_state=payload["optimizer"],
-            vocabs={name: Vocab.from_dict(d) for name, d in payload["vocabs"].items()},
-            config=payload["config"],
-        )
-    except (KeyError, AttributeError, TypeError, ValueError) as e:
-        raise CheckpointError(f"{path} is a damaged {CHECKPOINT_FORMAT} file "
-                              f"({type(e).__name__}: {e})") from e
-    if model is not None:
-        if type(model).__name__ != ckpt.model_class:
-            raise CheckpointError(
-                f"{path} holds a {ckpt.model_class}, not a {type(model).__name__}"
-            )
-        mismatch = state_mismatch(model.state_dict(), ckpt.model_state)
-        if mismatch:
-            raise CheckpointError(f"{path} does not fit this model: {mismatch}")
-        model.load_state_dict(ckpt.model_state)
-    if optimizer is not None:
-        if ckpt.optimizer_state is None:
-            raise CheckpointError(f"{path} holds no optimizer state")
-        try:
-            optimizer.load_state_dict(ckpt.optimizer_state)
-        except (KeyError, ValueError) as e:  # other parameter groups or another optimizer class
-            raise CheckpointError(f"{path}: the optimizer state does not fit this optimizer ({e})") from e
-    return ckpt
