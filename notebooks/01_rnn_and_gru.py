@@ -750,18 +750,27 @@ print(f"weight of the last 5 candidates (mean over units): {w[0, -5:].sum(0).mea
 
 # %%
 # tfmlib-source: tfmlib.rnn.lm_loss
-def lm_loss(model: nn.Module, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, int]:
+def lm_loss(model: nn.Module, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
     """Mean next-token cross-entropy over the real (non-pad) targets, and how many there were.
 
     ``batch`` is ``(inputs, targets)``, both ``(B, T)`` ids as :func:`collate_lm` makes them;
     ``model(inputs)`` must return logits ``(B, T, V)``. Padded targets do not count.
+
+    Returns ``(loss, n_tokens)``: the loss a 0-d float tensor, ``n_tokens`` a 0-d ``int64`` tensor
+    on the targets' device. The count stays on the device so that a training step never waits
+    for it: reading it (``int(n_tokens)``) would make the host wait for the GPU at every step (a
+    *host sync*, chapter 10); :func:`tfmlib.train.fit` reads the counts together with the losses,
+    in one transfer. Use ``int(n_tokens)`` where a Python number is wanted (evaluation loops).
+
+    A batch whose targets are all padding has nothing to predict: its ``n_tokens`` is 0 and its
+    loss NaN (the mean over no targets); ``fit`` stops with "loss became nan at step k" when it
+    reads it. (The check is not made here: it would read the count back at every step.)
+    ``ValueError`` when inputs and targets differ in shape.
     """
     inputs, targets = batch
     if inputs.shape != targets.shape:
         raise ValueError(f"lm_loss: inputs {tuple(inputs.shape)} and targets {tuple(targets.shape)} differ")
-    n_tokens = int((targets != PAD_ID).sum())
-    if n_tokens == 0:
-        raise ValueError("lm_loss: every target is padding (nothing to predict)")
+    n_tokens = (targets != PAD_ID).sum()                    # 0-d int64 on the targets' device
     logits = model(inputs)                                  # (B, T, V)
     loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=PAD_ID)
     return loss, n_tokens
@@ -800,7 +809,7 @@ def evaluate(model: nn.Module) -> dict[str, float]:
     total, count = 0.0, 0
     for inputs, targets in valid_loader:
         loss, n = lm_loss(model, (inputs.to(lm_device), targets.to(lm_device)))
-        total, count = total + loss.item() * n, count + n
+        total, count = total + loss.item() * int(n), count + int(n)
     return {"valid_loss": total / count, "valid_ppl": perplexity(total / count)}
 
 # %% [markdown]

@@ -246,7 +246,7 @@ def evaluate(model: torch.nn.Module) -> dict[str, float]:
     total, count = 0.0, 0
     for inputs, targets in valid_loader:
         loss, n = lm_loss(model, (inputs.to(run.device), targets.to(run.device)))
-        total, count = total + loss.item() * n, count + n
+        total, count = total + loss.item() * int(n), count + int(n)
     model.train(was)
     return {"valid_loss": total / count, "valid_ppl": perplexity(total / count)}
 

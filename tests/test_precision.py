@@ -6,7 +6,16 @@ import pytest
 import torch
 from torch import nn
 
-from tfmlib.precision import autocast, make_grad_scaler, pick_precision, supports_bf16
+import tfmlib.precision as precision_module
+from tfmlib.precision import (
+    autocast,
+    cpu_bf16_features,
+    fp32_matmul_is_tf32,
+    make_grad_scaler,
+    pick_precision,
+    supports_bf16,
+    tf32_matmul,
+)
 from tfmlib.train import fit
 
 
@@ -36,7 +45,8 @@ def fake_cuda(monkeypatch, bf16: bool):
 
 
 def test_pick_precision_resolves_auto_per_device(monkeypatch):
-    assert supports_bf16("cpu") and pick_precision("cpu") == "bf16", "the CPU's autocast does bf16"
+    monkeypatch.setattr(precision_module, "cpu_has_fast_bf16", lambda: True)
+    assert supports_bf16("cpu") and pick_precision("cpu") == "bf16", "a CPU with bf16 instructions: bf16"
     explicit = ("fp32", "bf16", "fp16")
     assert [pick_precision(torch.device("cpu"), p) for p in explicit] == list(explicit)
     assert pick_precision("meta") == "fp32", "a device without autocast gets fp32"
@@ -54,7 +64,51 @@ def test_pick_precision_resolves_auto_per_device(monkeypatch):
     assert pick_precision("cuda") == "fp32", "no CUDA at all: nothing to autocast"
 
 
-def test_autocast_runs_linear_layers_in_bf16_and_losses_in_fp32():
+def test_auto_on_a_cpu_follows_its_bf16_instructions(monkeypatch):
+    """bf16 is emulated (slower than fp32) on CPUs without bf16 instructions: "auto" must not pick it
+    there, and must pick it where they exist; an explicit bf16 stays allowed on both."""
+    monkeypatch.setattr(precision_module, "cpu_has_fast_bf16", lambda: False)
+    assert pick_precision("cpu") == "fp32", "no AVX512-BF16/AMX/Arm BF16: bf16 would be emulated"
+    assert pick_precision("cpu", "bf16") == "bf16", "asking for bf16 explicitly is still allowed"
+    monkeypatch.setattr(precision_module, "cpu_has_fast_bf16", lambda: True)
+    assert pick_precision("cpu") == "bf16"
+
+
+def test_cpu_bf16_features_read_proc_cpuinfo(tmp_path):
+    x86_old = tmp_path / "avx2"
+    x86_old.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma avx512f\n\nprocessor\t: 1\n"
+                       "flags\t\t: fpu sse2 avx avx2 fma avx512f\n")
+    x86_new = tmp_path / "spr"
+    x86_new.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n")
+    arm = tmp_path / "arm"
+    arm.write_text("processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n")
+    arm_old = tmp_path / "arm_old"
+    arm_old.write_text("processor\t: 0\nFeatures\t: fp asimd evtstrm crc32\n")
+    assert cpu_bf16_features(x86_old) == set(), "avx512f alone is not avx512_bf16"
+    assert cpu_bf16_features(x86_new) == {"avx512_bf16", "amx_bf16"}
+    assert cpu_bf16_features(arm) == {"bf16"}
+    assert cpu_bf16_features(arm_old) == set()
+
+
+def test_tf32_switch_is_read_back_and_restored():
+    before = torch.get_float32_matmul_precision()
+    assert not fp32_matmul_is_tf32(), "PyTorch's default: float32 products in IEEE float32"
+    with tf32_matmul(True):
+        assert fp32_matmul_is_tf32() and torch.get_float32_matmul_precision() == "high"
+        with tf32_matmul(False):
+            assert not fp32_matmul_is_tf32()
+        assert fp32_matmul_is_tf32(), "the inner block restores the outer setting"
+    assert torch.get_float32_matmul_precision() == before and not fp32_matmul_is_tf32()
+    with pytest.raises(TypeError, match="enabled must be a bool"):
+        with tf32_matmul("yes"):
+            pass
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+    with tf32_matmul(True):
+        c = a @ b
+    assert torch.equal(c, a @ b), "on the CPU TF32 changes nothing: the same float32 products"
+
+
+def test_autocast_runs_linear_layers_in_bf16_and_losses_in_fp32(monkeypatch):
     model = mlp()
     x, y = classification()[0]
     seen = {}
@@ -71,9 +125,14 @@ def test_autocast_runs_linear_layers_in_bf16_and_losses_in_fp32():
     assert all(p.dtype == torch.float32 for p in model.parameters()), "the weights stay fp32"
     loss.backward()
     assert all(p.grad.dtype == torch.float32 for p in model.parameters()), "so do their gradients"
+    monkeypatch.setattr(precision_module, "cpu_has_fast_bf16", lambda: True)
     with autocast("cpu", "auto"):
         model(x)
-    assert seen["linear"] == torch.bfloat16, "auto is bf16 on the CPU"
+    assert seen["linear"] == torch.bfloat16, "auto is bf16 on a CPU with bf16 instructions"
+    monkeypatch.setattr(precision_module, "cpu_has_fast_bf16", lambda: False)
+    with autocast("cpu", "auto"):
+        model(x)
+    assert seen["linear"] == torch.float32, "and fp32 on one without"
 
 
 def test_grad_scaler_is_enabled_only_for_fp16():
@@ -85,7 +144,7 @@ def test_grad_scaler_is_enabled_only_for_fp16():
     assert make_grad_scaler("cpu", "fp16").scale(loss).item() == 2.0 * 2**16
 
 
-def test_fit_in_bf16_trains_in_bf16_and_keeps_fp32_weights_and_optimizer_state():
+def test_fit_in_bf16_trains_in_bf16_and_keeps_fp32_weights_and_optimizer_state(monkeypatch):
     dtypes = []
 
     def run(precision):
@@ -107,9 +166,10 @@ def test_fit_in_bf16_trains_in_bf16_and_keeps_fp32_weights_and_optimizer_state()
     assert bf16.step_loss[0] == pytest.approx(fp32.step_loss[0], rel=0.02), "but close"
     assert bf16.epochs[-1]["train_loss"] < bf16.epochs[0]["train_loss"] * 0.7, "and it learns"
     assert bf16.skipped_steps == 0, "no scaler in bf16"
+    monkeypatch.setattr(precision_module, "cpu_has_fast_bf16", lambda: True)
     dtypes.clear()
     run("auto")
-    assert set(dtypes) == {torch.bfloat16}, "auto means bf16 on the CPU"
+    assert set(dtypes) == {torch.bfloat16}, "auto means bf16 on a CPU with bf16 instructions"
     with pytest.raises(ValueError, match="requested must be"):
         fit(mlp(), classification(), ce, torch.optim.SGD(mlp().parameters(), lr=0.1), epochs=1,
             precision="half")

@@ -349,23 +349,42 @@ def test_collate_lm_accepts_tensors_and_rejects_non_integer_ids():
         collate_lm(["the cat"])
 
 
-def test_lm_loss_counts_real_targets_and_rejects_bad_batches():
+def test_lm_loss_counts_real_targets_on_the_device_without_reading_them():
     from tfmlib.data import PAD_ID
+    from tfmlib.profiling import count_host_reads
     from tfmlib.rnn import GRULanguageModel, collate_lm, lm_loss
 
     torch.manual_seed(0)
     model = GRULanguageModel(10, 4, 8)
     inputs, targets = collate_lm([[4, 5, 6], [7]])
+    lookup = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10))  # reads nothing itself
+    with count_host_reads() as reads:
+        lm_loss(lookup, (inputs, targets))
+    assert reads.total == 0, f"lm_loss must not read a value back (a host sync per step on a GPU): {reads}"
     loss, n = lm_loss(model, (inputs, targets))
-    assert n == 4 + 2, "three words + EOS, one word + EOS"
+    assert isinstance(n, torch.Tensor) and n.dim() == 0 and n.dtype == torch.int64, n
+    assert n.device == targets.device and int(n) == 4 + 2, "three words + EOS, one word + EOS"
     logits = model(inputs)
     real = targets != PAD_ID
     expected = torch.nn.functional.cross_entropy(logits[real], targets[real])
     assert torch.allclose(loss, expected)
-    with pytest.raises(ValueError, match="every target is padding"):
-        lm_loss(model, (inputs, torch.full_like(targets, PAD_ID)))
+    empty_loss, empty_n = lm_loss(model, (inputs, torch.full_like(targets, PAD_ID)))
+    assert int(empty_n) == 0 and torch.isnan(empty_loss), "all padding: nothing counted, the mean is NaN"
     with pytest.raises(ValueError, match="differ"):
         lm_loss(model, (inputs, targets[:, :-1]))
+
+
+def test_fit_stops_on_an_all_padding_batch_of_lm_loss():
+    from tfmlib.data import PAD_ID
+    from tfmlib.rnn import GRULanguageModel, collate_lm, lm_loss
+    from tfmlib.train import fit
+
+    torch.manual_seed(0)
+    model = GRULanguageModel(10, 4, 8)
+    inputs, targets = collate_lm([[4, 5, 6], [7]])
+    batches = [(inputs, targets), (inputs, torch.full_like(targets, PAD_ID))]
+    with pytest.raises(ValueError, match="loss became nan at step 2"):
+        fit(model, batches, lm_loss, torch.optim.SGD(model.parameters(), lr=0.1), epochs=1, verbose=False)
 
 
 # ----------------------------------------------------------------------------- MPS routing

@@ -8,12 +8,14 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from tfmlib.lm import DecoderLM
+from tfmlib.precision import tf32_matmul
 from tfmlib.throughput import (
     count_parameters,
     lm_flops_per_token,
     measure_training_steps,
     mfu,
     peak_flops,
+    peak_name,
     training_flops,
 )
 
@@ -95,6 +97,42 @@ def test_peak_table_and_mfu():
         with pytest.raises(ValueError, match="mfu"):
             mfu(**bad)
     assert training_flops(dict(d_model=4, d_ff=8, layers=1), 0, 1, 0, 5, 6) == 6 * (64 + 64 + 40)
+
+
+def test_peaks_match_whole_words_and_follow_the_tf32_setting():
+    cuda = torch.device("cuda")
+    assert peak_flops(cuda, "bf16", name="NVIDIA L40") == 181e12, "an L40 is not an L4 (121)"
+    assert peak_flops(cuda, "bf16", name="NVIDIA L40S") == 362e12
+    assert peak_flops(cuda, "bf16", name="NVIDIA L4") == 121e12
+    h100 = "NVIDIA H100 80GB HBM3"
+    assert peak_flops(cuda, "fp32", name=h100, tf32=False) == 67e12
+    assert peak_flops(cuda, "fp32", name=h100, tf32=True) == 495e12
+    assert peak_flops(cuda, "tf32", name=h100) == 495e12
+    v100 = "Tesla V100-SXM2-16GB"
+    assert peak_flops(cuda, "fp32", name=v100, tf32=True) == 15.7e12, "no TF32 before Ampere"
+    assert peak_flops(cuda, "tf32", name="Tesla V100-SXM2-16GB") is None
+    assert peak_flops(cuda, "fp32", name=h100) == 67e12, "TF32 is off by default"
+    with tf32_matmul(True):
+        assert peak_flops(cuda, "fp32", name=h100) == 495e12, "fp32 follows set_float32_matmul_precision"
+        assert peak_name(cuda, "fp32") == "tf32" and peak_name(torch.device("cpu"), "fp32") == "fp32"
+        assert peak_flops(torch.device("cpu"), "fp32") is None
+    assert peak_name(cuda, "fp32") == "fp32" and peak_name(cuda, "bf16") == "bf16"
+
+
+def test_measure_training_steps_times_windows_of_steps(monkeypatch):
+    """window=k: one synchronisation per k steps (the host runs ahead inside a window)."""
+    import tfmlib.timing as timing
+
+    syncs = []
+    monkeypatch.setattr(timing, "synchronize", lambda device: syncs.append(str(device)))
+    ticks = itertools.count()
+    calls = []
+    clock = lambda: 2.0 * next(ticks)  # noqa: E731  (each window spans one tick: 2 s)
+    out = measure_training_steps(lambda: calls.append(1), steps=3, warmup=1, device="cpu", window=4,
+                                 tokens_per_step=10, clock=clock)
+    assert len(calls) == 1 + 3 * 4, "warm-up, then 3 windows of 4 steps"
+    assert len(syncs) == 1 + 2 * 3, f"one sync after the warm-up, one before and after each window: {syncs}"
+    assert out["step_s"] == 0.5 and out["window"] == 4 and out["tokens_per_s"] == 20.0, out
 
 
 def test_measure_training_steps_reads_the_timing_helper():

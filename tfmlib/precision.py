@@ -34,11 +34,25 @@ about 6.1e-5, so small gradients underflow to zero. That is why fp16 training ne
 (``unscale_``) before clipping and the step, skips any step whose gradients hold an inf or a NaN
 (the factor was too large) and then halves the factor; after 2000 steps without overflow it
 doubles it. bf16 has float32's range and needs no scaling.
+
+**TF32.** Since Ampere, NVIDIA GPUs can run float32 matrix products on the tensor cores in
+TensorFloat-32: the inputs rounded to 10 mantissa bits (fp16's precision, float32's range), the
+products summed in float32. An H100 SXM's datasheet gives 495 dense TFLOP/s in TF32 against 67 in
+plain float32 (and 989 in bf16). PyTorch leaves it off for matrix products by default
+(``torch.get_float32_matmul_precision() == "highest"``); ``torch.set_float32_matmul_precision("high")``
+(or ``torch.backends.cuda.matmul.allow_tf32 = True``) turns it on, as nanoGPT's ``train.py`` does.
+:func:`tf32_matmul` switches it for a block, :func:`fp32_matmul_is_tf32` says whether it is on;
+:func:`tfmlib.throughput.peak_flops` follows it for fp32. On a CPU the setting changes nothing
+(there is no TF32 unit: the float32 products are the same, bit for bit).
 """
 
 from __future__ import annotations
 
 import contextlib
+import platform
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -74,6 +88,46 @@ def supports_bf16(device: torch.device | str) -> bool:
     return False
 
 
+def cpu_bf16_features(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    """The bf16 instructions this CPU advertises, read from the operating system.
+
+    Linux: the ``flags`` (x86: ``avx512_bf16``, ``amx_bf16``) and ``Features`` (Arm: ``bf16``) lines
+    of ``/proc/cpuinfo``; macOS: ``sysctl hw.optional.arm.FEAT_BF16`` (Apple M2 and later). An empty
+    set elsewhere or when nothing can be read (then bf16 is taken to be emulated). ``cpuinfo`` is
+    for tests.
+    """
+    found: set[str] = set()
+    if cpuinfo.exists():
+        try:
+            text = cpuinfo.read_text(errors="replace")
+        except OSError:
+            return found
+        for line in text.splitlines():
+            key, _, value = line.partition(":")
+            if key.strip().lower() in ("flags", "features"):
+                words = set(value.split())
+                found |= words & {"avx512_bf16", "amx_bf16"}
+                if "bf16" in words:
+                    found.add("bf16")
+        return found
+    if platform.system() == "Darwin":
+        try:
+            out = subprocess.run(["sysctl", "-n", "hw.optional.arm.FEAT_BF16"], capture_output=True,
+                                 text=True, timeout=5).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return found
+        if out == "1":
+            found.add("FEAT_BF16")
+    return found
+
+
+def cpu_has_fast_bf16() -> bool:
+    """Whether this CPU has bf16 matrix instructions (:func:`cpu_bf16_features` non-empty): x86's
+    AVX512-BF16 or AMX-BF16, Arm's BF16 extension. Without them oneDNN emulates bf16 products by
+    converting to float32, and a bf16 step is slower than an fp32 one."""
+    return bool(cpu_bf16_features())
+
+
 def supports_fp16(device: torch.device | str) -> bool:
     """Whether autocast can compute in float16 on ``device``: CUDA (when available), the CPU (torch's
     CPU autocast accepts fp16, checked with torch 2.13; it is slow there) and MPS."""
@@ -88,10 +142,17 @@ def supports_fp16(device: torch.device | str) -> bool:
 def pick_precision(device: torch.device | str, requested: str = "auto") -> str:
     """``requested`` (``"auto"``, ``"fp32"``, ``"bf16"`` or ``"fp16"``) resolved for ``device``.
 
-    ``"auto"`` is ``"bf16"`` where the device supports it (:func:`supports_bf16`: recent CUDA
-    GPUs, the CPU, MPS on macOS 14+), else ``"fp16"`` on CUDA (older GPUs such as the V100 and the
-    T4, which need a gradient scaler), else ``"fp32"``. An explicit request is returned as it is
-    if the device can do it.
+    ``"auto"`` picks what is fast on the device, by its features (no timing):
+
+    * CUDA: ``"bf16"`` on GPUs with native bf16 (:func:`supports_bf16`: Ampere and newer), else
+      ``"fp16"`` (older GPUs such as the V100 and the T4, which need a gradient scaler);
+    * CPU: ``"bf16"`` only when the processor has bf16 instructions (:func:`cpu_has_fast_bf16`:
+      AVX512-BF16, AMX or Arm's BF16, read from ``/proc/cpuinfo`` or ``sysctl``), else ``"fp32"``:
+      autocast still *accepts* bf16 there, but emulates it, more slowly than fp32;
+    * MPS (macOS 14+): ``"bf16"``; anything else: ``"fp32"``.
+
+    An explicit request is returned as it is if the device can do it (bf16 on a CPU without the
+    instructions is allowed: it is correct, only slow).
 
     Raises ``ValueError`` for an unknown name, or for ``"bf16"``/``"fp16"`` on a device whose
     autocast cannot compute in that dtype (the message says what it can do).
@@ -101,6 +162,8 @@ def pick_precision(device: torch.device | str, requested: str = "auto") -> str:
                          f"got {requested!r}")
     device = _device(device)
     if requested == "auto":
+        if device.type == "cpu":
+            return "bf16" if cpu_has_fast_bf16() else "fp32"
         if supports_bf16(device):
             return "bf16"
         if device.type == "cuda" and supports_fp16(device):
@@ -112,6 +175,35 @@ def pick_precision(device: torch.device | str, requested: str = "auto") -> str:
         raise ValueError(f"pick_precision: the device {device} cannot compute in {requested} "
                          f"(it can: {', '.join(possible)}); ask for 'auto' to get the best it can do")
     return requested
+
+
+def fp32_matmul_is_tf32() -> bool:
+    """Whether float32 matrix products on CUDA may use TF32 (the module docstring): true after
+    ``torch.set_float32_matmul_precision("high")`` or ``"medium"``, ``torch.backends.cuda.matmul.allow_tf32
+    = True`` or ``torch.backends.cuda.matmul.fp32_precision = "tf32"``; false by default. Read from
+    ``torch.backends.cuda.matmul.fp32_precision`` where torch has it (2.9 and later; "none" there
+    means "follow ``torch.get_float32_matmul_precision()``")."""
+    new = getattr(torch.backends.cuda.matmul, "fp32_precision", None)
+    if new == "tf32":
+        return True
+    if new == "ieee":
+        return False
+    return torch.get_float32_matmul_precision() in ("high", "medium")
+
+
+@contextlib.contextmanager
+def tf32_matmul(enabled: bool = True) -> Iterator[None]:
+    """Run the block with float32 matrix products in TF32 (``enabled=True``) or in IEEE float32
+    (``False``) on CUDA: ``torch.set_float32_matmul_precision("high" / "highest")``, the previous
+    setting restored afterwards. On a CPU it changes nothing measurable (no TF32 unit)."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"tf32_matmul: enabled must be a bool, got {enabled!r}")
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high" if enabled else "highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
 
 
 def autocast(device: torch.device | str, precision: str) -> contextlib.AbstractContextManager[Any]:

@@ -9,32 +9,44 @@ not count) divided by the device's peak FLOP/s at the precision used::
 
     mfu = tokens_per_s * flops_per_token / peak
 
-**FLOPs per training token** of a decoder-only language model (:func:`lm_flops_per_token`), the
-convention of Kaplan et al. 2020 (section 2.1) and PaLM (appendix B), which nanoGPT's
-``estimate_mfu`` also uses, 2 FLOPs per multiply-add:
+**FLOPs per training token** of a decoder-only language model (:func:`lm_flops_per_token`), 2 FLOPs
+per multiply-add, counted as PaLM does (Chowdhery et al. 2022, appendix B: ``6 N + 12 L H Q T``) and
+as nanoGPT's ``estimate_mfu`` does:
 
 * every weight matrix is used once per token in the forward pass (2 FLOPs per weight), and twice
   in the backward pass (the gradient with respect to the input and with respect to the weight: 4
-  FLOPs per weight): **6 N** for ``N`` matrix parameters. ``N`` here is
-  :func:`count_parameters` ``(non_embedding=True)`` plus the output layer ``d_model x vocab``: the
-  token embedding is a table lookup (no FLOPs, Kaplan leaves it out of ``N``), but the output
-  layer is a real matmul, counted once even when it shares its weight with the embedding (as
-  nanoGPT counts its tied ``lm_head``);
+  FLOPs per weight): **6 N** for ``N`` matrix parameters (Kaplan et al. 2020, section 2.1).
+  ``N`` here is :func:`count_parameters` ``(non_embedding=True)`` plus the output layer
+  ``d_model x vocab``: the token embedding is a table lookup (no FLOPs, Kaplan leaves it out of
+  ``N``), but the output layer is a real matmul, counted once even when it shares its weight with
+  the embedding (as nanoGPT counts its tied ``lm_head``);
 * attention adds the two products that have no weights, the scores ``Q K^T`` and the weighted sum
   ``A V``: ``2 x 2 d T`` FLOPs per token and layer forward for a context of ``T`` tokens, times 3
   with the backward pass: **12 L d T** (PaLM's ``12 L H Q T`` with ``H Q = d``).
 
-The causal mask means a token attends to ``(T + 1) / 2`` keys on average, so half of those score
-and weighted-sum products are not needed. PaLM and nanoGPT count the full ``T x T`` anyway, and so
-does this module by default (``attention="full"``): it makes MFU figures comparable with the
-published ones, and the kernels this book runs on the CPU compute (and mask) the full square
-(FlashAttention skips the blocks above the diagonal, so on a GPU the full count slightly
-overstates the work). ``attention="causal"`` counts the half (``6 L d (T + 1)``) for whoever
-wants the lower bound. Norms, softmax, GELU, rotary positions and the optimiser are left out
-(small next to the matmuls: a few FLOPs per activation, not per weight).
+Kaplan et al.'s Table 1 counts attention differently: ``2 n_layer n_ctx d_attn`` per token forward
+(``6 L d T`` for training, half of PaLM's), and leaves the output layer out of their compute ``C``.
+The causal mask means a token attends to ``(T + 1) / 2`` keys on average, so half of PaLM's score
+and weighted-sum products are not needed; ``attention="causal"`` counts only those
+(``6 L d (T + 1)``, Kaplan's figure up to the ``+ 1``). The default (``attention="full"``) counts the
+whole square, which makes MFU figures comparable with PaLM's and nanoGPT's. Causal kernels do skip
+the tiles above the diagonal: FlashAttention on a GPU, and PyTorch's CPU flash kernel as well
+(``aten/src/ATen/native/cpu/FlashAttentionKernel.cpp`` stops each query block at
+``num_keys = is_causal ? min(m + qBlockSize, kvSize) : kvSize``), so the full count overstates the
+attention work they do by about a factor of 2; chapter 05's explicit attention and SDPA's math
+backend compute (and mask) the full square. Norms, softmax, GELU, rotary positions and the
+optimiser are left out (small next to the matmuls: a few FLOPs per activation, not per weight).
 
-:func:`measure_training_steps` times whole training steps with :mod:`tfmlib.timing` (synchronised,
-warmed up, median of rounds) and returns seconds per step and tokens per second.
+**Peaks.** :func:`peak_flops` gives a GPU's dense datasheet peak at the precision the matrix
+products run in: bf16 and fp16 on the tensor cores; for fp32, TF32's tensor-core rate when
+float32 products may use TF32 (:func:`tfmlib.precision.fp32_matmul_is_tf32`: after
+``torch.set_float32_matmul_precision("high")``), else the plain float32 rate. An MFU is always
+against the peak of its own precision, so a bf16 row's MFU divides by a peak several times fp32's:
+bf16 can raise tokens per second and lower MFU at once. :func:`peak_name` says which peak was used.
+
+:func:`measure_training_steps` times whole training steps with :mod:`tfmlib.timing` (warmed up,
+median of rounds, the device synchronised once per window of steps, as a training loop runs) and
+returns seconds per step and tokens per second.
 
 ``PEAK_FLOPS``, :func:`peak_flops` and :func:`training_flops` (the encoder-decoder count of
 chapter 08's Multi30k benchmark) moved here from ``benchmarks/multi30k_transformer.py``.
@@ -42,6 +54,7 @@ chapter 08's Multi30k benchmark) moved here from ``benchmarks/multi30k_transform
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -52,6 +65,7 @@ from torch import nn
 
 from tfmlib.lm import DecoderLM
 from tfmlib.positional import LearnedPositionalEmbedding
+from tfmlib.precision import fp32_matmul_is_tf32
 from tfmlib.timing import interleaved_medians
 
 INTRODUCED_IN = 10
@@ -63,40 +77,73 @@ __all__ = [
     "measure_training_steps",
     "mfu",
     "peak_flops",
+    "peak_name",
     "training_flops",
 ]
 
-# Dense peak FLOP/s (no structured sparsity) from the vendors' datasheets, matched in order against
-# torch.cuda.get_device_name(): "bf16" and "fp16" are the tensor-core rates with fp32 accumulation,
-# "fp32" the plain (non-TF32) rate that fp32 matmuls get by default in PyTorch.
+# Dense peak FLOP/s (no structured sparsity: half the datasheets' starred figures) from the vendors'
+# datasheets, matched against torch.cuda.get_device_name() as whole words ("L4" does not match "NVIDIA
+# L40"), the first match in this order winning: "bf16" and "fp16" are the tensor-core rates with fp32
+# accumulation, "tf32" the tensor-core rate of float32 products in TF32 (None where the GPU has no TF32:
+# before Ampere), "fp32" the plain float32 rate that PyTorch's default ("highest") gets.
 PEAK_FLOPS: list[tuple[str, dict[str, float | None]]] = [
-    ("H100 PCIe", {"bf16": 756e12, "fp16": 756e12, "fp32": 51e12}),
-    ("H100 NVL", {"bf16": 835e12, "fp16": 835e12, "fp32": 60e12}),
-    ("H100", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),         # SXM
-    ("H200", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
-    ("A100", {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12}),
-    ("L40S", {"bf16": 362e12, "fp16": 362e12, "fp32": 91.6e12}),
-    ("L4", {"bf16": 121e12, "fp16": 121e12, "fp32": 30.3e12}),
-    ("RTX 4090", {"bf16": 165e12, "fp16": 165e12, "fp32": 82.6e12}),
-    ("RTX 3090", {"bf16": 71e12, "fp16": 71e12, "fp32": 35.6e12}),
-    ("V100", {"bf16": None, "fp16": 125e12, "fp32": 15.7e12}),
-    ("T4", {"bf16": None, "fp16": 65e12, "fp32": 8.1e12}),
+    ("H100 PCIe", {"bf16": 756e12, "fp16": 756e12, "tf32": 378e12, "fp32": 51e12}),
+    ("H100 NVL", {"bf16": 835e12, "fp16": 835e12, "tf32": 418e12, "fp32": 60e12}),
+    ("H100", {"bf16": 989e12, "fp16": 989e12, "tf32": 495e12, "fp32": 67e12}),         # SXM
+    ("H200", {"bf16": 989e12, "fp16": 989e12, "tf32": 495e12, "fp32": 67e12}),
+    ("A100", {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12}),
+    ("L40S", {"bf16": 362e12, "fp16": 362e12, "tf32": 183e12, "fp32": 91.6e12}),
+    ("L40", {"bf16": 181e12, "fp16": 181e12, "tf32": 90.5e12, "fp32": 90.5e12}),
+    ("L4", {"bf16": 121e12, "fp16": 121e12, "tf32": 60e12, "fp32": 30.3e12}),
+    ("RTX 4090", {"bf16": 165e12, "fp16": 165e12, "tf32": 82.6e12, "fp32": 82.6e12}),
+    ("RTX 3090", {"bf16": 71e12, "fp16": 71e12, "tf32": 35.6e12, "fp32": 35.6e12}),
+    ("V100", {"bf16": None, "fp16": 125e12, "tf32": None, "fp32": 15.7e12}),
+    ("T4", {"bf16": None, "fp16": 65e12, "tf32": None, "fp32": 8.1e12}),
 ]
 
+_PRECISIONS = ("bf16", "fp16", "tf32", "fp32")
 
-def peak_flops(device: torch.device, precision: str, name: str | None = None) -> float | None:
-    """The device's dense peak FLOP/s at ``precision`` (``bf16``, ``fp16``, ``fp32``), or ``None``
-    when it is not in :data:`PEAK_FLOPS` (every CPU, Apple's MPS, unlisted GPUs). ``name``
-    overrides ``torch.cuda.get_device_name`` (for tests)."""
-    if precision not in ("bf16", "fp16", "fp32"):
-        raise ValueError(f"peak_flops: precision must be bf16, fp16 or fp32, got {precision!r}")
+
+def _entry(name: str) -> dict[str, float | None] | None:
+    for key, peaks in PEAK_FLOPS:
+        if re.search(rf"(?<![A-Za-z0-9]){re.escape(key)}(?![A-Za-z0-9])", name):
+            return peaks
+    return None
+
+
+def peak_name(device: torch.device, precision: str, *, tf32: bool | None = None) -> str:
+    """Which peak :func:`peak_flops` uses for ``precision`` on ``device``: the precision itself,
+    except ``"tf32"`` for ``"fp32"`` on CUDA while float32 products may use TF32 (``tf32=None``
+    reads the setting: :func:`tfmlib.precision.fp32_matmul_is_tf32`)."""
+    if precision not in _PRECISIONS:
+        raise ValueError(f"peak_name: precision must be one of {_PRECISIONS}, got {precision!r}")
+    if precision == "fp32" and device.type == "cuda":
+        return "tf32" if (fp32_matmul_is_tf32() if tf32 is None else tf32) else "fp32"
+    return precision
+
+
+def peak_flops(device: torch.device, precision: str, name: str | None = None, *,
+               tf32: bool | None = None) -> float | None:
+    """The device's dense peak FLOP/s at ``precision`` (``bf16``, ``fp16``, ``tf32``, ``fp32``), or
+    ``None`` when it is not in :data:`PEAK_FLOPS` (every CPU, Apple's MPS, unlisted GPUs) or has no
+    such unit (TF32 before Ampere).
+
+    ``"fp32"`` follows the float32 matmul setting: the TF32 rate while TF32 is on
+    (:func:`peak_name`; ``tf32=True/False`` overrides the setting), else the plain float32 rate; a
+    GPU without TF32 keeps the plain rate. ``name`` overrides ``torch.cuda.get_device_name`` (for
+    tests). Matching is by whole words, the first entry of :data:`PEAK_FLOPS` that matches."""
+    if precision not in _PRECISIONS:
+        raise ValueError(f"peak_flops: precision must be bf16, fp16, tf32 or fp32, got {precision!r}")
     if device.type != "cuda":
         return None
     name = name if name is not None else torch.cuda.get_device_name(device)
-    for key, peaks in PEAK_FLOPS:
-        if key in name:
-            return peaks[precision]
-    return None
+    peaks = _entry(name)
+    if peaks is None:
+        return None
+    used = peak_name(device, precision, tf32=tf32)
+    if used == "tf32" and precision == "fp32" and peaks["tf32"] is None:
+        used = "fp32"
+    return peaks[used]
 
 
 def training_flops(cfg: dict, vocab: int, src_tokens: int, tgt_tokens: int, src_len: int,
@@ -216,18 +263,26 @@ def mfu(tokens_per_s: float, flops_per_token: float, peak: float | None) -> floa
 def measure_training_steps(step_fn: Callable[[], object], *, steps: int, warmup: int = 2,
                            device: torch.device | str, tokens_per_step: int,
                            flops_per_token: float | None = None,
-                           peak: float | None = None,
+                           peak: float | None = None, window: int = 1,
                            clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
-    """Time ``steps`` whole training steps (``step_fn()``: forward, backward, optimiser step) after
-    ``warmup`` untimed ones, through :func:`tfmlib.timing.interleaved_medians` (the device is
-    synchronised before and after each step, so a step's time holds all of its work).
+    """Time whole training steps (``step_fn()``: forward, backward, optimiser step) after ``warmup``
+    untimed ones, through :func:`tfmlib.timing.interleaved_medians`: ``steps`` samples, each a
+    *window* of ``window`` consecutive steps (``steps * window`` timed steps in all).
 
-    Returns a dict: ``step_s`` (median seconds per step), ``step_s_q1``/``step_s_q3`` (quartiles),
-    ``step_s_min``/``step_s_max``, ``steps``, ``warmup``, ``tokens_per_step``, ``tokens_per_s``
-    (``tokens_per_step / step_s``), ``device``, and, when ``flops_per_token`` is given,
-    ``model_flops_per_s`` and ``mfu`` (``None`` without a ``peak``). ``ValueError`` for
-    ``tokens_per_step < 1`` (and, from the timing helper, for ``steps < 1`` or ``warmup < 0``).
-    ``clock`` (seconds, like ``time.perf_counter``) is for tests.
+    The device is synchronised before and after each window, not between its steps, so within a
+    window the host queues the next step while the device runs this one, as in a training loop
+    that does not read anything back. ``window=1`` waits for the device around every step: on a
+    GPU each step then starts from an empty queue and pays its launch latency in full, which a
+    real loop hides (use ``window >= 5`` there); on the CPU, which runs synchronously, the two
+    agree.
+
+    Returns a dict: ``step_s`` (median seconds per step: a window's time divided by ``window``),
+    ``step_s_q1``/``step_s_q3`` (quartiles), ``step_s_min``/``step_s_max``, ``steps``, ``window``,
+    ``warmup``, ``tokens_per_step``, ``tokens_per_s`` (``tokens_per_step / step_s``), ``device``,
+    and, when ``flops_per_token`` is given, ``model_flops_per_s`` and ``mfu`` (``None`` without a
+    ``peak``). ``ValueError`` for ``tokens_per_step < 1`` (and, from the timing helper, for
+    ``steps < 1``, ``window < 1`` or ``warmup < 0``). ``clock`` (seconds, like
+    ``time.perf_counter``) is for tests.
     """
     if not isinstance(tokens_per_step, int) or isinstance(tokens_per_step, bool) or tokens_per_step < 1:
         raise ValueError("measure_training_steps: tokens_per_step must be an int >= 1, "
@@ -235,13 +290,13 @@ def measure_training_steps(step_fn: Callable[[], object], *, steps: int, warmup:
     if not callable(step_fn):
         raise TypeError(f"measure_training_steps: step_fn must be callable, got {type(step_fn).__name__}")
     timings = interleaved_medians({"step": step_fn}, repeats=steps, warmup=warmup, device=device,
-                                  clock=clock)
+                                  number=window, clock=clock)
     t = timings.detail["step"]
     q1, q3 = t.quartiles
     out: dict[str, Any] = {
         "step_s": t.median, "step_s_q1": q1, "step_s_q3": q3, "step_s_min": t.min, "step_s_max": t.max,
         "step_s_stdev": statistics.stdev(t.samples) if len(t.samples) > 1 else 0.0,
-        "steps": steps, "warmup": warmup, "tokens_per_step": tokens_per_step,
+        "steps": steps, "window": window, "warmup": warmup, "tokens_per_step": tokens_per_step,
         "tokens_per_s": tokens_per_step / t.median, "device": str(timings.device),
     }
     if flops_per_token is not None:

@@ -8,7 +8,11 @@ Three things make a wall-clock time on a GPU mean something:
 * **synchronise**: CUDA and Apple's MPS run kernels asynchronously; a Python call returns when the
   work is *queued*. :func:`synchronize` waits for the device to finish (``torch.cuda.synchronize``,
   ``torch.mps.synchronize``; nothing on the CPU), and the clock is read only after it, before and
-  after every timed call;
+  after every timed sample. A sample may be a *window* of several calls (``number``): the device is
+  then synchronised once per window, so the host queues each call while the device still runs the
+  one before, as in a training loop that reads nothing back. Time training steps that way on a GPU
+  (``number >= 5``): synchronising around every single step makes each one start from an empty
+  queue and pay its launch latency in full, which a real loop hides;
 * **warm up**: the first calls pay for allocation, kernel selection (cuDNN, SDPA) and caches;
   they are run but not timed;
 * **interleave**: the contenders take turns within each round (the one that goes first rotates),
@@ -168,9 +172,11 @@ def interleaved_medians(
     Each function is first called ``warmup`` times (taking turns, untimed). Then, ``repeats``
     times, each function is timed once, in turn, starting with a different one each round (round
     ``r`` starts at contender ``r mod len(fns)``). A sample is the time of ``number`` consecutive
-    calls divided by ``number`` (use ``number > 1`` for calls too short for the clock). The
-    device is synchronised after the warm-up and before and after every sample, so a sample
-    holds the whole work of its calls and nothing queued before them. ``device`` is required: it
+    calls divided by ``number``: a window of calls, for calls too short for the clock and for
+    training steps on a GPU, whose host queues the next step while the device runs this one
+    (the module docstring). The device is synchronised after the warm-up and before and after
+    every sample (not between the calls of a window), so a sample holds the whole work of its
+    calls and nothing queued before them. ``device`` is required: it
     is what gets synchronised and what the result is labelled with. ``clock`` (seconds, like
     ``time.perf_counter``) is for tests.
 
