@@ -309,3 +309,49 @@ def test_a_killed_run_resumed_ends_with_the_uninterrupted_weights(tmp_path):
     b = torch.load(tmp_path / "b.pt", weights_only=True)
     assert same_weights(a, b), "killed and resumed: the uninterrupted run's weights, bit for bit"
     assert json.loads((tmp_path / "a.json").read_text()) == {"resumed_from_step": 0, "steps": STEPS}
+
+
+# --------------------------------------------------------------------------- fit's resume parts (issue 24)
+
+
+def test_epoch_order_drives_a_distributed_sampler_and_only_reads_tfmlibs():
+    from tfmlib.resume import EpochOrder
+
+    data = list(range(12))
+    dist = torch.utils.data.DataLoader(data, sampler=torch.utils.data.DistributedSampler(
+        data, num_replicas=1, rank=0, seed=3), batch_size=4)
+    order = EpochOrder.of(dist, checkpointing=False)
+    assert order is not None and order.managed
+    order.start_epoch(3)
+    assert dist.sampler.epoch == 2 and order.now == 2, "fit's epoch 3 is the sampler's epoch 2"
+    order.start_epoch(1, replay=7)
+    assert order.now == 7 and order.after_all_epochs() == 8
+    bucketed = torch.utils.data.DataLoader(data, batch_sampler=BucketBatchSampler([1] * 12, 4, seed=0))
+    assert EpochOrder.of(bucketed, checkpointing=False) is None, "nothing to manage without checkpoints"
+    order = EpochOrder.of(bucketed, checkpointing=True)
+    list(bucketed)
+    order.start_epoch(2)
+    assert order.now == 1 == bucketed.batch_sampler.epoch, "tfmlib's samplers advance their own epoch"
+    with pytest.raises(ValueError, match="checkpoint_path needs a loader whose batch order"):
+        EpochOrder.of(torch.utils.data.DataLoader(data, batch_size=4), checkpointing=True)
+
+
+def test_checkpointing_saves_when_due_and_restores_what_it_saved(tmp_path, capsys):
+    from tfmlib.resume import Checkpointing
+
+    every = Checkpointing(tmp_path / "s.pt", 3, settings={"epochs": 2})
+    assert [s for s in range(1, 8) if every.due(s, stopping=False)] == [3, 6]
+    assert every.due(4, stopping=True) and Checkpointing(tmp_path / "x.pt").due(5, True)
+    assert not Checkpointing(tmp_path / "x.pt").due(5, False)
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert every.restore(model=model, optimizer=opt) is None
+    assert "no training state" in capsys.readouterr().out
+    every.save(model=model, optimizer=opt, epoch=1, batches_done=2, steps=3, sampler_epoch=0,
+               history=History().to_dict(), train_seconds=1.0)
+    state = every.restore(model=model, optimizer=opt, verbose=False)
+    assert (state.steps, state.batches_done, state.settings) == (3, 2, {"epochs": 2})
+    with pytest.raises(CheckpointError, match="epochs: saved 2, now 3"):
+        Checkpointing(tmp_path / "s.pt", settings={"epochs": 3}).restore(model=model, optimizer=opt)
+    with pytest.raises(ValueError, match="every must be an int >= 1"):
+        Checkpointing(tmp_path / "s.pt", 0)

@@ -514,3 +514,109 @@ def test_steps_limits_evaluations_and_the_scheduler_count_optimiser_steps():
     for bad in (0, -2, 1.5, True):
         with pytest.raises(ValueError, match="accumulate must be an int >= 1"):
             fit(model, regression_problem(), mse, opt, epochs=1, accumulate=bad)
+
+
+# ------------------------------------------------------------- the loop's parts (issue 24)
+
+
+def test_loss_log_reads_when_due_and_keeps_the_epoch_sums():
+    from tfmlib.train import LossLog
+    from tfmlib.training_step import StepResult
+
+    history = History()
+    log = LossLog(history, log_every=2)
+    log.start_epoch(loss_sum=1.0, tokens=2)  # a resumed epoch's sums go on
+    log.add(StepResult(torch.tensor(2.0), 3, None))
+    assert not log.due() and history.step_loss == [], "nothing read before log_every steps"
+    log.add(StepResult(torch.tensor(4.0), torch.tensor(1), torch.tensor(True)))
+    assert log.due()
+    log.read()
+    assert history.step_loss == [2.0, 4.0] and history.skipped_steps == 1
+    assert (log.epoch_loss, log.epoch_tokens) == (1.0 + 2.0 * 3 + 4.0 * 1, 2 + 3 + 1)
+    log.add(StepResult(torch.tensor(float("inf")), 1, None))
+    with pytest.raises(ValueError, match="loss became inf at step 3"):
+        log.read()
+    with pytest.raises(ValueError, match="log_every must be an int >= 1, got 0"):
+        LossLog(history, log_every=0)
+
+
+def test_training_clock_leaves_evaluations_out(monkeypatch):
+    import tfmlib.train as train
+
+    now = [100.0]
+    monkeypatch.setattr(train.time, "perf_counter", lambda: now[0])
+    clock = train.TrainingClock("cpu", already=5.0)  # a resumed run had trained 5 s
+    now[0] += 2.0
+    with clock.excluding() as at:
+        assert at == 7.0
+        now[0] += 30.0  # an evaluation
+    now[0] += 1.0
+    assert clock.training_seconds() == 8.0 and clock.eval_seconds == 30.0
+    clock.start_epoch(already=0.5)
+    now[0] += 1.0
+    with clock.excluding():
+        now[0] += 4.0
+    assert clock.epoch_seconds() == 1.5
+
+
+def test_eval_schedule_runs_in_eval_mode_without_grad_and_after_the_last_step():
+    from tfmlib.train import EvalSchedule, TrainingClock
+
+    model = nn.Dropout(0.5)
+    seen = []
+
+    def eval_fn(m):
+        seen.append((m.training, torch.is_grad_enabled()))
+        return {"n": len(seen)}
+
+    history = History()
+    every = EvalSchedule(model, eval_fn, 3, history, TrainingClock())
+    assert [s for s in range(1, 8) if every.due(s)] == [3, 6] and not every.per_epoch
+    every.evaluate(3)
+    every.after_last_step(3)  # the last step was evaluated already
+    every.after_last_step(5)
+    assert [e["step"] for e in history.evals] == [3, 5] and seen == [(False, False)] * 2 and model.training
+    assert EvalSchedule(model, eval_fn, None, History(), TrainingClock()).per_epoch
+    assert not EvalSchedule(model, None, None, History(), TrainingClock()).per_epoch
+    with pytest.raises(ValueError, match="eval_every needs an eval_fn"):
+        EvalSchedule(model, None, 2, History(), TrainingClock())
+
+
+def test_bookkeeping_stops_at_max_steps_and_records_the_epoch():
+    from tfmlib.train import Bookkeeping
+    from tfmlib.training_step import StepResult, TrainingStep
+
+    model = nn.Linear(4, 1)
+    step = TrainingStep(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    books = Bookkeeping(model, step, log_every=10, max_steps=2, verbose=False)
+    assert list(books.epochs(3)) == [1, 2, 3]
+    batches, stop = books.start_epoch(1, [1, 2, 3])
+    assert list(batches) == [1, 2, 3] and not stop
+    step.steps = 1
+    assert not books.after_step(StepResult(torch.tensor(1.0), 4, None))
+    step.steps = 2
+    assert books.after_step(StepResult(torch.tensor(3.0), 4, None)), "max_steps reached"
+    assert books.history.step_loss == [], "still on the device: log_every is 10"
+    record = books.end_epoch()
+    assert books.history.step_loss == [1.0, 3.0] and record["train_loss"] == 2.0 and record["epoch"] == 1
+
+
+def test_train_loop_is_what_fit_runs():
+    """fit builds the parts and hands them to train_loop: driving the loop by hand gives fit's run."""
+    from tfmlib.train import Bookkeeping, train_loop
+    from tfmlib.training_step import TrainingStep
+
+    def by_fit():
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        hist = fit(model, regression_problem(), mse, torch.optim.SGD(model.parameters(), lr=0.05), epochs=2,
+                   verbose=False)
+        return model, hist
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    step = TrainingStep(model, torch.optim.SGD(model.parameters(), lr=0.05))
+    books = Bookkeeping(model, step, verbose=False)
+    hist = train_loop(model, regression_problem(), mse, step, books, epochs=2, verbose=False)
+    ref, ref_hist = by_fit()
+    assert hist.step_loss == ref_hist.step_loss and torch.equal(model.weight, ref.weight)
