@@ -590,12 +590,11 @@ def test_bookkeeping_stops_at_max_steps_and_records_the_epoch():
     step = TrainingStep(model, torch.optim.SGD(model.parameters(), lr=0.1))
     books = Bookkeeping(model, step, log_every=10, max_steps=2, verbose=False)
     assert list(books.epochs(3)) == [1, 2, 3]
-    batches, stop = books.start_epoch(1, [1, 2, 3])
-    assert list(batches) == [1, 2, 3] and not stop
+    assert list(books.batches(1, [1, 2, 3])) == [1, 2, 3] and books.batches_done == 3 and not books.stop
     step.steps = 1
     assert not books.after_step(StepResult(torch.tensor(1.0), 4, None))
     step.steps = 2
-    assert books.after_step(StepResult(torch.tensor(3.0), 4, None)), "max_steps reached"
+    assert books.after_step(StepResult(torch.tensor(3.0), 4, None)) and books.stop, "max_steps reached"
     assert books.history.step_loss == [], "still on the device: log_every is 10"
     record = books.end_epoch()
     assert books.history.step_loss == [1.0, 3.0] and record["train_loss"] == 2.0 and record["epoch"] == 1

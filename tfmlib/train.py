@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -280,6 +280,7 @@ class Bookkeeping:
         self.order, self.checkpoints, self.restored = order, checkpoints, restored
         self.history = History() if restored is None else History.from_dict(restored.history)
         self.first_epoch, self.epoch, self.batches_done = 1, 1, 0
+        self.stop = False  # out of steps or time: the loop ends after this epoch's bookkeeping
         if restored is not None:
             self.history.resumed_from_step = step.steps = restored.steps
             self.first_epoch = restored.epoch
@@ -293,10 +294,11 @@ class Bookkeeping:
         """The epochs to run: ``1 .. epochs``, or from the one a resumed run was in."""
         return range(self.first_epoch, epochs + 1)
 
-    def start_epoch(self, epoch: int, bar: Any) -> tuple[Iterator[Any], bool]:
-        """Start ``epoch``; returns an iterator over ``bar``'s batches and whether the run must stop
-        at once (a resumed run that had reached its limit). A resumed epoch replays its order and
-        skips the batches the saved run had done, then restores the random number generators."""
+    def batches(self, epoch: int, bar: Iterable[Any]) -> Iterator[Any]:
+        """Start ``epoch`` and yield the batches of ``bar`` (the loader in a progress bar), counting
+        them. A resumed epoch replays its order and skips the batches the saved run had done, then
+        puts the random number generators back; a resumed run that had already reached its step or
+        time limit yields none (and sets ``stop``)."""
         replay = self.restored if self.restored is not None and epoch == self.restored.epoch else None
         self.epoch, self.batches_done = epoch, 0
         self.clock.start_epoch(replay.epoch_seconds if replay is not None else 0.0)
@@ -304,23 +306,23 @@ class Bookkeeping:
         if self.order is not None:
             self.order.start_epoch(epoch, replay.sampler_epoch if replay is not None else None)
         batches = iter(bar)
-        if self.restored is None:
-            return batches, False
-        for _ in range(self.restored.batches_done):  # the batches the saved run had consumed
-            if next(batches, None) is None:
-                path = self.checkpoints.path  # type: ignore[union-attr]
-                raise CheckpointError(f"{path}: the loader has fewer batches in epoch {epoch} than the saved "
-                                      f"run had consumed ({self.restored.batches_done})")
-        self.batches_done = self.restored.batches_done
-        # after the skipped batches (and the loader's own draw when it started): from here on the
-        # random numbers are those the saved run went on with
-        restore_rng_state(self.restored.rng)
-        self.restored = None
-        return batches, self.out_of_steps_or_time()
-
-    def batch_done(self) -> None:
-        """One more batch of the epoch consumed (a training state records how many)."""
-        self.batches_done += 1
+        if self.restored is not None:
+            for _ in range(self.restored.batches_done):  # the batches the saved run had consumed
+                if next(batches, None) is None:
+                    path = self.checkpoints.path  # type: ignore[union-attr]
+                    raise CheckpointError(f"{path}: the loader has fewer batches in epoch {epoch} than the "
+                                          f"saved run had consumed ({self.restored.batches_done})")
+            self.batches_done = self.restored.batches_done
+            # after the skipped batches (and the loader's own draw when it started): from here on the
+            # random numbers are those the saved run went on with
+            restore_rng_state(self.restored.rng)
+            self.restored = None
+            self.stop = self.out_of_steps_or_time()
+            if self.stop:
+                return
+        for batch in batches:
+            self.batches_done += 1
+            yield batch
 
     def out_of_steps_or_time(self) -> bool:
         """True once ``max_steps`` optimiser steps are taken or ``time_budget_s`` training seconds spent."""
@@ -329,11 +331,11 @@ class Bookkeeping:
 
     def after_step(self, result: StepResult, bar: Any = None) -> bool:
         """Record a step; read the losses, evaluate and save a training state when they are due.
-        True when training should stop."""
+        Sets and returns ``stop``: True when training should stop (out of steps or time)."""
         self.log.add(result)
         if self.log.due():
             self.log.read(bar)
-        done = self.out_of_steps_or_time()
+        done = self.stop = self.out_of_steps_or_time()
         if self.evals.due(self.step.steps):
             self.evals.evaluate(self.step.steps)
         if self.checkpoints is not None and self.checkpoints.due(self.step.steps, done):
@@ -371,13 +373,13 @@ class Bookkeeping:
             print(f"epoch {self.epoch}: {shown}")
         return record
 
-    def finish(self, epochs: int, stopped: bool) -> History:
+    def finish(self, epochs: int) -> History:
         """After the last epoch: evaluate the last step (with ``eval_every``), save the finished
         run's state (when checkpointing and not stopped early); returns the History."""
         if self.restored is not None:  # resumed from the state saved when all epochs were done
             restore_rng_state(self.restored.rng)
         self.evals.after_last_step(self.step.steps)
-        if self.checkpoints is not None and not stopped and self.first_epoch <= epochs:
+        if self.checkpoints is not None and not self.stop and self.first_epoch <= epochs:
             # all epochs done: the state after the last
             self.save(None, epochs + 1, 0, 0.0, sampler_epoch=self.order.after_all_epochs())  # type: ignore[union-attr]
         return self.history
@@ -393,26 +395,23 @@ def train_loop(model: nn.Module, loader: Any, loss_fn: LossFn, step: TrainingSte
     ``step`` does the arithmetic (zero the gradients, backward, clip, ``optimizer.step()``);
     ``books`` keeps the records (losses, time, evaluations, checkpoints). :func:`fit` builds both.
     """
-    stop = False
     for epoch in books.epochs(epochs):
         model.train()
         bar = tqdm(loader, desc=f"{desc} {epoch}/{epochs}", leave=False, disable=not verbose)
-        batches, stop = books.start_epoch(epoch, bar)  # a resumed epoch skips the batches done
-        for batch in batches if not stop else ():
+        for batch in books.batches(epoch, bar):  # counted; a resumed epoch skips those done
             batch = move_to(batch, step.device)
-            with step.forward():  # autocast in bf16/fp16 (chapter 10)
+            with step.forward():  # nothing in fp32 (chapter 10: autocast)
                 loss, n_tokens = loss_fn(model, batch)
-            books.batch_done()
-            if step.backward(loss, n_tokens):  # False while a group of `accumulate` batches fills
-                stop = books.after_step(step.step(), bar)  # record, evaluate, save; out of steps/time?
-                if stop:
+            if step.backward(loss, n_tokens):  # True: time for a step (chapter 10: every k batches)
+                books.after_step(step.step(), bar)  # record the loss; evaluate, save when due
+                if books.stop:  # out of steps or time
                     break
-        if step.group_open():  # the last, shorter group of an epoch still steps
-            stop = books.after_step(step.step(), bar)
+        if step.group_open():  # chapter 10: a last, shorter group of k batches still steps
+            books.after_step(step.step(), bar)
         books.end_epoch(bar)
-        if stop:
+        if books.stop:
             break
-    return books.finish(epochs, stop)
+    return books.finish(epochs)
 
 
 # --------------------------------------------------------------------------- fit
@@ -461,6 +460,10 @@ def fit(
     is read, up to ``log_every - 1`` steps after it happened (the weights have taken those steps:
     reload a checkpoint rather than go on from them). The device is synchronised around evaluations and
     at the end of each epoch, so recorded times hold the work they name.
+
+    ``fit`` checks its arguments, builds the parts (a :class:`~tfmlib.training_step.TrainingStep`
+    and a :class:`Bookkeeping`, with :class:`~tfmlib.resume.EpochOrder` and
+    :class:`~tfmlib.resume.Checkpointing` when needed) and runs :func:`train_loop` with them.
 
     Chapter 10 adds three options; at their defaults ``fit`` computes exactly what it did before.
 
