@@ -15,7 +15,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import scaling_steps as bench  # noqa: E402
 
 STEPS = ["baseline: explicit attention, fp32, eager, bucketed sentences", "+ fused attention (SDPA)",
-         "+ {low} autocast", "+ torch.compile", "+ packed fixed-token batches"]
+         "+ TF32 matmuls (fp32 weights and activations)", "+ {low} autocast",
+         "+ torch.compile (dynamic shapes)",
+         "+ packed fixed-token batches (static compile)", "+ fused AdamW"]
 
 
 def test_smoke_run_writes_every_step(tmp_path: Path) -> None:
@@ -28,41 +30,54 @@ def test_smoke_run_writes_every_step(tmp_path: Path) -> None:
     assert "tokens/s" in proc.stdout and "x base" in proc.stdout, f"no table printed:\n{proc.stdout}"
     data = json.loads(out.read_text())
     assert data["device"] == "cpu" and data["profile"] == "smoke", f"where it ran: {data['device']}"
-    low = data["rows"][2]["precision"]
+    low = data["rows"][3]["precision"]
     assert low in ("bf16", "fp16", "fp32"), f"the autocast row's precision: {low}"
     names = [r["step"] for r in data["rows"]]
-    assert names[:5] == [s.format(low=low) for s in STEPS], f"the single-process steps, in order: {names}"
-    assert "packed, eager" in names[5] and data["rows"][5]["compiled"] == "eager", names[5]
-    unbucketed, packed_fp32 = data["rows"][6], data["rows"][7]
+    assert names[:7] == [s.format(low=low) for s in STEPS], f"the single-process steps, in order: {names}"
+    assert "packed, eager" in names[7] and data["rows"][7]["compiled"] == "eager", names[7]
+    unbucketed, packed_fp32 = data["rows"][8], data["rows"][9]
     assert "not bucketed" in unbucketed["step"] and unbucketed["data"] == "unbucketed", unbucketed["step"]
     assert packed_fp32["data"] == "packed" and packed_fp32["precision"] == "fp32", packed_fp32["step"]
-    assert [r["processes"] for r in data["rows"][8:]] == [1, 2], f"the torchrun rows: {names[8:]}"
+    assert [r["processes"] for r in data["rows"][10:]] == [1, 2], f"the torchrun rows: {names[10:]}"
+    assert set(data["skipped"]) == {"+ micro-batch sized to memory", "+ max-autotune and CUDA graphs"}, \
+        "the CUDA-only rows say why they are skipped on the CPU"
     for row in data["rows"]:
         assert row["tokens_per_s"] > 0 and row["flops_per_token"] > 0, f"{row['step']}: {row}"
         assert row["mfu"] is None, "the CPU has no datasheet peak: MFU must be None, not a number"
         assert 0 < row["of_matmul_peak"], f"{row['step']}: fraction of the measured matmul peak"
-    single = data["rows"][:5]
-    assert [r["attention"] for r in single] == ["explicit"] + ["fused"] * 4
-    assert [r["data"] for r in single] == ["padded"] * 4 + ["packed"]
-    assert single[0]["precision"] == single[1]["precision"] == "fp32"
-    assert single[3]["compiled"].startswith(("compiled", "eager")), single[3]["compiled"]
-    packed = single[4]
+    single = data["rows"][:7]
+    assert [r["attention"] for r in single] == ["explicit"] + ["fused"] * 6
+    assert [r["data"] for r in single] == ["padded"] * 5 + ["packed"] * 2
+    assert [r["precision"] for r in single[:3]] == ["fp32", "fp32", "tf32"]
+    assert single[2]["peak"] == "tf32" and single[1]["peak"] == "fp32"
+    assert "dynamic=True" in single[4]["compiled"], "padded batches change shape: symbolic sizes"
+    assert "dynamic=False" in single[5]["compiled"], "packed blocks have one shape: a static compile"
+    assert single[6]["optimizer"] == "AdamW fused" and single[5]["optimizer"] == "AdamW (default)"
+    packed = single[5]
     assert packed["real_tokens_per_round"] == packed["slots_per_round"], "packed blocks have no padding"
+    padded = single[0]
+    assert padded["slots_per_round"] <= packed["slots_per_round"], "TokenBatchSampler caps the positions"
+    assert padded["real_tokens_per_round"] >= 0.7 * packed["real_tokens_per_round"], \
+        "a padded batch holds about as many real tokens as a packed one"
+
     def padding(row: dict) -> float:
         return 1 - row["real_tokens_per_round"] / row["slots_per_round"]
 
     assert padding(unbucketed) > 0, "random sentence batches carry padding"
     assert padding(single[0]) <= padding(unbucketed), "bucketing must not add padding"
-    ddp = data["rows"][9]
+    ddp = data["rows"][11]
     assert ddp["backend"] == "gloo" and ddp["steps"] == data["sizes"]["ddp_steps"], ddp
+    prof = data["profile_of_one_step"]
+    assert prof["row"] == "+ fused AdamW" and prof["top"] and prof["busy_ms"] <= prof["wall_ms"], prof
 
 
-def test_batches_hold_about_the_same_real_tokens() -> None:
+def test_bucketed_batches_come_from_the_token_sampler_at_the_packed_token_count() -> None:
     sentences = [[5 + (i % 7)] * (3 + i % 11) for i in range(200)]
     padded = bench.padded_batches(sentences, 3, tokens_per_batch=64, max_len=8, seed=0)
+    assert len(padded) == 3
     for x, y in padded:
-        real = int((y != 0).sum())
-        assert 64 <= real < 64 + 8, f"a padded batch holds {real} real tokens, asked for about 64"
+        assert x.numel() <= 64, f"at most 64 positions per batch, got {tuple(x.shape)}"
+        assert int((y != 0).sum()) >= 48, "sentences of one length fill the positions with real tokens"
         assert x.shape[1] <= 8, f"sentences are cut to the context: length {x.shape[1]}"
     assert bench.real_tokens(padded) == sum(int((y != 0).sum()) for _, y in padded)
 
