@@ -15,8 +15,10 @@ weaker: 5.7x at d = 64, 16x at d = 512). This script measures both:
                                                [--device cuda] [--smoke]
 
 Prints two tables and writes ``benchmarks/results/learned_position_init.json`` (``--smoke``: a few
-steps, written to the temporary folder). Nothing here compares timings: each run's ``seconds`` is
-its wall clock (every step reads its loss back, so the device's work is inside it).
+steps, written to the temporary folder). Training goes through :func:`tfmlib.train.fit` (one epoch
+over ``--steps`` batches drawn up front from a seeded generator, no clipping). Nothing here compares
+timings: each run's ``seconds`` is its wall clock (``fit`` synchronises the device at the end of
+the epoch, so the device's work is inside it).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from tfmlib.data import make_batch
 from tfmlib.decoding import greedy_decode
 from tfmlib.positional import sinusoidal_encoding
 from tfmlib.seq2seq import translation_loss
+from tfmlib.train import fit
 from tfmlib.transformer import Transformer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -85,13 +88,10 @@ def train(init_std: float, d: int, steps: int, seed: int, batch: int,
     model.to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(1000 + seed)
-    start, losses = time.perf_counter(), []
-    for _ in range(steps):
-        loss, _ = translation_loss(model, reversal_batch(g, batch).to(device))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    start = time.perf_counter()
+    batches = [reversal_batch(g, batch) for _ in range(steps)]  # one epoch of `steps` optimiser steps
+    losses = fit(model, batches, translation_loss, opt, epochs=1, device=device, clip_norm=None,
+                 verbose=False).step_loss
     test = reversal_batch(torch.Generator().manual_seed(99), 256).to(device)
     out = greedy_decode(model, test.src, test.src_mask, max_len=MAX_LEN + 1)
     L = min(out.tokens.shape[1], test.tgt_out.shape[1])
