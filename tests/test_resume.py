@@ -33,10 +33,13 @@ _spec.loader.exec_module(resume_run)
 STEPS = resume_run.EPOCHS * (resume_run.N_EXAMPLES // resume_run.BATCH) // resume_run.ACCUMULATE  # 18
 
 
-def train(seed=0, **kwargs):
-    """The fixture's run in this process; returns (model, history)."""
+def train(seed=0, wrap_loss=None, **kwargs):
+    """The fixture's run in this process (its loss function passed through ``wrap_loss`` if given);
+    returns (model, history)."""
     model, loader, loss_fn, optimizer, scheduler, base = resume_run.build(seed, accumulate=kwargs.pop(
         "accumulate", resume_run.ACCUMULATE))
+    if wrap_loss is not None:
+        loss_fn = wrap_loss(loss_fn)
     history = fit(model, loader, loss_fn, optimizer, scheduler=scheduler, verbose=False,
                   **{**base, **kwargs})
     return model, history
@@ -108,18 +111,32 @@ def test_a_run_stopped_and_resumed_ends_with_the_uninterrupted_weights(tmp_path,
     assert same_weights(again, full) and hist.step_loss == full_hist.step_loss
 
 
+def spiking(loss_fn):
+    """``loss_fn`` with a loss spike (x 1e4) on the batches whose first input is above 1: their fp16
+    gradients at the scaler's scale (65536 to start) overflow, so the scaler skips those steps and
+    lowers its scale. The spike depends on the batch only, so a resumed run meets the same ones."""
+    def spiky(model, batch):
+        loss, n_tokens = loss_fn(model, batch)
+        return (loss * 1e4 if float(batch[0][0, 0]) > 1.0 else loss), n_tokens
+    return spiky
+
+
 @pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")
 def test_fp16_runs_resume_with_their_gradient_scaler(tmp_path):
-    """The scaler's scale is part of the state: a resumed fp16 run skips the same steps and ends equal."""
+    """The scaler's scale is part of the state: a resumed fp16 run skips the same steps and ends
+    equal. (Without the spikes this run skips no step: fp16 with accumulation did only while fit
+    weighted each batch's loss by its token count, issue 25.)"""
     path = tmp_path / "state.pt"
-    full, full_hist = train(precision="fp16")
-    _, first = train(precision="fp16", checkpoint_path=path, max_steps=5)
+    assert train(precision="fp16")[1].skipped_steps == 0
+    full, full_hist = train(precision="fp16", wrap_loss=spiking)
+    assert full_hist.skipped_steps >= 2, "the spikes overflow fp16's scaled gradients: steps are skipped"
+    _, first = train(precision="fp16", wrap_loss=spiking, checkpoint_path=path, max_steps=9)
     saved = load_training_state(path)
-    assert saved.scaler_state is not None and saved.scaler_state["scale"] > 0
-    assert full_hist.skipped_steps >= 1, "the first scale (65536) overflows fp16: a step is skipped"
+    assert 1 <= first.skipped_steps < full_hist.skipped_steps, "skips before and after the interruption"
+    assert saved.scaler_state is not None and 0 < saved.scaler_state["scale"] < 65536.0
     with pytest.raises(CheckpointError, match="a gradient scaler state is saved, and no enabled scaler"):
         load_training_state(path, scaler=torch.amp.GradScaler("cpu", enabled=False))
-    resumed, hist = train(seed=1, precision="fp16", checkpoint_path=path, resume=True)
+    resumed, hist = train(seed=1, precision="fp16", wrap_loss=spiking, checkpoint_path=path, resume=True)
     assert same_weights(resumed, full) and hist.step_loss == full_hist.step_loss
     assert hist.skipped_steps == full_hist.skipped_steps
 

@@ -619,3 +619,29 @@ def test_train_loop_is_what_fit_runs():
     hist = train_loop(model, regression_problem(), mse, step, books, epochs=2, verbose=False)
     ref, ref_hist = by_fit()
     assert hist.step_loss == ref_hist.step_loss and torch.equal(model.weight, ref.weight)
+
+
+# ------------------------------------------------------------- fp16 and accumulation (issue 25, finding 1)
+
+
+def fp16_lm_run(accumulate, micro_batches=40):
+    """A tiny DecoderLM on packed rows (4 x 16 = 64 tokens a micro-batch), fp16 with its scaler."""
+    from tfmlib.lm import DecoderLM
+    from tfmlib.rnn import lm_loss
+
+    torch.manual_seed(0)
+    rows = torch.randint(4, 40, (micro_batches * 4, 17), generator=torch.Generator().manual_seed(1))
+    data = [(rows[i:i + 4, :-1], rows[i:i + 4, 1:]) for i in range(0, len(rows), 4)]
+    model = DecoderLM(40, d_model=32, heads=2, layers=2, context=16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    return fit(model, data, lm_loss, opt, epochs=1, precision="fp16", accumulate=accumulate, verbose=False)
+
+
+def test_fp16_with_accumulation_skips_no_step():
+    """Back-propagating loss * n_tokens made fp16's scaled gradients 64 times too large here: the
+    scaler skipped 4 of 10 steps with accumulate=4 and none of 40 without accumulation."""
+    one = fp16_lm_run(accumulate=1)
+    assert len(one.step_loss) == 40 and one.skipped_steps == 0
+    four = fp16_lm_run(accumulate=4)
+    assert len(four.step_loss) == 10
+    assert four.skipped_steps == 0, f"fp16 + accumulate=4 skipped {four.skipped_steps} of 10 steps"

@@ -127,3 +127,23 @@ def test_no_ddp_world_without_a_process_group():
     model = nn.Linear(2, 2)
     assert ddp_world_size(model) is None
     assert TrainingStep(model, torch.optim.SGD(model.parameters(), lr=1.0), accumulate=2).ddp_world is None
+
+
+def test_accumulated_gradients_stay_the_size_of_one_batch_before_the_division():
+    """Each batch is weighted by n_i / n_ref (n_ref: the group's first count), not by n_i: the summed
+    gradient is a few times one batch's, whatever the token counts (fp16's scaled gradients would
+    overflow n_i times sooner), and the step divides by sum(n_i) / n_ref: the same step."""
+    data = batches(sizes=(300, 100, 200))
+    model, opt = model_and_optimizer()
+    step = TrainingStep(model, opt, accumulate=3, clip_norm=None)
+    grads = []
+    for batch in data:
+        ref, _ = model_and_optimizer()
+        ref.load_state_dict(model.state_dict())
+        mse(ref, batch).backward()
+        grads.append([p.grad.clone() for p in ref.parameters()])
+        with step.forward():
+            step.backward(mse(model, batch), len(batch[1]))
+    for k, p in enumerate(model.parameters()):
+        expected = sum(n / 300 * g[k] for n, g in zip((300, 100, 200), grads, strict=True))
+        assert torch.allclose(p.grad, expected, rtol=1e-12, atol=0), "weights n_i / n_ref before the step"

@@ -474,9 +474,11 @@ def fit(
       unscaled before clipping; a step whose gradients overflowed is skipped by the scaler (not an
       error; counted in ``History.skipped_steps``). A non-finite *loss* is still an error.
     * ``accumulate=k``: one optimiser step per ``k`` batches of ``loader``, equal to one step on
-      the batch made of those ``k`` batches: each batch back-propagates ``loss * n_tokens`` and the
-      summed gradients are divided by the group's token count before clipping (no host read, also
-      with tensor counts). The last, shorter group of an epoch still steps. ``step_loss``,
+      the batch made of those ``k`` batches: each batch back-propagates ``loss * n_tokens / n_ref``
+      (``n_ref`` the group's first token count, so the summed gradients stay the size of a few
+      batches' and fp16's scaled gradients do not overflow) and the summed gradients are divided by
+      the group's token count over ``n_ref`` before clipping (no host read, also with tensor counts;
+      see :mod:`tfmlib.training_step`). The last, shorter group of an epoch still steps. ``step_loss``,
       ``max_steps``, ``eval_every``, ``checkpoint_every`` and the scheduler count optimiser steps.
       Under ``DistributedDataParallel`` the first ``k - 1`` batches of a group run inside the
       model's ``no_sync()`` (their gradients are summed locally, and the gradients are all-reduced

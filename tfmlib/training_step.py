@@ -19,12 +19,16 @@ Chapter 10 adds three things to it, each one a few lines here:
   overflowed (:attr:`StepResult.skipped`).
 * **accumulation** (``accumulate=k``): one optimiser step per ``k`` batches, equal to one step on
   the batch made of them. Each batch's mean loss is weighted by its token count, so a batch of 300
-  tokens counts three times one of 100; the summed gradients are divided by the group's token count
-  before clipping.
+  tokens counts three times one of 100: batch ``i`` back-propagates ``loss_i * n_i / n_ref``, with
+  ``n_ref`` the group's first count, and the summed gradients are divided by ``sum(n_i) / n_ref``
+  before clipping. (Weighting by ``n_i`` itself is the same step in exact arithmetic, but makes the
+  summed gradients ``n_i`` times one batch's: fp16's scaled gradients then overflow, and the scaler
+  skips steps that one batch a step would not.)
 * **data parallelism** (a ``DistributedDataParallel`` model): the batches of a group before its last
   run inside the model's ``no_sync()`` (gradients summed locally, all-reduced once per step), and
   the divisor is the group's token count summed over the ranks, so every rank divides by the same
-  number and the step equals one step on the global group.
+  number and the step equals one step on the global group (``n_ref`` is then the ranks' mean first
+  count, one more all-reduce of a number per step).
 
 Nothing here reads a value back to the host: token counts may be 0-d tensors on the device, and
 the step's loss and the scaler's verdict stay there until the loop's :class:`tfmlib.train.LossLog`
@@ -124,6 +128,7 @@ class TrainingStep:
         self.micro = 0  # batches in the current group so far
         self._loss: torch.Tensor | None = None  # the group's loss: a mean (k = 1), else a token-weighted sum
         self._tokens: int | torch.Tensor = 0
+        self._n_ref: int | torch.Tensor = 1  # the group's reference token count (accumulate > 1)
 
     # ------------------------------------------------------------------ one batch
 
@@ -167,14 +172,27 @@ class TrainingStep:
             # summed in at least float32 (a bf16 loss of a large group would round)
             self._loss = loss.detach().to(torch.promote_types(loss.dtype, torch.float32)) * n_tokens
             self._tokens = n_tokens
+            self._n_ref = self._reference_count(n_tokens)
         else:
             self._loss = self._loss + loss.detach().to(self._loss.dtype) * n_tokens  # type: ignore[operator]
             self._tokens = self._tokens + n_tokens
-        weighted = loss * n_tokens  # summed over the group, then divided by its token count
+        # weighted by n_i / n_ref, not n_i: the summed gradients stay a few times one batch's (fp16's
+        # scaled gradients would overflow n_i times sooner); the step divides by sum(n_i) / n_ref
+        weight = n_tokens / self._n_ref
+        weighted = loss * (weight.to(loss.dtype) if isinstance(weight, torch.Tensor) else weight)
         with self._no_sync():
             self._scaled(weighted).backward()
         self.micro += 1
         return self.micro == self.accumulate
+
+    def _reference_count(self, n_tokens: int | torch.Tensor) -> int | torch.Tensor:
+        """``n_ref``, what a group's token counts are measured in: its first batch's count (at least
+        1); under DDP the mean of the ranks' first counts, so that every rank weights a token alike."""
+        if self.ddp_world is None:
+            return at_least_one(n_tokens)
+        first = torch.as_tensor(n_tokens, device=self.device).to(torch.float64).reshape(1)
+        torch.distributed.all_reduce(first)
+        return (first[0] / self.ddp_world).clamp(min=1)
 
     def group_open(self) -> bool:
         """True when batches have added gradients that no step has used yet (the last, shorter
@@ -201,14 +219,15 @@ class TrainingStep:
             self.micro = 0
         return StepResult(loss, tokens, skipped)  # type: ignore[arg-type]
 
-    def _divisor(self, group_tokens: int | torch.Tensor) -> int | torch.Tensor:
-        """What the summed gradients of a group are divided by: its token count; under DDP the same
-        number on every rank, the global group's tokens over the world size (DDP averages)."""
+    def _divisor(self, group_tokens: int | torch.Tensor) -> float | torch.Tensor:
+        """What the summed gradients of a group are divided by: its token count in units of
+        ``n_ref``; under DDP the same number on every rank, the global group's tokens over
+        ``n_ref`` times the world size (DDP averages the ranks' sums)."""
         if self.ddp_world is None:
-            return at_least_one(group_tokens)
+            return at_least_one(group_tokens) / self._n_ref
         total = torch.as_tensor(group_tokens, device=self.device).to(torch.float64).reshape(1)
         torch.distributed.all_reduce(total)
-        return total[0].clamp(min=1) / self.ddp_world
+        return total[0].clamp(min=1) / (self._n_ref * self.ddp_world)
 
     def _optimizer_step(self, group_tokens: int | torch.Tensor | None) -> torch.Tensor | None:
         scaler = self.scaler
