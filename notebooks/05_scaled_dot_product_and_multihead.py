@@ -63,6 +63,7 @@ import warnings
 from collections import Counter
 from collections.abc import Callable
 from functools import partial
+from typing import TYPE_CHECKING
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -78,6 +79,10 @@ from tfmlib.data import PAD_ID, Vocab, pad_sequences, tokenize
 from tfmlib.plot import plot_curves, plot_heatmap, plot_over_seeds
 from tfmlib.rnn_attention import masked_softmax
 from tfmlib.synthetic import NOUNS, Noun, load_bundled
+
+if TYPE_CHECKING:  # type hints of MultiHeadAttention's later arguments: chapter 09's cache, chapter 10's kernels
+    from tfmlib.attention import AttentionKernel
+    from tfmlib.kv_cache import KVCache
 from tfmlib.timing import interleaved_medians
 from tfmlib.train import fit
 
@@ -901,10 +906,23 @@ class MultiHeadAttention(nn.Module):
     ``rotary(q, k, q_positions=..., k_positions=...)``: needed when the queries are not the keys'
     positions ``0 .. S - 1`` (a decoder step after ``S - T`` cached keys, left padding, packed
     sequences). Without them ``RotaryEmbedding`` refuses ``T != S`` rather than guess.
+
+    The key-value cache (chapter 09): with ``cache`` (a :class:`~tfmlib.kv_cache.KVCache` holding
+    the keys and values of ``t`` earlier positions) the keys and values computed here are
+    appended to it (the cache is extended in place) and the queries attend over all ``t + S``;
+    the rotary positions default to ``t .. t + S - 1``, and ``causal=True`` aligns the queries with
+    the last keys. With ``kv`` (keys and values ``(B, h, S, d_k)`` from :meth:`keys_values`,
+    computed once) ``key`` and ``value`` are not projected again: a decoder's cross-attention
+    reads the same encoder output at every step.
+
+    ``kernel`` (chapter 10) is the function that attends, with :func:`fast_attention`'s arguments
+    ``(q, k, v, mask, causal, dropout_p) -> out`` (:data:`AttentionKernel`); ``None`` is
+    :func:`fast_attention`. It is an attribute: set it to switch, the weights do not change.
     """
 
     def __init__(self, d_model: int, heads: int, *, dropout: float = 0.0, bias: bool = True,
-                 rotary: Callable[..., tuple[Tensor, Tensor]] | None = None):
+                 rotary: Callable[..., tuple[Tensor, Tensor]] | None = None,
+                 kernel: AttentionKernel | None = None):
         super().__init__()
         for name, v in (("d_model", d_model), ("heads", heads)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -920,6 +938,7 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         self.rotary = rotary
+        self.kernel = kernel
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
         for name, x in (("query", query), ("key", key), ("value", value)):
@@ -938,17 +957,32 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"MultiHeadAttention: key and value must have the same length, got "
                              f"{key.shape[1]} and {value.shape[1]}")
 
+    def keys_values(self, key: Tensor, value: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """The keys and values of ``key`` and ``value`` ``(B, S, d_model)``, projected and split
+        into heads: ``(B, h, S, d_k)`` each (before any rotation)."""
+        value = key if value is None else value
+        return split_heads(self.k_proj(key), self.heads), split_heads(self.v_proj(value), self.heads)
+
     def forward(self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None, *,
                 mask: Tensor | None = None, causal: bool = False, need_weights: bool = False,
-                q_positions: Tensor | None = None,
-                k_positions: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+                q_positions: Tensor | None = None, k_positions: Tensor | None = None,
+                cache: KVCache | None = None,
+                kv: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor | None]:
         key = query if key is None else key
         value = key if value is None else value
         self._check_inputs(query, key, value)
         q = split_heads(self.q_proj(query), self.heads)                   # (B, h, T, d_k)
-        k = split_heads(self.k_proj(key), self.heads)                     # (B, h, S, d_k)
-        v = split_heads(self.v_proj(value), self.heads)                   # (B, h, S, d_k)
+        if kv is not None:                                                # projected once, earlier
+            if self.rotary is not None or cache is not None:
+                raise ValueError("MultiHeadAttention: kv= (keys and values projected earlier) cannot be "
+                                 "combined with a rotary embedding or a cache")
+            k, v = kv
+        else:
+            k, v = self.keys_values(key, value)                           # (B, h, S, d_k) each
         if self.rotary is not None:
+            if cache is not None and q_positions is None and k_positions is None:  # after the cached ones
+                q_positions = k_positions = torch.arange(cache.length, cache.length + k.shape[2],
+                                                         device=k.device)
             if q_positions is None and k_positions is None:
                 q, k = self.rotary(q, k)
             else:
@@ -956,11 +990,15 @@ class MultiHeadAttention(nn.Module):
         elif q_positions is not None or k_positions is not None:
             raise ValueError("MultiHeadAttention: q_positions/k_positions are the positions a rotary "
                              "embedding rotates by, but this module has no rotary=")
+        if cache is not None:
+            k, v = cache.append(k, v)                                     # (B, h, t + S, d_k): all so far
+        causal = causal and q.shape[2] > 1  # one query, aligned with the last key, sees every key
         dropout_p = self.dropout if self.training else 0.0
         if need_weights:
             out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p, causal=causal)
         else:
-            out, weights = fast_attention(q, k, v, mask, causal, dropout_p), None
+            kernel = fast_attention if self.kernel is None else self.kernel
+            out, weights = kernel(q, k, v, mask, causal, dropout_p), None
         return self.out_proj(merge_heads(out)), weights
 
 

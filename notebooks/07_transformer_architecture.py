@@ -106,8 +106,8 @@ from tfmlib.seq2seq import (
 from tfmlib.train import fit
 from tfmlib.transformer import ACTIVATIONS
 
-if TYPE_CHECKING:  # only for a type hint of Transformer.decode_step: the cache itself is chapter 09's
-    from tfmlib.kv_cache import DecoderCache
+if TYPE_CHECKING:  # only for the type hints of the layers' cache arguments: the cache itself is chapter 09's
+    from tfmlib.kv_cache import DecoderCache, KVCache
 
 run = setup(
     seed=0,
@@ -692,6 +692,9 @@ assert variant_rows["eps outside: sigma + eps"][1] > 10 * variant_rows["correct"
 # \sum_l F_l(\cdot)$, which nothing normalises, so a pre-LN stack ends with one more LayerNorm.
 # In post-LN every path to the output passes through every LayerNorm. Section 9 measures what
 # this changes for training. `EncoderLayer` does both, chosen by `norm_first` (PyTorch's name).
+# Its `causal` and `cache` arguments (and the decoder layer's `cache` and `memory_kv` below) are
+# chapter 09's: it runs these same layers one token at a time, keeping each layer's keys and
+# values. Here they keep their defaults.
 #
 # ![An encoder layer two ways: post-LN, self-attention then add then LN_1, FFN then add then LN_2; pre-LN, LN_1 then self-attention then add, LN_2 then FFN then add, with the residual path a plain sum](figures/07_post_pre_ln.svg)
 #
@@ -710,8 +713,12 @@ class EncoderLayer(nn.Module):
 
         x = x + dropout(SelfAttn(norm1(x)));   x = x + dropout(FFN(norm2(x)))
 
-    ``forward(x (B, S, d), mask=None, need_weights=False) -> (x (B, S, d), weights (B, h, S, S) or
-    None)``; ``mask`` as in :class:`~tfmlib.attention.MultiHeadAttention` (e.g. ``padding_mask``).
+    ``forward(x (B, S, d), mask=None, need_weights=False, *, causal=False, cache=None) -> (x (B, S,
+    d), weights (B, h, S, S) or None)``; ``mask`` as in :class:`~tfmlib.attention.MultiHeadAttention`
+    (e.g. ``padding_mask``). ``causal=True`` lets each position see only itself and earlier ones
+    (chapter 09's decoder-only block); ``cache`` (a :class:`~tfmlib.kv_cache.KVCache`, chapter 09)
+    holds the keys and values of earlier positions, ``x`` is then the new ones only, and the
+    self-attention appends their keys and values to it.
     """
 
     def __init__(self, d_model: int, heads: int, d_ff: int, dropout: float = 0.1, *, norm_first: bool = False,
@@ -724,14 +731,15 @@ class EncoderLayer(nn.Module):
         self.dropout1, self.dropout2 = nn.Dropout(dropout), nn.Dropout(dropout)
         self.norm_first = norm_first
 
-    def forward(self, x: Tensor, mask: Tensor | None = None,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+    def forward(self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False, *,
+                causal: bool = False, cache: KVCache | None = None) -> tuple[Tensor, Tensor | None]:
         if self.norm_first:
-            a, weights = self.self_attn(self.norm1(x), mask=mask, need_weights=need_weights)
+            a, weights = self.self_attn(self.norm1(x), mask=mask, causal=causal, need_weights=need_weights,
+                                        cache=cache)
             x = x + self.dropout1(a)
             x = x + self.dropout2(self.ff(self.norm2(x)))
         else:
-            a, weights = self.self_attn(x, mask=mask, need_weights=need_weights)
+            a, weights = self.self_attn(x, mask=mask, causal=causal, need_weights=need_weights, cache=cache)
             x = self.norm1(x + self.dropout1(a))
             x = self.norm2(x + self.dropout2(self.ff(x)))
         return x, weights
@@ -802,6 +810,12 @@ class DecoderLayer(nn.Module):
     -> (x (B, T, d), self_weights (B, h, T, T) or None, cross_weights (B, h, T, S) or None)``.
     Self-attention is always causal (position ``t`` sees ``0..t``); ``self_mask`` may restrict it
     further (e.g. target padding); ``memory_mask`` is usually ``padding_mask(src_mask)``.
+
+    Decoding with chapter 09's cache: ``cache`` (a :class:`~tfmlib.kv_cache.KVCache`) holds the
+    self-attention keys and values of the target tokens read so far, ``x`` is the new ones only,
+    and their keys and values are appended to it; ``memory_kv`` is the cross-attention's keys and
+    values of ``memory`` ``(B, h, S, d_k)``, projected once per sentence
+    (``cross_attn.keys_values(memory)``) instead of at every step.
     """
 
     def __init__(self, d_model: int, heads: int, d_ff: int, dropout: float = 0.1, *, norm_first: bool = False,
@@ -816,18 +830,21 @@ class DecoderLayer(nn.Module):
         self.norm_first = norm_first
 
     def forward(self, x: Tensor, memory: Tensor, memory_mask: Tensor | None = None,
-                self_mask: Tensor | None = None,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None]:
+                self_mask: Tensor | None = None, need_weights: bool = False, *,
+                cache: KVCache | None = None, memory_kv: tuple[Tensor, Tensor] | None = None,
+                ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         if self.norm_first:
-            a, self_w = self.self_attn(self.norm1(x), mask=self_mask, causal=True, need_weights=need_weights)
+            a, self_w = self.self_attn(self.norm1(x), mask=self_mask, causal=True, need_weights=need_weights,
+                                       cache=cache)
             x = x + self.dropout1(a)
-            c, cross_w = self.cross_attn(self.norm2(x), memory, mask=memory_mask, need_weights=need_weights)
+            c, cross_w = self.cross_attn(self.norm2(x), memory, mask=memory_mask, need_weights=need_weights,
+                                         kv=memory_kv)
             x = x + self.dropout2(c)
             x = x + self.dropout3(self.ff(self.norm3(x)))
         else:
-            a, self_w = self.self_attn(x, mask=self_mask, causal=True, need_weights=need_weights)
+            a, self_w = self.self_attn(x, mask=self_mask, causal=True, need_weights=need_weights, cache=cache)
             x = self.norm1(x + self.dropout1(a))
-            c, cross_w = self.cross_attn(x, memory, mask=memory_mask, need_weights=need_weights)
+            c, cross_w = self.cross_attn(x, memory, mask=memory_mask, need_weights=need_weights, kv=memory_kv)
             x = self.norm2(x + self.dropout2(c))
             x = self.norm3(x + self.dropout3(self.ff(x)))
         return x, self_w, cross_w
@@ -925,8 +942,11 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
     """``num_layers`` :class:`DecoderLayer` s, then a LayerNorm when ``final_norm`` (see :class:`Encoder`).
 
-    ``forward(x (B, T, d), memory (B, S, d), memory_mask=None, self_mask=None, need_weights=False)
-    -> (x, [self weights per layer] or None, [cross weights per layer] or None)``.
+    ``forward(x (B, T, d), memory (B, S, d), memory_mask=None, self_mask=None, need_weights=False,
+    *, cache=None) -> (x, [self weights per layer] or None, [cross weights per layer] or None)``.
+    ``cache`` is a :class:`~tfmlib.kv_cache.DecoderCache` from :meth:`new_cache` (chapter 09): ``x``
+    is then the target tokens after the ``cache.length`` already read, and every layer appends their
+    keys and values to its part of the cache.
     """
 
     def __init__(self, num_layers: int, d_model: int, heads: int, d_ff: int, dropout: float = 0.1, *,
@@ -940,16 +960,26 @@ class Decoder(nn.Module):
         self.norm = nn.LayerNorm(d_model, eps=eps) if final_norm else None
 
     def forward(self, x: Tensor, memory: Tensor, memory_mask: Tensor | None = None,
-                self_mask: Tensor | None = None,
-                need_weights: bool = False) -> tuple[Tensor, list[Tensor] | None, list[Tensor] | None]:
+                self_mask: Tensor | None = None, need_weights: bool = False, *,
+                cache: DecoderCache | None = None) -> tuple[Tensor, list[Tensor] | None, list[Tensor] | None]:
         self_maps, cross_maps = [], []
-        for layer in self.layers:
-            x, sw, cw = layer(x, memory, memory_mask, self_mask, need_weights)
+        for i, layer in enumerate(self.layers):
+            layer_cache, memory_kv = (None, None) if cache is None else (cache.layers[i], cache.cross[i])
+            x, sw, cw = layer(x, memory, memory_mask, self_mask, need_weights, cache=layer_cache,
+                              memory_kv=memory_kv)
             self_maps.append(sw)
             cross_maps.append(cw)
         if self.norm is not None:
             x = self.norm(x)
         return x, (self_maps if need_weights else None), (cross_maps if need_weights else None)
+
+    def new_cache(self, memory: Tensor, capacity: int, *, initial: int | None = None,
+                  preallocate: bool = True) -> DecoderCache:
+        """An empty cache for up to ``capacity`` target tokens, with every layer's cross-attention
+        keys and values of ``memory`` ``(B, S, d)`` computed once (see :class:`~tfmlib.kv_cache.KVCache`
+        for ``initial`` and ``preallocate``)."""
+        return DecoderCache.empty(len(self.layers), capacity, initial=initial, preallocate=preallocate,
+                                  cross=[layer.cross_attn.keys_values(memory) for layer in self.layers])
 
 
 # %% [markdown]
@@ -971,13 +1001,16 @@ class Decoder(nn.Module):
 # the position. Multiplying by $\sqrt{d}$ gives the token entries variance 1, the scale of the
 # positions' (variance 1/2). The package initialises $E \sim \mathcal{N}(0, 1/d)$ for this reason.
 #
-# `Transformer` implements chapter 02's `EncoderDecoder` interface: `encode` runs the encoder
-# once; `decode_step` writes one more target token. Its state is a cache of every layer's keys
-# and values so far (chapter 09 builds and measures it; with `model.kv_cache = False` the state
-# is the target prefix read so far, which the decoder re-reads at every step, with the same
-# outputs), so chapter 02's greedy decoding and training recipe run it unchanged;
-# `decode_teacher_forced` runs the decoder over a whole target at once, the causal mask standing
-# in for the step-by-step order.
+# `Transformer` implements chapter 02's `EncoderDecoder` interface, so chapter 02's greedy
+# decoding and training recipe run it unchanged: `encode` runs the encoder once; `decode_step`
+# reads one more target token and returns the new state; `decode_teacher_forced` runs the decoder
+# over a whole target at once, the causal mask standing in for the step-by-step order. By default
+# the state of `decode_step` is a cache of every decoder layer's keys and values so far (chapter
+# 09 builds and measures it; the `Decoder` passes it to the layers' `cache` and `memory_kv`
+# arguments). With `model.kv_cache = False` it is the target prefix read so far, which the decoder
+# re-reads at every step, with the same outputs. The checks of the constructor's arguments come
+# first, in a function of their own, so that the class itself is the architecture: embeddings and
+# positions, the two stacks, the output layer, and the initialisation.
 
 # %%
 # tfmlib-source: tfmlib.transformer.AttentionMaps
@@ -995,6 +1028,29 @@ class AttentionMaps(NamedTuple):
 
 
 # %%
+# tfmlib-source: tfmlib.transformer._check_transformer_config
+def _check_transformer_config(src_vocab_size: int, tgt_vocab_size: int, config: dict) -> None:
+    """The checks of :class:`Transformer`'s arguments (``config`` is its ``config``): a
+    ``ValueError`` naming the bad one."""
+    sizes = {k: config[k] for k in ("d_model", "heads", "encoder_layers", "decoder_layers", "d_ff",
+                                    "max_len")}
+    _positive_int("Transformer", src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, **sizes)
+    d_model, heads, positional = config["d_model"], config["heads"], config["positional"]
+    if d_model % heads:
+        raise ValueError(f"Transformer: d_model={d_model} is not divisible by heads={heads}")
+    for name, size in (("src_vocab_size", src_vocab_size), ("tgt_vocab_size", tgt_vocab_size)):
+        if size < len(SPECIAL_TOKENS):
+            raise ValueError(f"Transformer: {name}={size} is too small: a vocabulary starts with the "
+                             f"{len(SPECIAL_TOKENS)} special tokens {', '.join(SPECIAL_TOKENS)} "
+                             f"(ids 0..{len(SPECIAL_TOKENS) - 1}), which decoding reads and writes")
+    if positional not in ("sinusoidal", "learned"):
+        raise ValueError(f"Transformer: positional must be 'sinusoidal' or 'learned', got {positional!r}")
+    if config["share_embeddings"] and src_vocab_size != tgt_vocab_size:
+        raise ValueError("Transformer: share_embeddings needs one vocabulary for both sides, got sizes "
+                         f"{src_vocab_size} and {tgt_vocab_size}")
+
+
+# %%
 # tfmlib-source: tfmlib.transformer.Transformer
 class Transformer(EncoderDecoder):
     """The Transformer encoder-decoder for translation (Vaswani et al. 2017, section 3).
@@ -1007,13 +1063,15 @@ class Transformer(EncoderDecoder):
     source embedding (needs one vocabulary for both sides).
 
     Implements :class:`~tfmlib.seq2seq.EncoderDecoder`: ``encode`` runs the encoder once;
-    ``decode_step``'s state is a :class:`~tfmlib.kv_cache.DecoderCache` (chapter 09): every
-    decoder layer's keys and values of the target tokens read so far, and its cross-attention keys
-    and values of the source, so a step computes the new token only. With ``model.kv_cache =
-    False`` the state is the target prefix ``(B, t)`` and the decoder re-reads it at every step
-    (chapters 07-08's form; the outputs are the same); ``decode_teacher_forced`` runs
-    the decoder on the whole target at once, the causal mask keeping each position from seeing
-    later ones. :meth:`attention_maps` returns every layer's and head's weights.
+    ``decode_step`` reads one more target token; ``decode_teacher_forced`` runs the decoder on the
+    whole target at once, the causal mask keeping each position from seeing later ones.
+    :meth:`attention_maps` returns every layer's and head's weights. ``decode_step``'s state is a
+    :class:`~tfmlib.kv_cache.DecoderCache` (``model.kv_cache = True``, the default; chapter 09):
+    every decoder layer's keys and values of the target tokens read so far, and its
+    cross-attention keys and values of the source, so a step computes the new token only; or,
+    with ``model.kv_cache = False``, the target prefix ``(B, t)``, which the decoder re-reads at
+    every step (the outputs are the same). Either way a step returns a new state and leaves the
+    one it was given unchanged.
     """
 
     def __init__(self, src_vocab_size: int, tgt_vocab_size: int, *, d_model: int = 512, heads: int = 8,
@@ -1021,28 +1079,14 @@ class Transformer(EncoderDecoder):
                  norm_first: bool = False, activation: str = "relu", positional: str = "sinusoidal",
                  max_len: int = 256, tie_output: bool = True, share_embeddings: bool = False):
         super().__init__()
-        _positive_int("Transformer", src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size,
-                      d_model=d_model, heads=heads, encoder_layers=encoder_layers,
-                      decoder_layers=decoder_layers, d_ff=d_ff, max_len=max_len)
-        if d_model % heads:
-            raise ValueError(f"Transformer: d_model={d_model} is not divisible by heads={heads}")
-        for name, size in (("src_vocab_size", src_vocab_size), ("tgt_vocab_size", tgt_vocab_size)):
-            if size < len(SPECIAL_TOKENS):
-                raise ValueError(f"Transformer: {name}={size} is too small: a vocabulary starts with the "
-                                 f"{len(SPECIAL_TOKENS)} special tokens {', '.join(SPECIAL_TOKENS)} "
-                                 f"(ids 0..{len(SPECIAL_TOKENS) - 1}), which decoding reads and writes")
-        if positional not in ("sinusoidal", "learned"):
-            raise ValueError(f"Transformer: positional must be 'sinusoidal' or 'learned', got {positional!r}")
-        if share_embeddings and src_vocab_size != tgt_vocab_size:
-            raise ValueError("Transformer: share_embeddings needs one vocabulary for both sides, got sizes "
-                             f"{src_vocab_size} and {tgt_vocab_size}")
-        self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
-        self.max_source_len = self.max_target_len = max_len
-        self.d_model, self.heads = d_model, heads
         self.config = dict(d_model=d_model, heads=heads, encoder_layers=encoder_layers,
                            decoder_layers=decoder_layers, d_ff=d_ff, dropout=dropout, norm_first=norm_first,
                            activation=activation, positional=positional, max_len=max_len,
                            tie_output=tie_output, share_embeddings=share_embeddings)
+        _check_transformer_config(src_vocab_size, tgt_vocab_size, self.config)
+        self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
+        self.max_source_len = self.max_target_len = max_len
+        self.d_model, self.heads = d_model, heads
         self.src_embed = nn.Embedding(src_vocab_size, d_model, padding_idx=PAD_ID)
         self.tgt_embed = self.src_embed if share_embeddings else \
             nn.Embedding(tgt_vocab_size, d_model, padding_idx=PAD_ID)
@@ -1089,21 +1133,18 @@ class Transformer(EncoderDecoder):
         """``(B, S)`` ids -> ``(B, S, d)``: ``sqrt(d) * E[src] + positions`` (then dropout)."""
         return self.src_pos(self.src_embed(src) * math.sqrt(self.d_model))
 
-    def embed_target(self, tgt: Tensor) -> Tensor:
-        """``(B, T)`` ids -> ``(B, T, d)``: ``sqrt(d) * E[tgt] + positions`` (then dropout)."""
-        return self.tgt_pos(self.tgt_embed(tgt) * math.sqrt(self.d_model))
+    def embed_target(self, tgt: Tensor, offset: int = 0) -> Tensor:
+        """``(B, T)`` ids at positions ``offset ..`` -> ``(B, T, d)``: ``sqrt(d) * E[tgt] + positions``
+        (then dropout)."""
+        return self.tgt_pos(self.tgt_embed(tgt) * math.sqrt(self.d_model), offset=offset)
 
     def encode(self, src: Tensor, src_mask: Tensor) -> EncoderOutput:
         memory, _ = self.encoder(self.embed_source(src), padding_mask(src_mask))
-        if not self.kv_cache:  # decode_step's state: the target prefix, no token read yet
-            return EncoderOutput(memory, src_mask, src.new_zeros((src.shape[0], 0)))
-        # chapter 09: decode_step's state is a cache: every layer's self-attention keys and values
-        # (none yet) and its cross-attention keys and values of the source, computed once here
-        from tfmlib.kv_cache import DecoderCache, cross_attention_kv
-
-        cross = [cross_attention_kv(layer.cross_attn, memory) for layer in self.decoder.layers]
-        return EncoderOutput(memory, src_mask, DecoderCache.empty(
-            len(self.decoder.layers), self.max_target_len, initial=min(self.max_target_len, 32), cross=cross))
+        if self.kv_cache:  # decode_step's state: every decoder layer's keys and values (none read yet)
+            state = self.decoder.new_cache(memory, self.max_target_len, initial=min(self.max_target_len, 32))
+        else:              # or the target prefix (empty), re-read at every step
+            state = src.new_zeros((src.shape[0], 0))
+        return EncoderOutput(memory, src_mask, state)
 
     def decode(self, tgt_in: Tensor, enc: EncoderOutput) -> Tensor:
         """The decoder's output ``(B, T, d)`` for the target prefix ``tgt_in`` ``(B, T)``."""
@@ -1114,24 +1155,16 @@ class Transformer(EncoderDecoder):
         return self.generator(self.decode(tgt_in, enc))
 
     def decode_step(self, prev: Tensor, state: Tensor | DecoderCache, enc: EncoderOutput) -> StepOutput:
-        if isinstance(state, Tensor):  # kv_cache=False: re-read the whole prefix
-            prefix = torch.cat([state, prev[:, None]], dim=1)           # (B, t + 1)
-            if prefix.shape[1] > self.max_target_len:
-                raise ValueError(f"Transformer: a target of {prefix.shape[1]} tokens is longer than this "
-                                 f"model's max_len={self.max_target_len}")
-            return StepOutput(self.generator(self.decode(prefix, enc)[:, -1]), prefix)
-        from tfmlib.kv_cache import decoder_layer_step
-
-        t = state.length                                                 # tokens read so far
+        t = state.shape[1] if isinstance(state, Tensor) else state.length   # target tokens read so far
         if t + 1 > self.max_target_len:
             raise ValueError(f"Transformer: a target of {t + 1} tokens is longer than this model's "
                              f"max_len={self.max_target_len}")
-        x = self.tgt_pos(self.tgt_embed(prev[:, None]) * math.sqrt(self.d_model), offset=t)  # (B, 1, d)
-        memory_mask = padding_mask(enc.mask)
-        for layer, cache, (k, v) in zip(self.decoder.layers, state.layers, state.cross, strict=True):
-            x = decoder_layer_step(layer, x, cache, k, v, memory_mask)
-        if self.decoder.norm is not None:
-            x = self.decoder.norm(x)
+        if isinstance(state, Tensor):  # kv_cache=False: re-read the whole prefix
+            prefix = torch.cat([state, prev[:, None]], dim=1)           # (B, t + 1)
+            return StepOutput(self.generator(self.decode(prefix, enc)[:, -1]), prefix)
+        state = state.fork()  # extend a fork: the state we were given stays as it was (nothing is copied)
+        x, _, _ = self.decoder(self.embed_target(prev[:, None], offset=t), enc.memory, padding_mask(enc.mask),
+                               cache=state)
         return StepOutput(self.generator(x[:, -1]), state)
 
     @torch.no_grad()

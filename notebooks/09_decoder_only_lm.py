@@ -45,6 +45,7 @@
 # %%
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections import Counter
@@ -56,11 +57,17 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tfmlib import exercises
-from tfmlib.attention import MultiHeadAttention, causal_mask, fast_attention, merge_heads, split_heads
+from tfmlib.attention import (
+    causal_mask,
+    fast_attention,
+    merge_heads,
+    scaled_dot_product_attention,
+    split_heads,
+)
 from tfmlib.config import setup
 from tfmlib.data import BOS_ID, EOS_ID, UNK_ID, BucketBatchSampler, Vocab, detokenize, tokenize
 from tfmlib.decoding import beam_search, greedy_decode
-from tfmlib.kv_cache import AttentionKernel, KVCache, kv_bytes_per_token
+from tfmlib.kv_cache import DecoderCache, kv_bytes_per_token
 from tfmlib.lm import DecoderLM, generate
 from tfmlib.plot import plot_curves, plot_grouped_bars, plot_over_seeds
 from tfmlib.rnn import GRULanguageModel, collate_lm, lm_loss
@@ -400,42 +407,191 @@ assert torch.allclose(ours, want, atol=1e-6), "bottom-right alignment is what a 
 assert not torch.allclose(theirs, want, atol=1e-2), "top-left alignment hides cached keys from the new queries"
 
 # %% [markdown]
-# **The cache written out.** `tfmlib.kv_cache.cached_self_attention` is a multi-head attention
-# step that projects only the new tokens, rotates their queries and keys by their positions
-# $t \dots t + T - 1$, appends the keys and values to a `KVCache`, and attends bottom-right:
+# **The cache written out.** A `KVCache` holds one layer's keys and values in buffers allocated
+# ahead; `append` writes the new positions and returns every position so far. One more property
+# matters: a step must not change the state it was given, because beam search, or a sampler
+# trying two continuations, extends one state more than once. So `fork` returns a cache that
+# shares the buffers, and `append` writes in place only while no other fork has written past its
+# length. The linear path of generation copies nothing; a second branch from one state copies
+# its own positions first (copy on write).
 
 # %%
-# tfmlib-source: tfmlib.kv_cache.cached_self_attention
-def cached_self_attention(attn: MultiHeadAttention, x: Tensor, cache: KVCache | None, *,
-                          mask: Tensor | None = None, kernel: AttentionKernel | None = None) -> Tensor:
-    """Causal self-attention of ``T`` new tokens ``x`` ``(B, T, d_model)`` over the ``t`` cached
-    ones and themselves: ``(B, T, d_model)``, what ``attn(prefix_and_x, causal=True)[0][:, -T:]``
-    gives, with the new keys and values appended to ``cache``.
+# tfmlib-source: tfmlib.kv_cache.KVCache
+class KVCache:
+    """One layer's cached keys and values, ``(B, h, length, d_k)`` each.
 
-    The causal mask is aligned bottom-right (new query ``i`` sees keys ``0 .. t + i``); a rotary
-    ``attn.rotary`` rotates the new queries and keys by their positions ``t .. t + T - 1`` (the
-    cached keys were rotated when they were written). ``mask`` (bool keep-mask or float bias)
-    broadcasts to ``(B, h, T, t + T)``. ``cache=None`` is plain causal self-attention over ``x``
-    (``t = 0``, nothing kept: what training runs). ``kernel(q, k, v, mask, causal, dropout_p) ->
-    out`` computes the attention (default :func:`~tfmlib.attention.fast_attention`; chapter 10
-    swaps in others).
+    ``append(k (B, h, T, d_k), v (B, h, T, d_k)) -> (keys, values)`` adds ``T`` new positions and
+    returns every cached position's keys and values ``(B, h, length + T, d_k)``. With
+    ``preallocate=True`` they are written into buffers ``k`` and ``v`` allocated ahead (the returned
+    tensors are views of them): ``initial`` positions on the first call (default: all of
+    ``capacity``), doubled (one copy) whenever they are full, so a step copies nothing in the
+    common case. With ``preallocate=False`` the new ones are concatenated to the old, which
+    copies the whole cache at every step (for comparison). Writing more than ``capacity``
+    positions is a ``ValueError``.
+
+    ``fork()`` returns a cache with the same positions that shares the buffers (nothing copied);
+    appending to one of the two never changes what the other holds: a cache whose next positions
+    were already written by another cache on the same buffers copies its ``length`` positions to
+    new buffers before it writes (copy on write). ``select(rows)`` returns a cache holding only
+    the given batch rows (in that order), copying only the positions written so far.
     """
-    t = 0 if cache is None else cache.length
-    T = x.shape[1]
-    q = split_heads(attn.q_proj(x), attn.heads)                           # (B, h, T, d_k)
-    k = split_heads(attn.k_proj(x), attn.heads)
-    v = split_heads(attn.v_proj(x), attn.heads)
-    if attn.rotary is not None:
-        positions = torch.arange(t, t + T, device=x.device)
-        if hasattr(attn.rotary, "rotate"):  # RotaryEmbedding: queries and keys in one call
-            q, k = attn.rotary.rotate(torch.cat([q, k], dim=1), positions).split(attn.heads, dim=1)
+
+    def __init__(self, capacity: int, *, preallocate: bool = True, initial: int | None = None):
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
+            raise ValueError(f"KVCache: capacity must be a positive int, got {capacity!r}")
+        initial = capacity if initial is None else initial
+        if not isinstance(initial, int) or isinstance(initial, bool) or initial < 1:
+            raise ValueError(f"KVCache: initial must be a positive int, got {initial!r}")
+        self.capacity, self.preallocate, self.initial = capacity, preallocate, min(initial, capacity)
+        self.length = 0
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+        # pre-allocated: how many positions of the buffers k and v have been written, by this cache
+        # or by any fork of it (a one-element list, shared by the caches on the same buffers)
+        self._written: list[int] = [0]
+
+    def _new_buffers(self, size: int) -> None:
+        """Move this cache's ``length`` positions into new buffers of ``size`` positions."""
+        n, k_old, v_old = self.length, self.k, self.v
+        self.k = k_old.new_empty((*k_old.shape[:2], size, k_old.shape[3]))
+        self.v = v_old.new_empty((*v_old.shape[:2], size, v_old.shape[3]))
+        self.k[:, :, :n], self.v[:, :, :n] = k_old[:, :, :n], v_old[:, :, :n]
+        self._written = [n]
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        if k.dim() != 4 or k.shape != v.shape:
+            raise ValueError(f"KVCache.append: k and v must be (batch, heads, new, d_k) of one shape, got "
+                             f"{tuple(k.shape)} and {tuple(v.shape)}")
+        T = k.shape[2]
+        if self.length + T > self.capacity:
+            raise ValueError(f"KVCache.append: {self.length} cached + {T} new positions exceed the "
+                             f"capacity of {self.capacity}")
+        if self.k is not None and (k.shape[:2] != self.k.shape[:2] or k.shape[3] != self.k.shape[3]):
+            raise ValueError(f"KVCache.append: new keys {tuple(k.shape)} do not match the cache's "
+                             f"(batch, heads, ., d_k) = {tuple(self.k.shape)}")
+        if not self.preallocate:
+            self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+            self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+            self.length += T
+            return self.k, self.v
+        if self.k is None:
+            B, h, _, d = k.shape
+            size = max(self.initial, T)
+            self.k, self.v = k.new_empty((B, h, size, d)), v.new_empty((B, h, size, d))
+            self._written = [0]
+        elif self.length + T > self.k.shape[2]:                          # full: double the buffers
+            self._new_buffers(min(self.capacity, max(2 * self.k.shape[2], self.length + T)))
+        elif self._written[0] != self.length:  # a fork wrote our next positions: copy ours, then write
+            self._new_buffers(self.k.shape[2])
+        self.k[:, :, self.length:self.length + T] = k
+        self.v[:, :, self.length:self.length + T] = v
+        self.length += T
+        self._written[0] = self.length
+        return self.k[:, :, :self.length], self.v[:, :, :self.length]
+
+    def fork(self) -> KVCache:
+        """The same positions, sharing the buffers (nothing is copied; see the class docstring)."""
+        return copy.copy(self)  # shares k, v and the written-positions counter
+
+    def select(self, rows: Tensor) -> KVCache:
+        out = KVCache(self.capacity, preallocate=self.preallocate, initial=self.initial)
+        out.length = n = self.length
+        if self.k is not None:
+            k, v = self.k[:, :, :n].index_select(0, rows), self.v[:, :, :n].index_select(0, rows)
+            if self.preallocate:
+                out.k = self.k.new_empty((len(rows), *self.k.shape[1:]))
+                out.v = self.v.new_empty((len(rows), *self.v.shape[1:]))
+                out.k[:, :, :n], out.v[:, :, :n] = k, v
+                out._written = [n]
+            else:
+                out.k, out.v = k, v
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes the cache's buffers occupy (allocated capacity when preallocated)."""
+        if self.k is None:
+            return 0
+        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+
+
+# %% [markdown]
+# The layers use the cache through chapter 05's `MultiHeadAttention.forward`, the same code that
+# trains them. With `cache=`, it projects only the new tokens, rotates their queries and keys by
+# their positions $t \dots t + T - 1$, appends the keys and values, and attends bottom-right over
+# all of them. (With `kv=`, a decoder's cross-attention reuses keys and values it projected once;
+# section 6 uses it.) Chapter 07's `EncoderLayer` passes the cache on to it, and
+# `DecoderLM.step` forks the cache it is given and runs its blocks with the fork:
+
+# %%
+# tfmlib-source: tfmlib.attention.MultiHeadAttention.forward
+def forward(self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None, *,
+            mask: Tensor | None = None, causal: bool = False, need_weights: bool = False,
+            q_positions: Tensor | None = None, k_positions: Tensor | None = None,
+            cache: KVCache | None = None,
+            kv: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor | None]:
+    key = query if key is None else key
+    value = key if value is None else value
+    self._check_inputs(query, key, value)
+    q = split_heads(self.q_proj(query), self.heads)                   # (B, h, T, d_k)
+    if kv is not None:                                                # projected once, earlier
+        if self.rotary is not None or cache is not None:
+            raise ValueError("MultiHeadAttention: kv= (keys and values projected earlier) cannot be "
+                             "combined with a rotary embedding or a cache")
+        k, v = kv
+    else:
+        k, v = self.keys_values(key, value)                           # (B, h, S, d_k) each
+    if self.rotary is not None:
+        if cache is not None and q_positions is None and k_positions is None:  # after the cached ones
+            q_positions = k_positions = torch.arange(cache.length, cache.length + k.shape[2],
+                                                     device=k.device)
+        if q_positions is None and k_positions is None:
+            q, k = self.rotary(q, k)
         else:
-            q, k = attn.rotary(q, k, q_positions=positions, k_positions=positions)
-    keys, values = (k, v) if cache is None else cache.append(k, v)      # (B, h, t + T, d_k)
-    dropout_p = attn.dropout if attn.training else 0.0
-    kernel = fast_attention if kernel is None else kernel
-    out = kernel(q, keys, values, mask, T > 1, dropout_p)                 # causal; T = 1 sees every key
-    return attn.out_proj(merge_heads(out))
+            q, k = self.rotary(q, k, q_positions=q_positions, k_positions=k_positions)
+    elif q_positions is not None or k_positions is not None:
+        raise ValueError("MultiHeadAttention: q_positions/k_positions are the positions a rotary "
+                         "embedding rotates by, but this module has no rotary=")
+    if cache is not None:
+        k, v = cache.append(k, v)                                     # (B, h, t + S, d_k): all so far
+    causal = causal and q.shape[2] > 1  # one query, aligned with the last key, sees every key
+    dropout_p = self.dropout if self.training else 0.0
+    if need_weights:
+        out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p, causal=causal)
+    else:
+        kernel = fast_attention if self.kernel is None else self.kernel
+        out, weights = kernel(q, k, v, mask, causal, dropout_p), None
+    return self.out_proj(merge_heads(out)), weights
+
+
+# %%
+# tfmlib-source: tfmlib.lm.DecoderLM.step
+def step(self, ids: Tensor, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
+    self._check_ids(ids, "step", cache.length)
+    x = self._embed(ids, cache.length)
+    cache = cache.fork()  # extend a fork: the caller's cache stays as it was (nothing is copied)
+    for block, layer_cache in zip(self.blocks, cache.layers, strict=True):
+        x, _ = block(x, causal=True, cache=layer_cache)
+    return self.head(self.norm(x)), cache
+
+
+# %% [markdown]
+# One state, two continuations: the prompt is read once, and two different next words are each
+# read from that same cache. Each must give the logits of the whole sequence run without a cache,
+# and the cache must still hold the prompt only.
+
+# %%
+with torch.no_grad():
+    _, state = lm.step(prompt, lm.new_cache())
+    for word in ("is", "sleeps"):
+        token = torch.tensor([vocab.encode([word])], device=run.device)
+        branch_logits, _ = lm.step(token, state)
+        whole = lm(torch.cat([prompt, token], dim=1))[:, -1]
+        diff = (branch_logits[:, -1] - whole).abs().max().item()
+        print(f"'{' '.join(prompt_words)} {word}': max |logit difference| from the uncached pass = {diff:.1e}")
+        assert diff < 1e-4, "a branch from a shared cache must equal the uncached pass"
+print(f"the shared cache still holds {state.length} tokens (the prompt's {prompt.shape[1]})")
+assert state.length == prompt.shape[1], "a step must leave the cache it was given as it was"
 
 # %% [markdown]
 # **Equal to recomputation, token for token and logit for logit.** The trained model generates
@@ -459,9 +615,8 @@ assert logit_diff < 1e-4, "the cache must not change the logits beyond round-off
 
 # %%
 tokens_for_memory = 1000
-cache = lm.new_cache(tokens_for_memory)
 with torch.no_grad():
-    lm.step(prompt, cache)
+    _, cache = lm.step(prompt, lm.new_cache(tokens_for_memory))
 measured = cache.nbytes / tokens_for_memory
 computed = kv_bytes_per_token(len(lm.blocks), lm.d_model)
 print(f"{len(lm.blocks)} layers x d = {lm.d_model}: computed {computed} bytes/token, "

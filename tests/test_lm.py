@@ -102,8 +102,7 @@ def test_attention_kernels_give_the_same_model(positional):
     torch.testing.assert_close(model(ids), results["fused"][0], rtol=1e-10, atol=1e-12)
     assert calls == [((3, 2, 10, 8), (3, 2, 10, 8), True)] * 2, calls
     calls.clear()
-    cache = model.new_cache()
-    model.step(ids[:, :4], cache)
+    _, cache = model.step(ids[:, :4], model.new_cache())
     model.step(ids[:, 4:5], cache)
     assert calls[-1] == ((3, 2, 1, 8), (3, 2, 5, 8), False), calls  # one new query sees every cached key
 

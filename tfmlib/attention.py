@@ -11,7 +11,9 @@ here; chapters 06-08 build on :class:`MultiHeadAttention`.
   (fused kernels where PyTorch has them) and is what the models use; the tests check the two agree,
   forward and backward, with masks.
 * :class:`MultiHeadAttention` projects queries, keys and values, splits ``d_model`` into heads as
-  a batch axis (a reshape and a transpose, no loop over heads), attends, and projects back.
+  a batch axis (a reshape and a transpose, no loop over heads), attends, and projects back. Its
+  ``cache=`` and ``kv=`` arguments are chapter 09's key-value cache (:mod:`tfmlib.kv_cache`, whose
+  types it names in hints only), its ``kernel`` attribute chapter 10's choice of attention code.
   :func:`copy_from_torch_mha` copies ``nn.MultiheadAttention``'s weights into it.
 
 **Masks** come in two kinds, as in ``F.scaled_dot_product_attention``'s ``attn_mask``:
@@ -60,6 +62,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -67,9 +70,13 @@ from torch import Tensor, nn
 
 from tfmlib.rnn_attention import masked_softmax
 
+if TYPE_CHECKING:  # for a type hint only: the cache is chapter 09's, and that module imports nothing of ours
+    from tfmlib.kv_cache import KVCache
+
 INTRODUCED_IN = 5
 
 __all__ = [
+    "AttentionKernel",
     "MultiHeadAttention",
     "causal_mask",
     "check_mask",
@@ -158,6 +165,10 @@ def check_mask(mask: Tensor | None, scores_shape: tuple[int, ...], who: str) -> 
 
 
 # --------------------------------------------------------------------------- attention
+
+# (q, k, v, mask, causal, dropout_p) -> out: fast_attention's arguments, in its order; a
+# MultiHeadAttention's ``kernel`` (chapter 10 swaps in other implementations of attention)
+AttentionKernel = Callable[[Tensor, Tensor, Tensor, "Tensor | None", bool, float], Tensor]
 
 
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor, who: str) -> None:
@@ -281,10 +292,23 @@ class MultiHeadAttention(nn.Module):
     ``rotary(q, k, q_positions=..., k_positions=...)``: needed when the queries are not the keys'
     positions ``0 .. S - 1`` (a decoder step after ``S - T`` cached keys, left padding, packed
     sequences). Without them ``RotaryEmbedding`` refuses ``T != S`` rather than guess.
+
+    The key-value cache (chapter 09): with ``cache`` (a :class:`~tfmlib.kv_cache.KVCache` holding
+    the keys and values of ``t`` earlier positions) the keys and values computed here are
+    appended to it (the cache is extended in place) and the queries attend over all ``t + S``;
+    the rotary positions default to ``t .. t + S - 1``, and ``causal=True`` aligns the queries with
+    the last keys. With ``kv`` (keys and values ``(B, h, S, d_k)`` from :meth:`keys_values`,
+    computed once) ``key`` and ``value`` are not projected again: a decoder's cross-attention
+    reads the same encoder output at every step.
+
+    ``kernel`` (chapter 10) is the function that attends, with :func:`fast_attention`'s arguments
+    ``(q, k, v, mask, causal, dropout_p) -> out`` (:data:`AttentionKernel`); ``None`` is
+    :func:`fast_attention`. It is an attribute: set it to switch, the weights do not change.
     """
 
     def __init__(self, d_model: int, heads: int, *, dropout: float = 0.0, bias: bool = True,
-                 rotary: Callable[..., tuple[Tensor, Tensor]] | None = None):
+                 rotary: Callable[..., tuple[Tensor, Tensor]] | None = None,
+                 kernel: AttentionKernel | None = None):
         super().__init__()
         for name, v in (("d_model", d_model), ("heads", heads)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -300,6 +324,7 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         self.rotary = rotary
+        self.kernel = kernel
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
         for name, x in (("query", query), ("key", key), ("value", value)):
@@ -318,17 +343,32 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"MultiHeadAttention: key and value must have the same length, got "
                              f"{key.shape[1]} and {value.shape[1]}")
 
+    def keys_values(self, key: Tensor, value: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """The keys and values of ``key`` and ``value`` ``(B, S, d_model)``, projected and split
+        into heads: ``(B, h, S, d_k)`` each (before any rotation)."""
+        value = key if value is None else value
+        return split_heads(self.k_proj(key), self.heads), split_heads(self.v_proj(value), self.heads)
+
     def forward(self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None, *,
                 mask: Tensor | None = None, causal: bool = False, need_weights: bool = False,
-                q_positions: Tensor | None = None,
-                k_positions: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+                q_positions: Tensor | None = None, k_positions: Tensor | None = None,
+                cache: KVCache | None = None,
+                kv: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor | None]:
         key = query if key is None else key
         value = key if value is None else value
         self._check_inputs(query, key, value)
         q = split_heads(self.q_proj(query), self.heads)                   # (B, h, T, d_k)
-        k = split_heads(self.k_proj(key), self.heads)                     # (B, h, S, d_k)
-        v = split_heads(self.v_proj(value), self.heads)                   # (B, h, S, d_k)
+        if kv is not None:                                                # projected once, earlier
+            if self.rotary is not None or cache is not None:
+                raise ValueError("MultiHeadAttention: kv= (keys and values projected earlier) cannot be "
+                                 "combined with a rotary embedding or a cache")
+            k, v = kv
+        else:
+            k, v = self.keys_values(key, value)                           # (B, h, S, d_k) each
         if self.rotary is not None:
+            if cache is not None and q_positions is None and k_positions is None:  # after the cached ones
+                q_positions = k_positions = torch.arange(cache.length, cache.length + k.shape[2],
+                                                         device=k.device)
             if q_positions is None and k_positions is None:
                 q, k = self.rotary(q, k)
             else:
@@ -336,11 +376,15 @@ class MultiHeadAttention(nn.Module):
         elif q_positions is not None or k_positions is not None:
             raise ValueError("MultiHeadAttention: q_positions/k_positions are the positions a rotary "
                              "embedding rotates by, but this module has no rotary=")
+        if cache is not None:
+            k, v = cache.append(k, v)                                     # (B, h, t + S, d_k): all so far
+        causal = causal and q.shape[2] > 1  # one query, aligned with the last key, sees every key
         dropout_p = self.dropout if self.training else 0.0
         if need_weights:
             out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p, causal=causal)
         else:
-            out, weights = fast_attention(q, k, v, mask, causal, dropout_p), None
+            kernel = fast_attention if self.kernel is None else self.kernel
+            out, weights = kernel(q, k, v, mask, causal, dropout_p), None
         return self.out_proj(merge_heads(out)), weights
 
 

@@ -11,20 +11,31 @@ about them changes). Re-running the prefix costs ``O(t)`` work per layer at step
 per generated sequence, more with the attention scores); keeping the keys and values costs
 ``O(1)`` projections per step and ``2 * layers * d_model`` numbers of memory per token.
 
-* :class:`KVCache` holds one layer's keys and values ``(B, h, capacity, d_k)``, written in place
-  into buffers allocated once (``preallocate=True``) or concatenated at every step
-  (``preallocate=False``, for comparison: it copies the whole cache each time);
-* :func:`cached_self_attention` runs a :class:`~tfmlib.attention.MultiHeadAttention` for the new
-  tokens only, with causal attention aligned bottom-right (the new queries are the *last* of the
-  keys) and rotary positions counted from the cache's length;
-* :func:`cross_attention_kv` and :func:`cached_cross_attention` project the encoder's output into
-  cross-attention keys and values once per source sentence instead of once per step;
-* :func:`encoder_layer_step` (a pre-LN or post-LN :class:`~tfmlib.transformer.EncoderLayer` used
-  as a causal block, what :mod:`tfmlib.lm` stacks) and :func:`decoder_layer_step` (a
-  :class:`~tfmlib.transformer.DecoderLayer`) compute what the layers compute, with the cache;
+This module holds the cache's *types* only, and imports nothing from the package:
+
+* :class:`KVCache` holds one layer's keys and values ``(B, h, length, d_k)``, written into buffers
+  allocated once (``preallocate=True``) or concatenated at every step (``preallocate=False``, for
+  comparison: it copies the whole cache each time);
 * :class:`DecoderCache` is the state of a whole stack (one :class:`KVCache` per layer, plus the
   cross-attention keys and values of an encoder-decoder); ``select(rows)`` keeps some batch rows
-  (a sentence that finished, a beam that was reordered), which is what :mod:`tfmlib.decoding` calls.
+  (a sentence that finished, a beam that was reordered), which is what :mod:`tfmlib.decoding` calls;
+* :func:`kv_bytes_per_token` is the memory the cache costs.
+
+The layers use the cache themselves: :class:`~tfmlib.attention.MultiHeadAttention` takes
+``cache=`` (append this call's keys and values, attend over all of them) and ``kv=`` (keys and
+values projected once, for cross-attention), and :class:`~tfmlib.transformer.EncoderLayer`,
+:class:`~tfmlib.transformer.DecoderLayer` and :class:`~tfmlib.transformer.Decoder` pass them on, so
+training and cached decoding run the same code. Those modules import the types from here (chapter
+07's :mod:`tfmlib.transformer` at its top: this module depends on nothing in the package, so there
+is no import circle; chapter 07's reader meets the cache only as optional arguments).
+
+**A step does not change its input state.** ``Transformer.decode_step`` and ``DecoderLM.step``
+:meth:`~DecoderCache.fork` the state they are given and return the extended fork, so the same step
+twice from one state gives the same logits, and two continuations of one state (beam search, a
+sampler trying alternatives) do not see each other's tokens. A fork copies nothing: the forks share
+the pre-allocated buffers, and :meth:`KVCache.append` writes in place while nobody has written past
+its length (the linear path of generation: no copy per step); a cache whose next positions another
+fork has already written copies its own positions to new buffers first (copy on write).
 
 Shapes: ``B`` batch, ``h`` heads, ``d_k`` head width, ``T`` new tokens, ``t`` cached tokens,
 ``S`` source length.
@@ -32,25 +43,15 @@ Shapes: ``B`` batch, ``h`` heads, ``d_k`` head width, ``T`` new tokens, ``t`` ca
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from tfmlib.attention import MultiHeadAttention, fast_attention, merge_heads, split_heads
-
-if TYPE_CHECKING:  # tfmlib.transformer imports this module for its decode_step
-    from tfmlib.transformer import DecoderLayer, EncoderLayer
-
 INTRODUCED_IN = 9
 
-# (q, k, v, mask, causal, dropout_p) -> out: fast_attention's arguments, in its order
-AttentionKernel = Callable[[Tensor, Tensor, Tensor, "Tensor | None", bool, float], Tensor]
-
-__all__ = ["DecoderCache", "KVCache", "cached_cross_attention", "cached_self_attention", "cross_attention_kv",
-           "decoder_layer_step", "encoder_layer_step", "kv_bytes_per_token"]
+__all__ = ["DecoderCache", "KVCache", "kv_bytes_per_token"]
 
 
 class KVCache:
@@ -58,13 +59,18 @@ class KVCache:
 
     ``append(k (B, h, T, d_k), v (B, h, T, d_k)) -> (keys, values)`` adds ``T`` new positions and
     returns every cached position's keys and values ``(B, h, length + T, d_k)``. With
-    ``preallocate=True`` they are written in place into buffers allocated ahead (the returned
+    ``preallocate=True`` they are written into buffers ``k`` and ``v`` allocated ahead (the returned
     tensors are views of them): ``initial`` positions on the first call (default: all of
     ``capacity``), doubled (one copy) whenever they are full, so a step copies nothing in the
     common case. With ``preallocate=False`` the new ones are concatenated to the old, which
     copies the whole cache at every step (for comparison). Writing more than ``capacity``
-    positions is a ``ValueError``. ``select(rows)`` returns a cache holding only the given batch
-    rows (in that order), copying only the positions written so far.
+    positions is a ``ValueError``.
+
+    ``fork()`` returns a cache with the same positions that shares the buffers (nothing copied);
+    appending to one of the two never changes what the other holds: a cache whose next positions
+    were already written by another cache on the same buffers copies its ``length`` positions to
+    new buffers before it writes (copy on write). ``select(rows)`` returns a cache holding only
+    the given batch rows (in that order), copying only the positions written so far.
     """
 
     def __init__(self, capacity: int, *, preallocate: bool = True, initial: int | None = None):
@@ -77,6 +83,17 @@ class KVCache:
         self.length = 0
         self.k: Tensor | None = None
         self.v: Tensor | None = None
+        # pre-allocated: how many positions of the buffers k and v have been written, by this cache
+        # or by any fork of it (a one-element list, shared by the caches on the same buffers)
+        self._written: list[int] = [0]
+
+    def _new_buffers(self, size: int) -> None:
+        """Move this cache's ``length`` positions into new buffers of ``size`` positions."""
+        n, k_old, v_old = self.length, self.k, self.v
+        self.k = k_old.new_empty((*k_old.shape[:2], size, k_old.shape[3]))
+        self.v = v_old.new_empty((*v_old.shape[:2], size, v_old.shape[3]))
+        self.k[:, :, :n], self.v[:, :, :n] = k_old[:, :, :n], v_old[:, :, :n]
+        self._written = [n]
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         if k.dim() != 4 or k.shape != v.shape:
@@ -98,16 +115,20 @@ class KVCache:
             B, h, _, d = k.shape
             size = max(self.initial, T)
             self.k, self.v = k.new_empty((B, h, size, d)), v.new_empty((B, h, size, d))
+            self._written = [0]
         elif self.length + T > self.k.shape[2]:                          # full: double the buffers
-            size = min(self.capacity, max(2 * self.k.shape[2], self.length + T))
-            k_old, v_old = self.k[:, :, :self.length], self.v[:, :, :self.length]
-            self.k = k_old.new_empty((*k_old.shape[:2], size, k_old.shape[3]))
-            self.v = v_old.new_empty((*v_old.shape[:2], size, v_old.shape[3]))
-            self.k[:, :, :self.length], self.v[:, :, :self.length] = k_old, v_old
+            self._new_buffers(min(self.capacity, max(2 * self.k.shape[2], self.length + T)))
+        elif self._written[0] != self.length:  # a fork wrote our next positions: copy ours, then write
+            self._new_buffers(self.k.shape[2])
         self.k[:, :, self.length:self.length + T] = k
         self.v[:, :, self.length:self.length + T] = v
         self.length += T
+        self._written[0] = self.length
         return self.k[:, :, :self.length], self.v[:, :, :self.length]
+
+    def fork(self) -> KVCache:
+        """The same positions, sharing the buffers (nothing is copied; see the class docstring)."""
+        return copy.copy(self)  # shares k, v and the written-positions counter
 
     def select(self, rows: Tensor) -> KVCache:
         out = KVCache(self.capacity, preallocate=self.preallocate, initial=self.initial)
@@ -118,6 +139,7 @@ class KVCache:
                 out.k = self.k.new_empty((len(rows), *self.k.shape[1:]))
                 out.v = self.v.new_empty((len(rows), *self.v.shape[1:]))
                 out.k[:, :, :n], out.v[:, :, :n] = k, v
+                out._written = [n]
             else:
                 out.k, out.v = k, v
         return out
@@ -139,115 +161,38 @@ def kv_bytes_per_token(layers: int, d_model: int, dtype: torch.dtype = torch.flo
     return 2 * layers * d_model * torch.empty((), dtype=dtype).element_size()
 
 
-def cached_self_attention(attn: MultiHeadAttention, x: Tensor, cache: KVCache | None, *,
-                          mask: Tensor | None = None, kernel: AttentionKernel | None = None) -> Tensor:
-    """Causal self-attention of ``T`` new tokens ``x`` ``(B, T, d_model)`` over the ``t`` cached
-    ones and themselves: ``(B, T, d_model)``, what ``attn(prefix_and_x, causal=True)[0][:, -T:]``
-    gives, with the new keys and values appended to ``cache``.
-
-    The causal mask is aligned bottom-right (new query ``i`` sees keys ``0 .. t + i``); a rotary
-    ``attn.rotary`` rotates the new queries and keys by their positions ``t .. t + T - 1`` (the
-    cached keys were rotated when they were written). ``mask`` (bool keep-mask or float bias)
-    broadcasts to ``(B, h, T, t + T)``. ``cache=None`` is plain causal self-attention over ``x``
-    (``t = 0``, nothing kept: what training runs). ``kernel(q, k, v, mask, causal, dropout_p) ->
-    out`` computes the attention (default :func:`~tfmlib.attention.fast_attention`; chapter 10
-    swaps in others).
-    """
-    t = 0 if cache is None else cache.length
-    T = x.shape[1]
-    q = split_heads(attn.q_proj(x), attn.heads)                           # (B, h, T, d_k)
-    k = split_heads(attn.k_proj(x), attn.heads)
-    v = split_heads(attn.v_proj(x), attn.heads)
-    if attn.rotary is not None:
-        positions = torch.arange(t, t + T, device=x.device)
-        if hasattr(attn.rotary, "rotate"):  # RotaryEmbedding: queries and keys in one call
-            q, k = attn.rotary.rotate(torch.cat([q, k], dim=1), positions).split(attn.heads, dim=1)
-        else:
-            q, k = attn.rotary(q, k, q_positions=positions, k_positions=positions)
-    keys, values = (k, v) if cache is None else cache.append(k, v)      # (B, h, t + T, d_k)
-    dropout_p = attn.dropout if attn.training else 0.0
-    kernel = fast_attention if kernel is None else kernel
-    out = kernel(q, keys, values, mask, T > 1, dropout_p)                 # causal; T = 1 sees every key
-    return attn.out_proj(merge_heads(out))
-
-
-def cross_attention_kv(attn: MultiHeadAttention, memory: Tensor) -> tuple[Tensor, Tensor]:
-    """The cross-attention keys and values of the encoder output ``memory`` ``(B, S, d_model)``:
-    ``(B, h, S, d_k)`` each, computed once per sentence instead of once per decoding step."""
-    return split_heads(attn.k_proj(memory), attn.heads), split_heads(attn.v_proj(memory), attn.heads)
-
-
-def cached_cross_attention(attn: MultiHeadAttention, x: Tensor, k: Tensor, v: Tensor,
-                           mask: Tensor | None = None) -> Tensor:
-    """Cross-attention of ``x`` ``(B, T, d_model)`` over precomputed keys and values ``(B, h, S, d_k)``
-    (:func:`cross_attention_kv`): what ``attn(x, memory, mask=mask)[0]`` gives."""
-    if attn.rotary is not None:
-        raise ValueError("cached_cross_attention: a rotary cross-attention has no single key position; "
-                         "not supported")
-    q = split_heads(attn.q_proj(x), attn.heads)
-    dropout_p = attn.dropout if attn.training else 0.0
-    return attn.out_proj(merge_heads(fast_attention(q, k, v, mask, dropout_p=dropout_p)))
-
-
-def encoder_layer_step(layer: EncoderLayer, x: Tensor, cache: KVCache | None, *,
-                       kernel: AttentionKernel | None = None) -> Tensor:
-    """An :class:`~tfmlib.transformer.EncoderLayer` run as a *causal* block on ``T`` new tokens
-    ``x`` ``(B, T, d)`` after the cached ones: what ``layer(prefix_and_x, causal_mask(...))`` gives
-    at the last ``T`` positions (pre-LN or post-LN, as the layer is built). ``cache=None`` and
-    ``kernel`` as in :func:`cached_self_attention`."""
-    if layer.norm_first:
-        x = x + layer.dropout1(cached_self_attention(layer.self_attn, layer.norm1(x), cache, kernel=kernel))
-        return x + layer.dropout2(layer.ff(layer.norm2(x)))
-    x = layer.norm1(x + layer.dropout1(cached_self_attention(layer.self_attn, x, cache, kernel=kernel)))
-    return layer.norm2(x + layer.dropout2(layer.ff(x)))
-
-
-def decoder_layer_step(layer: DecoderLayer, x: Tensor, cache: KVCache, cross_k: Tensor, cross_v: Tensor,
-                       memory_mask: Tensor | None = None) -> Tensor:
-    """A :class:`~tfmlib.transformer.DecoderLayer` on ``T`` new target tokens ``x`` ``(B, T, d)``
-    after the cached ones: what ``layer(prefix_and_x, memory, memory_mask)`` gives at the last ``T``
-    positions, with the cross-attention keys and values ``(B, h, S, d_k)`` precomputed."""
-    if layer.norm_first:
-        x = x + layer.dropout1(cached_self_attention(layer.self_attn, layer.norm1(x), cache))
-        x = x + layer.dropout2(cached_cross_attention(layer.cross_attn, layer.norm2(x), cross_k, cross_v,
-                                                      memory_mask))
-        return x + layer.dropout3(layer.ff(layer.norm3(x)))
-    x = layer.norm1(x + layer.dropout1(cached_self_attention(layer.self_attn, x, cache)))
-    x = layer.norm2(x + layer.dropout2(cached_cross_attention(layer.cross_attn, x, cross_k, cross_v,
-                                                              memory_mask)))
-    return layer.norm3(x + layer.dropout3(layer.ff(x)))
-
-
 @dataclass
 class DecoderCache:
     """The decoding state of a stack: one :class:`KVCache` per layer and, for an encoder-decoder,
-    each layer's cross-attention keys and values ``(B, h, S, d_k)`` and the source mask ``(B, S)``.
+    each layer's cross-attention keys and values ``(B, h, S, d_k)`` (projected once per sentence;
+    the source mask stays with the encoder's output).
 
-    ``length`` is the number of tokens read so far (the position of the next one). ``select(rows)``
-    keeps the given batch rows of everything (what :mod:`tfmlib.decoding` calls when sentences
-    finish or beams are reordered); ``nbytes`` is the self-attention caches' memory.
+    ``length`` is the number of tokens read so far (the position of the next one). ``fork()`` is
+    the same state sharing every buffer (what a step extends, leaving its input alone);
+    ``select(rows)`` keeps the given batch rows of everything (what :mod:`tfmlib.decoding` calls
+    when sentences finish or beams are reordered); ``nbytes`` is the self-attention caches' memory.
     """
 
     layers: list[KVCache]
     cross: list[tuple[Tensor, Tensor]] = field(default_factory=list)
-    memory_mask: Tensor | None = None
 
     @classmethod
     def empty(cls, num_layers: int, capacity: int, *, preallocate: bool = True, initial: int | None = None,
-              cross: list[tuple[Tensor, Tensor]] | None = None,
-              memory_mask: Tensor | None = None) -> DecoderCache:
+              cross: list[tuple[Tensor, Tensor]] | None = None) -> DecoderCache:
         """A cache with nothing read yet, for ``num_layers`` layers (see :class:`KVCache`)."""
         return cls([KVCache(capacity, preallocate=preallocate, initial=initial) for _ in range(num_layers)],
-                   list(cross or []), memory_mask)
+                   list(cross or []))
 
     @property
     def length(self) -> int:
         return self.layers[0].length if self.layers else 0
 
+    def fork(self) -> DecoderCache:
+        return DecoderCache([c.fork() for c in self.layers], list(self.cross))
+
     def select(self, rows: Tensor) -> DecoderCache:
         return DecoderCache([c.select(rows) for c in self.layers],
-                            [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.cross],
-                            None if self.memory_mask is None else self.memory_mask.index_select(0, rows))
+                            [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.cross])
 
     @property
     def nbytes(self) -> int:

@@ -10,10 +10,12 @@ token embedding (Press & Wolf 2017). Positions are rotary (``positional="rotary"
 no table, so the context is a limit we choose, not one the weights impose) or a learned table of
 ``context`` rows (``"learned"``, GPT-2's).
 
-:func:`generate` extends prompts one token at a time, choosing each with :mod:`tfmlib.sampling`;
-``use_cache=True`` keeps every layer's keys and values in a :class:`~tfmlib.kv_cache.DecoderCache`
-(one new position per step), ``use_cache=False`` re-runs the whole sequence at every step. The two
-give the same tokens and the same logits (tested).
+Training (``forward``) and decoding with the cache (``step``) run the same blocks: chapter 07's
+``EncoderLayer.forward`` with ``causal=True``, given each block's
+:class:`~tfmlib.kv_cache.KVCache` when decoding. :func:`generate` extends prompts one token at a
+time, choosing each with :mod:`tfmlib.sampling`; ``use_cache=True`` keeps every layer's keys and
+values in a :class:`~tfmlib.kv_cache.DecoderCache` (one new position per step), ``use_cache=False``
+re-runs the whole sequence at every step. The two give the same tokens and the same logits (tested).
 
 Shapes: ``B`` batch, ``T`` tokens, ``V`` vocabulary, ``d`` = ``d_model``.
 """
@@ -26,9 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tfmlib.attention import fast_attention, scaled_dot_product_attention
+from tfmlib.attention import AttentionKernel, fast_attention, scaled_dot_product_attention
 from tfmlib.data import PAD_ID
-from tfmlib.kv_cache import AttentionKernel, DecoderCache, encoder_layer_step
+from tfmlib.kv_cache import DecoderCache
 from tfmlib.positional import LearnedPositionalEmbedding, RotaryEmbedding
 from tfmlib.sampling import greedy_next, sample_next
 from tfmlib.transformer import EncoderLayer
@@ -55,8 +57,9 @@ class DecoderLM(nn.Module):
     ``forward(ids (B, T)) -> logits (B, T, V)``: the logits at position ``t`` predict token
     ``t + 1`` from tokens ``0 .. t`` (use it with :func:`tfmlib.rnn.lm_loss` and
     :func:`tfmlib.rnn.collate_lm`, like chapter 01's language models). ``step(ids (B, T), cache)
-    -> logits (B, T, V)`` reads ``T`` more tokens after those in ``cache`` (a
-    :meth:`new_cache`), appending their keys and values.
+    -> (logits (B, T, V), cache)`` reads ``T`` more tokens after those in ``cache`` (a
+    :meth:`new_cache`) and returns a cache that holds their keys and values too; the cache it was
+    given is left as it was, so a step from one cache always gives the same logits.
 
     ``d_ff`` defaults to ``4 * d_model``; ``context`` is the longest sequence the model reads
     (the size of the learned position table; for rotary positions, a limit that
@@ -67,8 +70,8 @@ class DecoderLM(nn.Module):
     ``F.scaled_dot_product_attention``), ``"explicit"`` (chapter 05's written-out softmax, which
     stores the ``(T, T)`` weights), or a callable with :func:`~tfmlib.attention.fast_attention`'s
     arguments ``(q, k, v, mask, causal, dropout_p) -> out``. It is an attribute: set
-    ``model.attention`` to switch; the weights do not change. ``step`` (generation with a cache)
-    uses it too.
+    ``model.attention`` to switch (it sets every block's ``self_attn.kernel``); the weights do not
+    change. ``step`` (generation with a cache) uses it too.
     """
 
     def __init__(self, vocab_size: int, *, d_model: int = 128, heads: int = 4, layers: int = 2,
@@ -85,7 +88,6 @@ class DecoderLM(nn.Module):
         if positional not in ("rotary", "learned"):
             raise ValueError(f"DecoderLM: positional must be 'rotary' or 'learned', got {positional!r}")
         d_ff = 4 * d_model if d_ff is None else d_ff
-        self.attention = attention
         self.vocab_size, self.d_model = vocab_size, d_model
         self.context, self.positional = context, positional
         self.config = dict(d_model=d_model, heads=heads, layers=layers, d_ff=d_ff, dropout=dropout,
@@ -106,6 +108,7 @@ class DecoderLM(nn.Module):
             self.embed.weight[PAD_ID].zero_()
         if tie_weights:
             self.head.weight = self.embed.weight
+        self.attention = attention  # sets the blocks' attention kernel
 
     def _check_ids(self, ids: Tensor, who: str, start: int = 0) -> None:
         if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.dtype not in (torch.long, torch.int):
@@ -135,18 +138,15 @@ class DecoderLM(nn.Module):
         if not isinstance(value, str) and not callable(value):
             raise TypeError(f"DecoderLM: attention must be a name or a callable, got {type(value).__name__}")
         self._attention = value
-
-    def _kernel(self) -> AttentionKernel:
-        return ATTENTION_KERNELS[self._attention] if isinstance(self._attention, str) else self._attention
+        kernel = ATTENTION_KERNELS[value] if isinstance(value, str) else value
+        for block in self.blocks:
+            block.self_attn.kernel = kernel
 
     def forward(self, ids: Tensor) -> Tensor:
-        # Causal self-attention over the T tokens with no cache (t = 0, nothing kept): what training
-        # runs. tests/test_lm.py checks it against the layers run with causal_mask().
         self._check_ids(ids, "forward")
         x = self._embed(ids, 0)
-        kernel = self._kernel()
         for block in self.blocks:
-            x = encoder_layer_step(block, x, None, kernel=kernel)
+            x, _ = block(x, causal=True)
         return self.head(self.norm(x))
 
     def new_cache(self, capacity: int | None = None, *, preallocate: bool = True) -> DecoderCache:
@@ -154,13 +154,13 @@ class DecoderLM(nn.Module):
         return DecoderCache.empty(len(self.blocks), self.context if capacity is None else capacity,
                                   preallocate=preallocate)
 
-    def step(self, ids: Tensor, cache: DecoderCache) -> Tensor:
+    def step(self, ids: Tensor, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
         self._check_ids(ids, "step", cache.length)
         x = self._embed(ids, cache.length)
-        kernel = self._kernel()
+        cache = cache.fork()  # extend a fork: the caller's cache stays as it was (nothing is copied)
         for block, layer_cache in zip(self.blocks, cache.layers, strict=True):
-            x = encoder_layer_step(block, x, layer_cache, kernel=kernel)
-        return self.head(self.norm(x))
+            x, _ = block(x, causal=True, cache=layer_cache)
+        return self.head(self.norm(x)), cache
 
 
 def generate(model: DecoderLM, prompt: Tensor, max_new_tokens: int, *, use_cache: bool = True,
@@ -209,8 +209,8 @@ def generate(model: DecoderLM, prompt: Tensor, max_new_tokens: int, *, use_cache
         with torch.no_grad():
             ids, chosen_logits = prompt, []
             if use_cache:
-                cache = model.new_cache(total, preallocate=preallocate)
-                logits = model.step(prompt, cache)[:, -1]
+                logits, cache = model.step(prompt, model.new_cache(total, preallocate=preallocate))
+                logits = logits[:, -1]
             else:
                 logits = model(prompt)[:, -1]
             for i in range(max_new_tokens):
@@ -219,7 +219,11 @@ def generate(model: DecoderLM, prompt: Tensor, max_new_tokens: int, *, use_cache
                 ids = torch.cat([ids, token[:, None]], dim=1)
                 if i + 1 == max_new_tokens:
                     break
-                logits = model.step(token[:, None], cache)[:, -1] if use_cache else model(ids)[:, -1]
+                if use_cache:
+                    logits, cache = model.step(token[:, None], cache)
+                    logits = logits[:, -1]
+                else:
+                    logits = model(ids)[:, -1]
     finally:
         model.train(was_training)
     if return_logits:

@@ -29,7 +29,7 @@ import torch
 from tfmlib import exercises
 from tfmlib.attention import MultiHeadAttention
 from tfmlib.config import setup
-from tfmlib.kv_cache import KVCache, cached_self_attention, kv_bytes_per_token
+from tfmlib.kv_cache import KVCache, kv_bytes_per_token
 from tfmlib.sampling import top_p_filter
 
 run = setup(seed=0, smoke=dict(), cpu=dict(), gpu=dict())
@@ -79,9 +79,9 @@ cache, K, V, n = KVCache(6), torch.zeros(1, 1, 6, 8, dtype=torch.double), torch.
 for t in range(6):
     x = xs[:, t:t + 1]
     mine, n = cached_step(x[:, None], x[:, None], x[:, None], K, V, n)
-    theirs = cached_self_attention(attn, x, cache)
+    theirs, _ = attn(x, causal=True, cache=cache)  # the package's step: the new token's attention
     assert torch.allclose(mine[:, 0], theirs), "the exercise's step is the package's, with identity projections"
-print("cached_step agrees with tfmlib.kv_cache.cached_self_attention over 6 steps")
+print("cached_step agrees with MultiHeadAttention(x, causal=True, cache=KVCache(6)) over 6 steps")
 
 # %% [markdown]
 # **09.cache_bytes.** Keys and values, in every layer, $d$ numbers each, for every token of every
