@@ -181,7 +181,7 @@ def profile_steps(step_fn: Callable[[], object], *, device: torch.device | str, 
     """Profile ``steps`` calls of ``step_fn`` (one training step each) after ``warmup`` untimed ones.
 
     On CUDA the profiler records the CPU and the GPU, and the table ranks the GPU kernels by their
-    time (``self_device_time_total``); elsewhere it ranks the CPU operators by their self CPU time.
+    duration; elsewhere it ranks the CPU operators by their self CPU time.
     The device is synchronised before and after the profiled steps (not between them). Returns
     :class:`StepProfile`; ``ValueError`` for ``steps < 1`` or ``warmup < 0``, ``TypeError`` for a
     non-callable.
@@ -215,7 +215,7 @@ def profile_steps(step_fn: Callable[[], object], *, device: torch.device | str, 
     busy_us, gaps_us = _union(spans)
     per_name: dict[str, list[float]] = {}
     for e in timed:
-        own = e.self_device_time_total if on_cuda else e.self_cpu_time_total
+        own = e.time_range.elapsed_us() if on_cuda else e.self_cpu_time_total   # a kernel has no children
         entry = per_name.setdefault(e.name, [0, 0.0])
         entry[0] += 1
         entry[1] += own
