@@ -66,6 +66,11 @@ def test_load_tatoeba_reads_pairs_normalises_spaces_and_drops_attribution():
     assert any(line.count("\t") == 1 for line in raw.splitlines())
 
 
+def test_normalize_text_turns_every_run_of_spaces_into_one_plain_space():
+    assert corpora.normalize_text(" Qui\u202f?  Va\u00a0\u00a0!\t ") == "Qui ? Va !"
+    assert corpora.normalize_text("a  bird emerges") == "a bird emerges"  # as in Multi30k's train.en
+
+
 def test_load_tatoeba_reads_gz_zip_and_folder(tmp_path):
     raw = FRA_SAMPLE.read_bytes()
     gz = tmp_path / "gz" / "fra.txt.gz"

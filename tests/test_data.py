@@ -1,5 +1,8 @@
 import gzip
+import hashlib
+import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,22 +24,150 @@ from tfmlib.data import (
     make_token_loader,
     pad_sequences,
     padding_fraction,
+    split_marks,
     tokenize,
 )
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+# SHA-256 of the token lists of every sentence of the bundled corpus (train, valid, test; English then
+# French, one JSON list per line) as the word tokenizer split them before it learned to keep spacing
+# (commit 9ce30e5): the chapters' tokens, vocabularies and outputs must not change.
+BUNDLED_TOKENS_SHA256 = "65695135c4e30affd2f55603dea987fa9407d94f03bc806e3a90cefa684012cb"
 
 
 def test_tokenize_splits_words_punctuation_and_elisions():
     assert tokenize("L'oiseau n'aime pas le chat, qu'il voit.") == [
         "l'", "oiseau", "n'", "aime", "pas", "le", "chat", ",", "qu'", "il", "voit", "."]
-    assert tokenize("Va-t'en\u202f!") == ["va", "-", "t'", "en", "!"]
+    # the hyphen touches both words and "!" has a (narrow no-break) space before it: both marked
+    assert tokenize("Va-t'en\u202f!") == ["va", "@-@", "t'", "en", "\u2581!"]
     assert tokenize("Hello", lowercase=False) == ["Hello"]
     with pytest.raises(TypeError, match="str"):
         tokenize(["a", "list"])
 
 
+@pytest.mark.parametrize("text, tokens", [
+    ("a red t-shirt", ["a", "red", "t", "@-@", "shirt"]),           # Moses' @-@
+    ("3.50 or 2,000 at 8:30", ["3", ".@", "50", "or", "2", ",@", "000", "at", "8", ":@", "30"]),
+    ("qui ?", ["qui", "\u2581?"]),                                  # French spacing
+    ('she said "hi."', ["she", "said", '"@', "hi", ".", '@"']),      # opening and closing quotes
+    ("wait... and", ["wait", ".", ".", ".", "and"]),                 # default spacing: no mark
+    ("wait ... and", ["wait", "\u2581.", ".", ".", "and"]),
+    ("wait\u2026 and", ["wait", "\u2026", "and"]),
+    ("the boys' club", ["the", "boys", "@'", "club"]),              # no letter after: not an elision
+    ("late 80's", ["late", "80", "@'@", "s"]),
+    ("it's", ["it'", "s"]),
+    ("(2 men) ( x )", ["(", "2", "men", ")", "(\u2581", "x", "\u2581)"]),
+    ("l\u2019homme", ["l\u2019", "homme"]),                          # the typographic apostrophe stays
+    ("me@x.com @ home", ["me", "@@@", "x", ".@", "com", "@", "home"]),  # "@" itself: both sides marked
+    ("a \u2581b", ["a", "\u2581\u2581@", "b"]),
+])
+def test_tokenize_marks_the_spacing_detokenize_would_not_give(text, tokens):
+    assert tokenize(text) == tokens
+    assert data.detokenize(tokens) == text
+
+
 def test_detokenize_inverts_tokenize_on_plain_text():
     for text in ["l'oiseau n'aime pas le chat, qu'il voit.", "the small cat sleeps."]:
         assert data.detokenize(tokenize(text)) == text
+
+
+def roundtrip_fixture() -> list[str]:
+    text = (FIXTURES / "roundtrip_sentences.txt").read_text(encoding="utf-8")
+    return [line for line in text.splitlines() if line and not line.startswith("# ")]
+
+
+def test_round_trip_is_exact_on_hyphens_decimals_apostrophes_quotes_and_ellipses():
+    lines = roundtrip_fixture()
+    assert len(lines) >= 20
+    for line in lines:
+        assert data.detokenize(tokenize(line)) == line.lower(), line
+        assert data.detokenize(tokenize(line, lowercase=False)) == line, line
+    tokens = {t for line in lines for t in tokenize(line)}
+    # the fixture exercises every kind of mark (a test of the fixture: it would pass vacuously without)
+    assert {"@-@", ".@", ",@", ":@", "@'", '"@', '@"', "@@@"} <= tokens
+    assert {"\u2581?", "\u2581.", "\u2581!", "(\u2581"} <= tokens
+
+
+# Letters, digits, every kind of punctuation the defaults know, the marks themselves, apostrophes, and
+# spaces of several kinds.
+ROUND_TRIP_ALPHABET = "ab\u00e9Z19_ '\u2019-.,!?;:()[]{}\"\u00ab\u00bb@\u2581\u2026%&/\t\u00a0\u202f\u0307"
+
+
+@given(st.text(alphabet=ROUND_TRIP_ALPHABET, max_size=40))
+def test_round_trip_is_exact_on_any_text(text):
+    assert data.detokenize(tokenize(text, lowercase=False)) == " ".join(text.split())
+    assert data.detokenize(tokenize(text)) == " ".join(text.lower().split())
+
+
+def test_split_marks_and_detokenize_read_marks_anywhere():
+    assert split_marks("@-@") == ("@", "-", "@")
+    assert split_marks("\u2581?") == ("\u2581", "?", "")
+    assert split_marks(".@") == ("", ".", "@")
+    assert split_marks("@") == ("", "@", "") and split_marks("chat") == ("", "chat", "")
+    # what a model may output: marks at either end, on both sides of a place (the later token wins)
+    assert data.detokenize(["@-@"]) == "-"
+    assert data.detokenize(["a", "@-@", "b", "-", "c"]) == "a-b - c"
+    assert data.detokenize(["a", ".@", "\u2581b"]) == "a. b"
+    assert data.detokenize([]) == ""
+
+
+def test_bundled_corpus_tokenizes_exactly_as_before_and_carries_no_mark():
+    from tfmlib.synthetic import load_bundled
+
+    digest, n = hashlib.sha256(), 0
+    for split in ("train", "valid", "test"):
+        for pair in load_bundled(split):
+            for sentence in pair:
+                tokens = tokenize(sentence)
+                digest.update(json.dumps(tokens, ensure_ascii=False).encode("utf-8") + b"\n")
+                assert data.detokenize(tokens) == sentence
+                n += 1
+    assert n == 110_000
+    assert digest.hexdigest() == BUNDLED_TOKENS_SHA256
+
+
+def real_references() -> dict[str, list[str]]:
+    """Every sentence of Multi30k (each split and language) and of Tatoeba (each side), as the loaders
+    give them; skips when ``../shared/data`` lacks them."""
+    from tfmlib.corpora import MULTI30K_LANGS, MULTI30K_SPLITS, load_multi30k, load_tatoeba
+
+    if not (SHARED_DATA / "multi30k").is_dir() or not (SHARED_DATA / "tatoeba-fra-eng").is_dir():
+        pytest.skip(f"the real corpora are absent from {SHARED_DATA} (they are optional)")
+    out = {}
+    for split in MULTI30K_SPLITS:
+        for lang in MULTI30K_LANGS:
+            other = "en" if lang != "en" else "de"
+            out[f"multi30k {split}.{lang}"] = [p[0] for p in load_multi30k(SHARED_DATA / "multi30k", split,
+                                                                           lang, other)]
+    pairs = load_tatoeba(SHARED_DATA / "tatoeba-fra-eng")
+    out["tatoeba en"], out["tatoeba fr"] = [en for en, _ in pairs], [fr for _, fr in pairs]
+    return out
+
+
+@pytest.fixture(scope="module")
+def references() -> dict[str, list[str]]:
+    return real_references()
+
+
+def test_round_trip_is_exact_on_every_real_reference(references):
+    assert sum(len(v) for v in references.values()) == 3 * 32_014 + 2 * 167_130
+    for name, sentences in references.items():
+        changed = [s for s in sentences if data.detokenize(tokenize(s)) != s.lower()]
+        assert not changed, f"{name}: {len(changed)} sentences change, e.g. {changed[:3]}"
+
+
+def test_self_bleu_of_the_real_test_sets_is_100(references):
+    from tfmlib.metrics import bleu
+
+    for name in ("multi30k test_2016_flickr.en", "multi30k test_2016_flickr.de",
+                 "multi30k test_2017_flickr.fr"):
+        refs = references[name]
+        score = bleu([data.detokenize(tokenize(r)) for r in refs], refs, lowercase=True)
+        assert round(score.score, 2) == 100.0, (name, score)
+    # the case issue 26 measured: the old pipeline scored 98.42 here ("t-shirt" -> "t - shirt")
+    refs = references["multi30k test_2016_flickr.en"]
+    assert sum("-" in r for r in refs) > 30 and any("t-shirt" in r.lower() for r in refs)
 
 
 def test_vocab_build_orders_by_frequency_then_alphabet():
