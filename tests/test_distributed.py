@@ -257,3 +257,106 @@ def test_ddp_accumulation_all_reduces_once_per_step_and_weights_tokens_over_rank
     # the 2 micro-batches of the full group: one all-reduce (the first ran in no_sync); the short group
     # of one micro-batch ran in no_sync and was averaged by fit, outside DDP's hook
     assert [got["allreduce_calls"] for got in ranks] == [1, 1], [got["allreduce_calls"] for got in ranks]
+
+
+# A worker of the checkpoint test below: rank RANK of 2 trains a dropout MLP wrapped in
+# DistributedDataParallel through fit (accumulate=2, a DistributedSampler): once uninterrupted, once
+# stopped after 4 of 6 steps with a training state saved every step, and once resumed from that state
+# (another seed: everything must come from the file). It records which steps it wrote a state at.
+_CHECKPOINT_WORKER = r"""
+import json, os
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+import tfmlib.resume as resume
+from tfmlib.distributed import distributed
+from tfmlib.train import fit, save_checkpoint
+
+torch.set_num_threads(1)
+writes = []
+real_save = resume.save_training_state
+def counting_save(*args, **kwargs):
+    writes.append(kwargs["steps"])
+    return real_save(*args, **kwargs)
+resume.save_training_state = counting_save
+
+g = torch.Generator().manual_seed(1)
+data = torch.utils.data.TensorDataset(torch.randn(48, 4, generator=g, dtype=torch.float64),
+                                      torch.randn(48, 3, generator=g, dtype=torch.float64))
+
+def mse(model, batch):
+    x, y = batch
+    return ((model(x) - y) ** 2).sum(-1).mean(), x.shape[0]
+
+with distributed("gloo", timeout_s=60) as ctx:
+    def run(seed, **kwargs):
+        torch.manual_seed(0)
+        inner = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.3), nn.Linear(8, 3)).double()
+        model = DistributedDataParallel(inner)
+        torch.manual_seed(seed + 100 * ctx.rank)  # each rank draws its own dropout masks
+        loader = torch.utils.data.DataLoader(data, batch_size=4,
+                                             sampler=torch.utils.data.DistributedSampler(data, seed=5))
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+        hist = fit(model, loader, mse, optimizer, epochs=2, accumulate=2, verbose=False, **kwargs)
+        return model, inner, hist
+
+    _, full, full_hist = run(0)
+    run(0, checkpoint_path=os.environ["STATE"], checkpoint_every=1, max_steps=4)
+    stopped_writes = list(writes)
+    model, resumed, hist = run(7, checkpoint_path=os.environ["STATE"], resume=True)
+    save_checkpoint(os.environ["CKPT"], model)  # the DDP wrapper itself
+    same = all(torch.equal(a, b) for a, b in zip(resumed.parameters(), full.parameters()))
+    torch.save({"weights": {k: v.clone() for k, v in resumed.state_dict().items()},
+                "rng": torch.get_rng_state()}, os.environ["OUT"] + ".pt")
+    with open(os.environ["OUT"], "w") as f:
+        json.dump({"writes": stopped_writes, "resumed_from": hist.resumed_from_step, "same_weights": same,
+                   "same_losses": hist.step_loss == full_hist.step_loss,
+                   "same_epochs": [e["train_loss"] for e in hist.epochs] == [e["train_loss"] for e in
+                                                                              full_hist.epochs],
+                   "steps": len(full_hist.step_loss)}, f)
+"""
+
+
+def test_a_ddp_run_writes_one_state_from_rank_0_that_resumes_ddp_and_plain_models(tmp_path):
+    """Only rank 0 writes the training state (and the model checkpoint); the state holds the inner
+    model's names (no ``module.``) and every rank's generators, so the 2-process run resumes exactly,
+    and a plain model loads the state and the checkpoint."""
+    import socket
+
+    from tfmlib.resume import load_training_state
+    from tfmlib.train import load_checkpoint
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    state, ckpt = tmp_path / "state.pt", tmp_path / "model.pt"
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+               "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OUT": str(tmp_path / f"rank{rank}.json"),
+               "STATE": str(state), "CKPT": str(ckpt),
+               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        procs.append(subprocess.Popen([sys.executable, "-c", _CHECKPOINT_WORKER], cwd=ROOT, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    for p in procs:
+        out, _ = p.communicate(timeout=180)
+        assert p.returncode == 0, f"a DDP worker failed:\n{out[-3000:]}"
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0]["steps"] == 6
+    assert ranks[0]["writes"] == [1, 2, 3, 4] and ranks[1]["writes"] == [], "rank 0 alone writes the state"
+    for r, got in enumerate(ranks):
+        assert got["resumed_from"] == 4, (r, got)
+        assert got["same_weights"] and got["same_losses"] and got["same_epochs"], (r, got)
+    ends = [torch.load(tmp_path / f"rank{r}.json.pt") for r in range(2)]
+    plain = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 3)).double()
+    saved = load_training_state(state, model=plain)
+    assert not any(k.startswith("module.") for k in saved.model_state)
+    assert all(torch.equal(v, ends[0]["weights"][k]) for k, v in plain.state_dict().items())
+    assert len(saved.ranks) == 2
+    for r in range(2):  # the final state holds each rank's generator as it ended
+        assert torch.equal(saved.ranks[r]["rng"]["torch"], ends[r]["rng"]), f"rank {r}'s generator"
+    assert not torch.equal(ends[0]["rng"], ends[1]["rng"])
+    other = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 3)).double()
+    assert load_checkpoint(ckpt, other).model_class == "Sequential"
+    assert all(torch.equal(a, b) for a, b in zip(other.parameters(), plain.parameters(), strict=True))

@@ -372,3 +372,31 @@ def test_checkpointing_saves_when_due_and_restores_what_it_saved(tmp_path, capsy
         Checkpointing(tmp_path / "s.pt", settings={"epochs": 3}).restore(model=model, optimizer=opt)
     with pytest.raises(ValueError, match="every must be an int >= 1"):
         Checkpointing(tmp_path / "s.pt", 0)
+
+
+# --------------------------------------------------------------------------- wrapped models (issue 25, #2)
+
+
+@pytest.mark.parametrize("wrapped_first", [True, False], ids=["compiled-then-plain", "plain-then-compiled"])
+def test_a_compiled_run_resumes_in_the_plain_model_and_back(tmp_path, wrapped_first):
+    """The training state holds the names of the model inside torch.compile's wrapper (no
+    ``_orig_mod.``), so a run started compiled resumes in the plain model, and the other way round,
+    and ends with the uninterrupted weights."""
+    path = tmp_path / "state.pt"
+    full, full_hist = train()
+
+    def compiled(seed, **kwargs):
+        model, loader, loss_fn, optimizer, scheduler, base = resume_run.build(seed)
+        wrapper = torch.compile(model, backend="eager")  # the wrapper without a compiler
+        hist = fit(wrapper, loader, loss_fn, optimizer, scheduler=scheduler, verbose=False, **base, **kwargs)
+        return model, wrapper, hist
+
+    if wrapped_first:
+        _, wrapper, _ = compiled(0, checkpoint_path=path, max_steps=5)
+        assert not any(k.startswith("_orig_mod.") for k in load_training_state(path).model_state)
+        resumed, hist = train(seed=1, checkpoint_path=path, resume=True)
+    else:
+        train(checkpoint_path=path, max_steps=5)
+        resumed, _, hist = compiled(1, checkpoint_path=path, resume=True)
+    assert hist.resumed_from_step == 5
+    assert same_weights(resumed, full) and hist.step_loss == full_hist.step_loss

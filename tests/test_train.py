@@ -645,3 +645,42 @@ def test_fp16_with_accumulation_skips_no_step():
     four = fp16_lm_run(accumulate=4)
     assert len(four.step_loss) == 10
     assert four.skipped_steps == 0, f"fp16 + accumulate=4 skipped {four.skipped_steps} of 10 steps"
+
+
+# ------------------------------------------------------------- wrapped models (issue 25, finding 2)
+
+
+def test_unwrap_model_and_strip_wrapper_prefixes():
+    from tfmlib.checkpoint import strip_wrapper_prefixes, unwrap_model
+
+    inner = make_model()
+    wrapped = nn.DataParallel(inner)
+    assert unwrap_model(wrapped) is inner and unwrap_model(inner) is inner
+    state = wrapped.state_dict()
+    assert all(k.startswith("module.") for k in state)
+    stripped = strip_wrapper_prefixes({f"_orig_mod.{k}": v for k, v in state.items()})
+    assert list(stripped) == list(inner.state_dict()), "both prefixes go, in any nesting"
+    with_meta = strip_wrapper_prefixes(state)
+    assert "" in with_meta._metadata and not any(k.startswith("module") for k in with_meta._metadata)
+    mixed = {"module.a": 1, "b": 2}
+    assert strip_wrapper_prefixes(mixed) == mixed, "a prefix only some names have is a real name"
+
+
+def test_a_compiled_models_checkpoint_loads_into_the_plain_model_and_back(tmp_path):
+    torch.manual_seed(0)
+    plain = make_model()
+    compiled = torch.compile(plain, backend="eager")  # torch.compile's wrapper, no compiler needed
+    assert all(k.startswith("_orig_mod.") for k in compiled.state_dict())
+    path = save_checkpoint(tmp_path / "c.pt", compiled, config={"n": 1})
+    ckpt = load_checkpoint(path, make_model())
+    assert ckpt.model_class == type(plain).__name__ and list(ckpt.model_state) == list(plain.state_dict())
+    fresh = make_model()
+    load_checkpoint(path, torch.compile(fresh, backend="eager"))  # plain names into a compiled model
+    assert all(torch.equal(a, b) for a, b in zip(fresh.parameters(), plain.parameters(), strict=True))
+    # a file written before checkpoints held the inner names: _orig_mod. names, OptimizedModule class
+    old = torch.load(path, weights_only=True)
+    old.update(model={f"_orig_mod.{k}": v for k, v in old["model"].items()}, model_class="OptimizedModule")
+    torch.save(old, tmp_path / "old.pt")
+    again = make_model()
+    load_checkpoint(tmp_path / "old.pt", again)
+    assert all(torch.equal(a, b) for a, b in zip(again.parameters(), plain.parameters(), strict=True))

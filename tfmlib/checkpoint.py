@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +28,15 @@ from tfmlib.data import Vocab
 
 INTRODUCED_IN = 1
 
-__all__ = ["CHECKPOINT_FORMAT", "Checkpoint", "CheckpointError", "checkpoint_dir", "load_checkpoint",
-           "read_safely", "save_checkpoint", "state_mismatch", "write_atomically"]
+__all__ = ["CHECKPOINT_FORMAT", "WRAPPER_PREFIXES", "Checkpoint", "CheckpointError", "checkpoint_dir",
+           "is_rank_zero", "load_checkpoint", "read_safely", "save_checkpoint", "state_mismatch",
+           "strip_wrapper_prefixes", "unwrap_model", "write_atomically"]
+
+# what torch.compile's wrapper and DistributedDataParallel (or DataParallel) put before every name of
+# the state_dict of the model they wrap
+WRAPPER_PREFIXES = ("_orig_mod.", "module.")
+# the class names an older file saved from a wrapped model records instead of the model's
+WRAPPER_CLASSES = ("OptimizedModule", "DistributedDataParallel", "DataParallel")
 
 CHECKPOINT_FORMAT = "tfmlib-checkpoint-1"
 
@@ -65,6 +73,55 @@ def _check_plain(value: Any, where: str) -> None:
     )
 
 
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The model inside ``torch.compile``'s wrapper (its ``_orig_mod``) and
+    ``DistributedDataParallel``'s or ``DataParallel``'s (their ``module``), however nested; ``model``
+    itself when it is not wrapped. The wrappers share the inner model's parameters, and their own
+    ``state_dict`` names them with a prefix (``_orig_mod.``, ``module.``) that a plain model lacks:
+    checkpoints hold the inner model's names, so that any of them can be resumed by any other."""
+    while True:
+        inner = getattr(model, "_orig_mod", None)
+        if isinstance(inner, nn.Module):
+            model = inner
+        elif isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+        else:
+            return model
+
+
+def strip_wrapper_prefixes(state: Mapping[str, Any]) -> dict[str, Any]:
+    """``state`` (a ``state_dict``) with the wrappers' prefixes removed: while every name starts with
+    ``_orig_mod.`` or ``module.``, that prefix is dropped (a file saved from a wrapped model before
+    checkpoints held the inner names). The ``_metadata`` that ``load_state_dict`` reads is kept."""
+    out: OrderedDict[str, Any] = OrderedDict(state)
+    metadata = getattr(state, "_metadata", None)
+    stripped = True
+    while out and stripped:
+        stripped = False
+        for prefix in WRAPPER_PREFIXES:
+            if all(k.startswith(prefix) for k in out):
+                out = OrderedDict((k[len(prefix):], v) for k, v in out.items())
+                if metadata is not None:  # its names are module paths: "module" -> "", "module.x" -> "x"
+                    metadata = OrderedDict((_strip_module_path(k, prefix), v) for k, v in metadata.items())
+                stripped = True
+    if metadata is not None:
+        out._metadata = metadata  # type: ignore[attr-defined]
+    return out
+
+
+def _strip_module_path(name: str, prefix: str) -> str:
+    if name == prefix[:-1]:
+        return ""
+    return name[len(prefix):] if name.startswith(prefix) else name
+
+
+def is_rank_zero() -> bool:
+    """True in a plain process and on rank 0 of a running process group: the process that writes
+    files every rank would write alike."""
+    return not (torch.distributed.is_available() and torch.distributed.is_initialized()) or \
+        torch.distributed.get_rank() == 0
+
+
 def save_checkpoint(
     path: str | Path,
     model: nn.Module,
@@ -78,12 +135,21 @@ def save_checkpoint(
     The file is written to a temporary file in the same folder and moved into place with
     ``os.replace``: a reader never sees half a checkpoint, and a write that fails leaves an older
     checkpoint at ``path`` intact. Tensors are saved from the device they are on;
-    :func:`load_checkpoint` maps them to ``map_location`` (the CPU by default)."""
+    :func:`load_checkpoint` maps them to ``map_location`` (the CPU by default).
+
+    A model inside ``torch.compile``'s or ``DistributedDataParallel``'s wrapper is saved as the model
+    it wraps (:func:`unwrap_model`: its class, its parameter names without ``_orig_mod.`` or
+    ``module.``), so the file loads into the plain model, a compiled one or a wrapped one. Under a
+    running process group only rank 0 writes (the ranks of DDP hold the same weights); the other
+    ranks return ``path`` at once, without waiting."""
     config = dict(config or {})
     _check_plain(config, "config")
     for name, v in (vocabs or {}).items():
         if not isinstance(v, Vocab):
             raise TypeError(f"save_checkpoint: vocabs[{name!r}] must be a Vocab, got {type(v).__name__}")
+    model = unwrap_model(model)
+    if not is_rank_zero():
+        return Path(path)
     payload = {
         "format": CHECKPOINT_FORMAT,
         "model_class": type(model).__name__,
@@ -166,18 +232,23 @@ def load_checkpoint(
 ) -> Checkpoint:
     """Read a checkpoint safely (``weights_only=True``); load it into ``model``/``optimizer`` if given.
 
+    ``model`` may be wrapped by ``torch.compile`` or ``DistributedDataParallel``: the state is loaded
+    into the model inside (:func:`unwrap_model`); a file saved from a wrapped model by an older
+    version, with the wrappers' prefixes in its names, loads too (:func:`strip_wrapper_prefixes`).
+
     Raises :class:`CheckpointError` when the file is missing, unreadable or not a tfmlib
     checkpoint, when it was saved from another model class, or when parameter names or shapes
     differ from ``model``'s (the message lists them).
     """
     path = Path(path)
+    model = unwrap_model(model) if model is not None else None
     payload = read_safely(path, "checkpoint", map_location)
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{path} is not a {CHECKPOINT_FORMAT} file")
     try:
         ckpt = Checkpoint(
             model_class=payload["model_class"],
-            model_state=payload["model"],
+            model_state=strip_wrapper_prefixes(payload["model"]),
             optimizer_state=payload["optimizer"],
             vocabs={name: Vocab.from_dict(d) for name, d in payload["vocabs"].items()},
             config=payload["config"],
@@ -186,7 +257,7 @@ def load_checkpoint(
         raise CheckpointError(f"{path} is a damaged {CHECKPOINT_FORMAT} file "
                               f"({type(e).__name__}: {e})") from e
     if model is not None:
-        if type(model).__name__ != ckpt.model_class:
+        if type(model).__name__ != ckpt.model_class and ckpt.model_class not in WRAPPER_CLASSES:
             raise CheckpointError(
                 f"{path} holds a {ckpt.model_class}, not a {type(model).__name__}"
             )

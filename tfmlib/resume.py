@@ -23,7 +23,10 @@ a training state also holds:
 What is not replayed: randomness inside DataLoader worker processes (``num_workers > 0``): the
 loader draws its workers' seeds when an epoch starts, and a resumed epoch starts in the new process.
 With ``num_workers=0`` (the book's loaders) a dataset's own draws are replayed too. Under
-DistributedDataParallel every process has its own generators: give each rank its own file.
+DistributedDataParallel every process has its own generators and losses: ``fit`` gathers them and
+rank 0 alone writes one file holding every rank's (each rank resumes with its own);
+the model is saved as the model inside the DDP and ``torch.compile`` wrappers, so a state saved
+by any of them resumes in a plain model, and the other way round.
 
 The file is written like a model checkpoint (a temporary file moved into place with ``os.replace``,
 so a run killed while writing leaves the previous state intact) and read with
@@ -33,7 +36,7 @@ state is stored as a tensor and numbers), and loading it never runs code from th
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +44,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from tfmlib.checkpoint import CheckpointError, read_safely, state_mismatch, write_atomically
+from tfmlib.checkpoint import (
+    CheckpointError,
+    is_rank_zero,
+    read_safely,
+    state_mismatch,
+    strip_wrapper_prefixes,
+    unwrap_model,
+    write_atomically,
+)
 from tfmlib.rng import capture_rng_state, restore_rng_state
 
 INTRODUCED_IN = 10
@@ -65,6 +76,9 @@ class TrainingState:
     give the sampler's ``set_epoch`` before replaying ``epoch``. ``epoch_loss_sum`` and
     ``epoch_tokens`` are the epoch's token-weighted loss sum and token count so far,
     ``epoch_seconds`` and ``train_seconds`` the training time spent in the epoch and in all.
+    ``ranks``: when the state was saved under DDP, what differs between the ranks, one dict per rank
+    (``rng``, ``history``, ``epoch_loss_sum``, ``epoch_tokens``: each rank's generators and its own
+    losses), with rank 0's in the fields above; else ``None``.
     """
 
     model_state: dict[str, torch.Tensor]
@@ -83,6 +97,7 @@ class TrainingState:
     epoch_loss_sum: float
     epoch_tokens: int
     settings: dict[str, Any]
+    ranks: list[dict[str, Any]] | None = None
 
 
 def save_training_state(
@@ -103,11 +118,16 @@ def save_training_state(
     epoch_tokens: int = 0,
     settings: Mapping[str, Any] | None = None,
     rng: Mapping[str, Any] | None = None,
+    ranks: Sequence[Mapping[str, Any]] | None = None,
 ) -> Path:
     """Write a training state to ``path`` atomically (a temporary file moved into place): the
     model, optimizer, scheduler and scaler states, the generators (``rng``, by default
     :func:`capture_rng_state` now), the data position and the History (``History.to_dict()``).
-    ``settings`` are plain data that must be equal when the state is loaded. Returns ``path``."""
+    ``settings`` are plain data that must be equal when the state is loaded. ``ranks``: under DDP,
+    each rank's generators, History and epoch sums (:meth:`Checkpointing.save` gathers them; see
+    :class:`TrainingState`). The model is saved
+    as the one inside ``torch.compile``'s and DDP's wrappers (:func:`tfmlib.checkpoint.unwrap_model`),
+    with the names a plain model has. Returns ``path``."""
     for name, value in (("epoch", epoch), ("batches_done", batches_done), ("steps", steps),
                         ("sampler_epoch", sampler_epoch)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -115,12 +135,13 @@ def save_training_state(
     enabled_scaler = scaler is not None and scaler.is_enabled()
     payload = {
         "format": STATE_FORMAT,
-        "model": model.state_dict(),
+        "model": unwrap_model(model).state_dict(),
         "optimizer": optimizer.state_dict(),
         "optimizer_class": type(optimizer).__name__,
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
         "scaler": scaler.state_dict() if enabled_scaler else None,  # type: ignore[union-attr]
         "rng": dict(rng) if rng is not None else capture_rng_state(),
+        "ranks": [dict(r) for r in ranks] if ranks is not None else None,
         "position": {"epoch": epoch, "batches_done": batches_done, "steps": steps,
                      "sampler_epoch": sampler_epoch},
         "history": dict(history),
@@ -190,19 +211,21 @@ def load_training_state(
     try:
         position, times, sums = payload["position"], payload["time"], payload["epoch_sums"]
         state = TrainingState(
-            model_state=payload["model"], optimizer_state=payload["optimizer"],
+            model_state=strip_wrapper_prefixes(payload["model"]), optimizer_state=payload["optimizer"],
             optimizer_class=str(payload["optimizer_class"]), scheduler_state=payload["scheduler"],
             scaler_state=payload["scaler"], rng=payload["rng"], epoch=int(position["epoch"]),
             batches_done=int(position["batches_done"]), steps=int(position["steps"]),
             sampler_epoch=int(position["sampler_epoch"]), history=payload["history"],
             train_seconds=float(times["train_seconds"]), epoch_seconds=float(times["epoch_seconds"]),
             epoch_loss_sum=float(sums["loss_sum"]), epoch_tokens=int(sums["tokens"]),
-            settings=dict(payload["settings"]),
+            settings=dict(payload["settings"]), ranks=payload.get("ranks"),
         )
         for key in ("python", "numpy", "torch"):
             state.rng[key]  # noqa: B018  (present, or the state is damaged)
         for key in ("step_loss", "epochs", "evals"):
             state.history[key]  # noqa: B018
+        for own in state.ranks or ():
+            own["rng"]["torch"], own["history"]["step_loss"], own["epoch_loss_sum"], own["epoch_tokens"]  # noqa: B018
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise CheckpointError(f"{path} is a damaged {STATE_FORMAT} file ({type(e).__name__}: {e})") from e
     if settings is not None:
@@ -211,6 +234,7 @@ def load_training_state(
             raise CheckpointError(f"{path} was saved with other settings; resume with the same ones or start "
                                   f"afresh: {'; '.join(differ)}")
     if model is not None:
+        model = unwrap_model(model)
         mismatch = state_mismatch(model.state_dict(), state.model_state)
         if mismatch:
             raise CheckpointError(f"{path} does not fit this model: {mismatch}")
@@ -327,18 +351,48 @@ class Checkpointing:
     def restore(self, *, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None,
                 scaler: torch.amp.GradScaler | None = None, verbose: bool = True) -> TrainingState | None:
         """The state at ``path`` loaded into the objects given (:func:`load_training_state`, with
-        ``settings`` checked), or ``None`` (and a printed line) when there is no file yet."""
+        ``settings`` checked), or ``None`` (and a printed line) when there is no file yet. Under DDP,
+        when the file holds the ranks of this world size, its generators, History and epoch sums
+        are this rank's (else rank 0's)."""
         if not self.path.is_file():
             if verbose:
                 print(f"fit: no training state at {self.path} yet: starting from step 0")
             return None
         state = load_training_state(self.path, model=model, optimizer=optimizer, scheduler=scheduler,
                                     scaler=scaler, settings=self.settings)
+        rank, world = _rank_and_world()
+        if state.ranks is not None and len(state.ranks) == world:
+            own = state.ranks[rank]
+            state.rng, state.history = own["rng"], own["history"]
+            state.epoch_loss_sum, state.epoch_tokens = float(own["epoch_loss_sum"]), int(own["epoch_tokens"])
         if verbose:
             print(f"fit: resumed from {self.path} at step {state.steps} (epoch {state.epoch}, "
                   f"{state.batches_done} batches done)")
         return state
 
     def save(self, **state: Any) -> Path:
-        """:func:`save_training_state` to ``path`` with ``settings``; ``state`` its other arguments."""
-        return save_training_state(self.path, settings=self.settings, **state)
+        """:func:`save_training_state` to ``path`` with ``settings``; ``state`` its other arguments.
+
+        Under a process group of several ranks every rank must call it (``fit`` does, at the same
+        steps): what differs between the ranks (their generators, their History of their own
+        losses, their epoch sums) is gathered, rank 0 alone writes the file, and every rank waits at
+        a barrier until it is in place."""
+        _, world = _rank_and_world()
+        if world == 1:
+            return save_training_state(self.path, settings=self.settings, **state)
+        own = {"rng": capture_rng_state(), "history": dict(state["history"]),
+               "epoch_loss_sum": float(state.get("epoch_loss_sum", 0.0)),
+               "epoch_tokens": int(state.get("epoch_tokens", 0))}
+        ranks: list[Any] = [None] * world
+        torch.distributed.all_gather_object(ranks, own)
+        if is_rank_zero():
+            save_training_state(self.path, settings=self.settings, rng=ranks[0]["rng"], ranks=ranks, **state)
+        torch.distributed.barrier()
+        return self.path
+
+
+def _rank_and_world() -> tuple[int, int]:
+    """(rank, world size) of the running process group; (0, 1) in a plain process."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
