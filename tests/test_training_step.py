@@ -147,3 +147,20 @@ def test_accumulated_gradients_stay_the_size_of_one_batch_before_the_division():
     for k, p in enumerate(model.parameters()):
         expected = sum(n / 300 * g[k] for n, g in zip((300, 100, 200), grads, strict=True))
         assert torch.allclose(p.grad, expected, rtol=1e-12, atol=0), "weights n_i / n_ref before the step"
+
+
+def test_the_scale_is_read_without_a_host_sync_and_without_the_private_method_too(monkeypatch):
+    from tfmlib.training_step import scale_on_device
+
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    scaler.scale(torch.ones(()))  # the scale tensor exists once the scaler has scaled something
+    monkeypatch.setattr(torch.Tensor, "item", lambda self: (_ for _ in ()).throw(AssertionError("item()")))
+    scale = scale_on_device(scaler)
+    monkeypatch.undo()
+    assert isinstance(scale, torch.Tensor) and float(scale) == 1024.0
+
+    class PublicOnly:  # a GradScaler without the private method: the public, syncing getter
+        def get_scale(self):
+            return 256.0
+
+    assert float(scale_on_device(PublicOnly())) == 256.0

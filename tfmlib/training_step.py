@@ -49,7 +49,8 @@ from tfmlib.precision import autocast, make_grad_scaler, pick_precision
 
 INTRODUCED_IN = 10
 
-__all__ = ["StepResult", "TrainingStep", "check_token_count", "ddp_world_size", "token_count"]
+__all__ = ["StepResult", "TrainingStep", "check_token_count", "ddp_world_size", "scale_on_device",
+           "token_count"]
 
 
 def token_count(n_tokens: Any, step: int) -> int:
@@ -87,6 +88,17 @@ def ddp_world_size(model: nn.Module) -> int | None:
     if isinstance(inner, nn.parallel.DistributedDataParallel) and torch.distributed.is_initialized():
         return torch.distributed.get_world_size()
     return None
+
+
+def scale_on_device(scaler: torch.amp.GradScaler) -> torch.Tensor:
+    """The scaler's current scale as a 0-d tensor on its device, read without waiting for it.
+
+    Private API on purpose: GradScaler's public ``get_scale()`` calls ``.item()``, a host sync at
+    every step, which a fused optimizer's ``scaler.step`` otherwise avoids (torch 2.13,
+    ``torch/amp/grad_scaler.py``); if a later torch drops ``_get_scale_async``, ``get_scale()``."""
+    read = getattr(scaler, "_get_scale_async", None)
+    scale = read() if callable(read) else None
+    return scale if isinstance(scale, torch.Tensor) else torch.tensor(float(scaler.get_scale()))
 
 
 class StepResult(NamedTuple):
@@ -246,10 +258,10 @@ class TrainingStep:
         else:
             # the scaler lowers its scale (x backoff_factor, 0.5) exactly when it skipped the step because
             # the gradients held an inf or a NaN; compared on the device, read with the losses
-            scale_before = scaler._get_scale_async().clone()
+            scale_before = scale_on_device(scaler).clone()
             scaler.step(self.optimizer)
             scaler.update()
-            skipped = scaler._get_scale_async() < scale_before
+            skipped = scale_on_device(scaler) < scale_before
         if self.scheduler is not None:
             self.scheduler.step()
         self.steps += 1
