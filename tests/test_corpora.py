@@ -4,9 +4,15 @@ The tests at the end use the real corpora in ``../shared/data`` (relative to the
 and skip cleanly when that folder is absent.
 """
 
+import contextlib
 import gzip
 import hashlib
+import http.server
+import io
+import socket
+import subprocess
 import sys
+import threading
 import types
 import zipfile
 from pathlib import Path
@@ -444,3 +450,241 @@ def test_real_tatoeba_size_checksum_and_split(real_tatoeba):
     n_sources = sum(len(k) for k in keys.values())
     assert n_sources < 167130  # many English sentences have several translations
     assert len(keys["test"]) == round(0.02 * n_sources) == len(keys["valid"])
+
+
+# --------------------------------------------------------------------------- download (loopback only)
+
+
+class _FileServer(http.server.ThreadingHTTPServer):
+    """Serves ``files`` (``{"/path": bytes}``) on 127.0.0.1 and records every request.
+
+    Paths in ``cut_once`` send half their body, then close the connection (once); paths in
+    ``no_ranges`` ignore ``Range`` headers (status 200 and the whole file, as some servers do).
+    """
+
+    def __init__(self, files: dict[str, bytes]):
+        super().__init__(("127.0.0.1", 0), _FileHandler)
+        self.files = files
+        self.cut_once: set[str] = set()
+        self.no_ranges: set[str] = set()
+        self.requests: list[tuple[str, str | None]] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/raw/"
+
+
+class _FileHandler(http.server.BaseHTTPRequestHandler):
+    server: _FileServer
+
+    def do_GET(self):  # noqa: N802 (the name http.server calls)
+        self.server.requests.append((self.path, self.headers.get("Range")))
+        data = self.server.files.get(self.path)
+        if data is None:
+            self.send_error(404)
+            return
+        start, wanted = 0, self.headers.get("Range")
+        if wanted and self.path not in self.server.no_ranges:
+            start = int(wanted.removeprefix("bytes=").removesuffix("-"))
+            if start >= len(data):
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{len(data)}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+        else:
+            self.send_response(200)
+        body = data[start:]
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.path in self.server.cut_once:
+            self.server.cut_once.discard(self.path)
+            self.wfile.write(body[: len(body) // 2])
+            self.close_connection = True
+            return
+        self.wfile.write(body)
+
+    def log_message(self, *args):  # keep the test output quiet
+        pass
+
+
+@contextlib.contextmanager
+def serving(files: dict[str, bytes]):
+    server = _FileServer({f"/raw/{name}": data for name, data in files.items()})
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def tiny_gz_files() -> dict[str, bytes]:
+    """Three small files under Multi30k's names (our own sentences, gzipped reproducibly)."""
+    out = {}
+    for split, lang in (("val", "en"), ("val", "de"), ("test_2016_flickr", "en")):
+        # numbered, so that they compress to a few kilobytes and progress has something to count
+        lines = [f"{text} ({split} {i})" for i in range(300) for text in TINY_MULTI30K[lang]]
+        out[f"{split}.{lang}.gz"] = gzip.compress(("\n".join(lines) + "\n").encode("utf-8"), mtime=0)
+    return out
+
+
+def digests(files: dict[str, bytes]) -> dict[str, str]:
+    return {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+
+
+def test_download_fetches_checks_and_keeps_good_files(tmp_path):
+    files = tiny_gz_files()
+    out = io.StringIO()
+    with serving(files) as server:
+        folder = corpora.download("multi30k", tmp_path / "m30k", base_url=server.url, files=list(files),
+                                  checksums=digests(files), timeout=5, progress=out)
+        assert folder == tmp_path / "m30k"
+        assert {p.name for p in folder.iterdir()} == set(files)  # no .part left behind
+        for name, data in files.items():
+            assert (folder / name).read_bytes() == data
+        assert load_multi30k(folder, "val", "de", "en")[0] == ("Ein Hund rennt auf dem Gras. (val 0)",
+                                                               "A dog runs on the grass. (val 0)")
+        log = out.getvalue()
+        for name in files:
+            assert f"{name}: done, checksum matches" in log
+        assert "100%" in log
+        # a second call finds them there, checks them and fetches nothing
+        before = len(server.requests)
+        corpora.download("multi30k", folder, base_url=server.url, files=list(files),
+                         checksums=digests(files), timeout=5, progress=None)
+        assert len(server.requests) == before == len(files)
+
+
+def test_download_resumes_an_interrupted_file_with_a_range_request(tmp_path):
+    files = tiny_gz_files()
+    name = "val.en.gz"
+    with serving(files) as server:
+        server.cut_once.add(f"/raw/{name}")
+        with pytest.raises(corpora.DownloadError, match="call download again to resume"):
+            corpora.download("multi30k", tmp_path, base_url=server.url, files=[name],
+                             checksums=digests(files), timeout=5, progress=None)
+        part = tmp_path / f"{name}.part"
+        half = len(files[name]) // 2
+        assert part.read_bytes() == files[name][:half] and not (tmp_path / name).exists()
+        out = io.StringIO()
+        corpora.download("multi30k", tmp_path, base_url=server.url, files=[name],
+                         checksums=digests(files), timeout=5, progress=out)
+        assert server.requests[-1] == (f"/raw/{name}", f"bytes={half}-")
+    assert (tmp_path / name).read_bytes() == files[name] and not part.exists()
+    assert f"resuming after {half:,} bytes" in out.getvalue()
+
+
+def test_download_starts_again_when_the_server_ignores_ranges(tmp_path):
+    files = tiny_gz_files()
+    name = "val.de.gz"
+    (tmp_path / f"{name}.part").write_bytes(b"not the start of the file")
+    out = io.StringIO()
+    with serving(files) as server:
+        server.no_ranges.add(f"/raw/{name}")
+        corpora.download("multi30k", tmp_path, base_url=server.url, files=[name],
+                         checksums=digests(files), timeout=5, progress=out)
+        assert server.requests == [(f"/raw/{name}", f"bytes={len(b'not the start of the file')}-")]
+    assert (tmp_path / name).read_bytes() == files[name]
+    assert "does not resume" in out.getvalue()
+
+
+def test_download_refuses_a_truncated_or_altered_file_from_the_server(tmp_path):
+    files = tiny_gz_files()
+    expected = digests(files)
+    # truncated on the server, and one bit changed
+    served = dict(files, **{"val.en.gz": files["val.en.gz"][:-40],
+                            "val.de.gz": files["val.de.gz"][:-1] + bytes([files["val.de.gz"][-1] ^ 1])})
+    with serving(served) as server:
+        for name in ("val.en.gz", "val.de.gz"):
+            with pytest.raises(ChecksumError, match=f"{name}.*deleted"):
+                corpora.download("multi30k", tmp_path, base_url=server.url, files=[name],
+                                 checksums=expected, timeout=5, progress=None)
+            assert not (tmp_path / name).exists() and not (tmp_path / f"{name}.part").exists()
+
+
+def test_download_refuses_an_altered_file_already_there_and_fetches_nothing(tmp_path):
+    files = tiny_gz_files()
+    (tmp_path / "val.en.gz").write_bytes(b"edited by hand")
+    with serving(files) as server:
+        with pytest.raises(ChecksumError, match="already there.*delete it"):
+            corpora.download("multi30k", tmp_path, base_url=server.url, files=["val.en.gz"],
+                             checksums=digests(files), timeout=5, progress=None)
+        assert server.requests == []
+    assert (tmp_path / "val.en.gz").read_bytes() == b"edited by hand"
+
+
+def test_download_names_the_url_of_a_404_and_of_an_unreachable_server(tmp_path):
+    files = tiny_gz_files()
+    with serving({k: v for k, v in files.items() if k != "val.de.gz"}) as server:
+        with pytest.raises(corpora.DownloadError, match=r"HTTP 404 .*/raw/val\.de\.gz"):
+            corpora.download("multi30k", tmp_path, base_url=server.url, files=["val.de.gz"],
+                             checksums=digests(files), timeout=5, progress=None)
+    assert list(tmp_path.iterdir()) == []
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(corpora.DownloadError, match=f"cannot reach http://127.0.0.1:{port}/"):
+        corpora.download("multi30k", tmp_path, base_url=f"http://127.0.0.1:{port}/", files=["val.de.gz"],
+                         checksums=digests(files), timeout=5, progress=None)
+
+
+def test_download_default_folder_follows_tfm_corpora_dir(tmp_path, monkeypatch):
+    files = tiny_gz_files()
+    monkeypatch.setenv("TFM_CORPORA_DIR", str(tmp_path / "corpora"))
+    with serving(files) as server:
+        folder = corpora.download("multi30k", base_url=server.url, files=list(files),
+                                  checksums=digests(files), timeout=5, progress=None)
+    assert folder == tmp_path / "corpora" / "multi30k" == corpus_dir("multi30k")
+
+
+def test_download_refuses_tatoeba_with_the_manual_steps_and_checks_its_arguments(tmp_path):
+    for name in ("tatoeba", "tatoeba-fra-eng"):
+        with pytest.raises(corpora.ManualDownloadRequired, match="turns away scripted downloads") as err:
+            corpora.download(name, tmp_path)
+        assert "browser" in str(err.value) and "fra-eng.zip" in str(err.value)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match="unknown corpus 'wmt14'"):
+        corpora.download("wmt14", tmp_path)
+    with pytest.raises(ValueError, match="no file"):
+        corpora.download("multi30k", tmp_path, files=["train.xx.gz"])
+    with pytest.raises(TypeError, match="single str"):
+        corpora.download("multi30k", tmp_path, files="train.en.gz")
+    with pytest.raises(ValueError, match="no SHA-256"):
+        corpora.download("multi30k", tmp_path, files=["val.en.gz"], checksums={})
+    with pytest.raises(ValueError, match="timeout"):
+        corpora.download("multi30k", tmp_path, timeout=0)
+    with pytest.raises(TypeError, match="name must be a str"):
+        corpora.download(None, tmp_path)
+
+
+def test_download_knows_the_twelve_multi30k_files_at_a_pinned_commit():
+    url, names = corpora.DOWNLOADS["multi30k"]
+    assert sorted(names) == sorted(f"{s}.{l}.gz" for s in corpora.MULTI30K_SPLITS
+                                   for l in corpora.MULTI30K_LANGS)
+    assert "a3d2e0d26b56f3846f66a952536ffed4e401d05a" in url  # the commit KNOWN_SHA256 describes
+
+
+def test_download_of_the_real_multi30k_files_and_the_command_line(tmp_path):
+    """The real files (from ../shared/data) served on the loopback interface, checked against the
+    digests the module carries; then the same through ``python -m tfmlib.corpora download``."""
+    source = shared_corpus("multi30k")
+    real = {name: (source / name).read_bytes() for name in corpora.DOWNLOADS["multi30k"][1]}
+    with serving(real) as server:
+        folder = corpora.download("multi30k", tmp_path / "api", base_url=server.url, timeout=10,
+                                  progress=None)
+        assert len(verify_checksums(folder, "multi30k")) == 12
+        assert len(load_multi30k(folder, "test_2016_flickr")) == 1000
+        done = subprocess.run([sys.executable, "-m", "tfmlib.corpora", "download", "multi30k",
+                               "--dir", str(tmp_path / "cli"), "--base-url", server.url],
+                              capture_output=True, text=True, timeout=120, cwd=corpora.REPO_ROOT)
+        assert done.returncode == 0, done.stderr
+        assert "[12/12]" in done.stderr and "ready in" in done.stdout
+        assert verify(tmp_path / "cli", "multi30k") == {name: True for name in real}
+        refused = subprocess.run([sys.executable, "-m", "tfmlib.corpora", "download", "tatoeba"],
+                                 capture_output=True, text=True, timeout=120, cwd=corpora.REPO_ROOT)
+        assert refused.returncode == 1 and "browser" in refused.stderr

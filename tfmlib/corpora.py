@@ -9,8 +9,13 @@ same chapters on real sentences. The one visible switch is the environment varia
 
 Every loader returns *pairs* ``(source_text, target_text)`` of plain strings, the convention of
 ``tfmlib.data``. The project ships loader code and checksums, never the corpora themselves: a
-reader downloads them (instructions in each loader's docstring) into ``data/external/<name>/``,
-a folder that git ignores, or into any folder named by ``TFM_CORPORA_DIR``.
+reader downloads them into ``data/external/<name>/``, a folder that git ignores, or into any
+folder named by ``TFM_CORPORA_DIR``. Multi30k takes one command, which checks every file's
+SHA-256 and resumes an interrupted download::
+
+    python -m tfmlib.corpora download multi30k     # or, in Python: download("multi30k")
+
+Tatoeba's site turns away scripted downloads, so it is fetched by hand (:data:`TATOEBA_DOWNLOAD`).
 
 =====================  ==================================================================
 folder name            files
@@ -24,14 +29,20 @@ folder name            files
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import hashlib
+import http.client
 import io
 import os
 import random
+import sys
+import urllib.error
+import urllib.request
 import zipfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import TextIO
 
 INTRODUCED_IN = 0
 
@@ -43,13 +54,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # --------------------------------------------------------------------------- download notes
 
 TATOEBA_DOWNLOAD = """\
-Tatoeba / ManyThings Anki English-French ("fra-eng"):
-  1. Download fra-eng.zip from https://www.manythings.org/anki/ (the site may refuse scripts;
-     a browser always works), e.g.
-         mkdir -p data/external/tatoeba-fra-eng
-         curl -L -A "Mozilla/5.0" -o data/external/tatoeba-fra-eng/fra-eng.zip \\
-              https://www.manythings.org/anki/fra-eng.zip
-  2. Keep the zip as it is (the loader reads fra.txt inside it) or unzip it there so that
+Tatoeba / ManyThings Anki English-French ("fra-eng"), downloaded by hand:
+  1. Open https://www.manythings.org/anki/ in a browser and download fra-eng.zip (the site turns
+     away scripted downloads, so tfmlib.corpora.download does not fetch it).
+  2. Put it in data/external/tatoeba-fra-eng/ (create the folder). Keep the zip as it is (the
+     loader reads fra.txt inside it) or unzip it there so that
      data/external/tatoeba-fra-eng/fra.txt exists. A gzipped fra.txt.gz works too.
   Or put the folder tatoeba-fra-eng/ inside any folder and set TFM_CORPORA_DIR to that folder.
   Licence: CC-BY 2.0 (https://creativecommons.org/licenses/by/2.0); attribution required:
@@ -57,7 +66,9 @@ Tatoeba / ManyThings Anki English-French ("fra-eng"):
 
 MULTI30K_DOWNLOAD = """\
 Multi30k (task 1, raw text):
-  Download the raw files from the GitHub repository multi30k/dataset, folder data/task1/raw:
+  One command fetches the 12 files and checks their SHA-256 (it resumes if interrupted):
+      python -m tfmlib.corpora download multi30k
+  or by hand, from the GitHub repository multi30k/dataset, folder data/task1/raw:
       mkdir -p data/external/multi30k && cd data/external/multi30k
       for split in train val test_2016_flickr test_2017_flickr; do
         for lang in en de fr; do
@@ -211,6 +222,189 @@ def corpus_dir(name: str) -> Path:
     )
 
 
+# --------------------------------------------------------------------------- download
+
+#: Where :func:`download` fetches Multi30k: the raw files of multi30k/dataset at the commit whose
+#: digests :data:`KNOWN_SHA256` carries (a pinned commit, so the files cannot change under them).
+MULTI30K_URL = ("https://raw.githubusercontent.com/multi30k/dataset/"
+                "a3d2e0d26b56f3846f66a952536ffed4e401d05a/data/task1/raw/")
+
+#: The corpora :func:`download` fetches: ``{folder name: (base URL, file names)}``.
+DOWNLOADS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "multi30k": (MULTI30K_URL, tuple(f for f in KNOWN_SHA256["multi30k"] if f.endswith(".gz"))),
+}
+
+#: Corpora whose site does not serve scripts: :func:`download` refuses them with these reasons.
+MANUAL_DOWNLOADS: dict[str, str] = {
+    "tatoeba-fra-eng": "manythings.org turns away scripted downloads (it serves browsers), and this "
+                       "module does not pretend to be one",
+}
+
+_CORPUS_ALIASES = {"tatoeba": "tatoeba-fra-eng"}
+
+
+class DownloadError(RuntimeError):
+    """A download failed (HTTP error, network error, interrupted transfer); nothing was kept
+    under the file's own name. An interrupted file stays as ``<name>.part`` for the next try."""
+
+
+class ManualDownloadRequired(RuntimeError):
+    """:func:`download` does not fetch this corpus; the message says how to get it by hand."""
+
+
+def _fetch(url: str, part: Path, timeout: float, progress: TextIO | None, label: str) -> None:
+    """Append ``url``'s bytes to ``part``, resuming after the bytes it already holds (HTTP Range).
+
+    A server that answers a range request with the whole file (status 200) makes it start again
+    from the first byte. Raises :class:`DownloadError` for an HTTP or network error, and for a
+    transfer that ends before the announced length (``part`` keeps what arrived).
+    """
+    have = part.stat().st_size if part.exists() else 0
+    request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
+    try:
+        response = urllib.request.urlopen(request, timeout=timeout)
+    except urllib.error.HTTPError as err:
+        if err.code == 416 and have:  # nothing after what we have: the partial file may be whole
+            return
+        raise DownloadError(f"{label}: HTTP {err.code} {err.reason} for {url}") from err
+    except (urllib.error.URLError, OSError) as err:
+        raise DownloadError(f"{label}: cannot reach {url}: {getattr(err, 'reason', err)}") from err
+    with response:
+        resumed = response.status == 206
+        if resumed and not response.headers.get("Content-Range", "").startswith(f"bytes {have}-"):
+            raise DownloadError(f"{label}: the server sent bytes {response.headers.get('Content-Range')!r}, "
+                                f"not those after the {have:,} in {part.name}: delete it and try again")
+        if have and not resumed:
+            _say(progress, f"{label}: the server does not resume; starting again from the first byte")
+            have = 0
+        length = response.headers.get("Content-Length")
+        total = have + int(length) if length is not None else None
+        done, next_report = have, 0.0
+        with open(part, "ab" if resumed else "wb") as out:
+            if resumed:
+                _say(progress, f"{label}: resuming after {have:,} bytes")
+            while True:
+                try:
+                    block = response.read(1 << 16)
+                except (http.client.IncompleteRead, OSError) as err:
+                    of = f" of {total:,}" if total is not None else ""
+                    raise DownloadError(
+                        f"{label}: the transfer stopped after {done:,}{of} bytes ({err}); "
+                        f"{part.name} keeps them: call download again to resume") from err
+                if not block:
+                    break
+                out.write(block)
+                done += len(block)
+                if total and progress is not None and done / total >= next_report:
+                    _say(progress, f"{label}: {done:,} of {total:,} bytes ({done / total:.0%})")
+                    next_report = min(1.0, done / total + 0.25)
+        if total is not None and done < total:
+            raise DownloadError(f"{label}: the transfer stopped after {done:,} of {total:,} bytes; "
+                                f"{part.name} keeps them: call download again to resume")
+
+
+def _say(progress: TextIO | None, message: str) -> None:
+    if progress is not None:
+        print(message, file=progress, flush=True)
+
+
+def download(name: str, directory: str | Path | None = None, *, base_url: str | None = None,
+             files: Sequence[str] | None = None, checksums: Mapping[str, str] | None = None,
+             timeout: float = 60.0, progress: TextIO | None = sys.stderr) -> Path:
+    """Download corpus ``name`` into ``directory`` and check every file's SHA-256; returns the folder.
+
+    ``name`` is ``"multi30k"`` (its 12 ``.gz`` files, about 5 MB, from :data:`MULTI30K_URL`);
+    ``"tatoeba"`` / ``"tatoeba-fra-eng"`` raises :class:`ManualDownloadRequired` with the steps to
+    follow in a browser (:data:`MANUAL_DOWNLOADS` says why). ``directory`` defaults to where
+    :func:`corpus_dir` looks first: ``$TFM_CORPORA_DIR/<name>`` when that variable is set,
+    ``<repo>/data/external/<name>`` otherwise.
+
+    Each file is written to ``<file>.part`` and renamed only once its digest equals
+    ``checksums[file]`` (default :data:`KNOWN_SHA256`), so a file under its own name is always a
+    checked one:
+
+    * a file already there with the right digest is kept (nothing is fetched);
+    * a file already there with another digest is refused (:class:`ChecksumError`), never
+      overwritten: delete it to download it again;
+    * an interrupted transfer keeps ``<file>.part`` and raises :class:`DownloadError`; the next
+      call resumes after its bytes (an HTTP ``Range`` request), or starts again when the server
+      ignores ranges;
+    * a downloaded file whose digest differs is deleted and refused (:class:`ChecksumError`);
+    * an HTTP error (a 404, ...) or an unreachable server raises :class:`DownloadError` naming the URL.
+
+    ``base_url`` (default: the corpus's own) and ``checksums`` exist so that tests can serve
+    their own files; ``files`` picks some of the corpus's files (default: all). Progress goes to
+    ``progress`` (``None`` for silence); ``timeout`` is in seconds, per network operation.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"download: name must be a str, got {type(name).__name__}")
+    key = _CORPUS_ALIASES.get(name.strip().lower(), name.strip().lower())
+    if key in MANUAL_DOWNLOADS:
+        raise ManualDownloadRequired(f"download: {key} is not downloaded by script: "
+                                     f"{MANUAL_DOWNLOADS[key]}.\n{DOWNLOAD_INSTRUCTIONS[key]}")
+    if key not in DOWNLOADS:
+        raise ValueError(f"download: unknown corpus {name!r}; choose one of {sorted(DOWNLOADS)} "
+                         f"(by hand: {sorted(MANUAL_DOWNLOADS)})")
+    default_url, known_files = DOWNLOADS[key]
+    if files is None:
+        files = known_files
+    elif isinstance(files, str):
+        raise TypeError("download: files must be a list of file names, got a single str")
+    unknown = [f for f in files if f not in known_files]
+    if unknown:
+        raise ValueError(f"download: {key} has no file(s) {unknown}; its files are {list(known_files)}")
+    digests = dict(KNOWN_SHA256[key]) if checksums is None else dict(checksums)
+    missing = [f for f in files if f not in digests]
+    if missing:
+        raise ValueError(f"download: no SHA-256 given for {missing}")
+    if not (isinstance(timeout, (int, float)) and timeout > 0):
+        raise ValueError(f"download: timeout must be a number of seconds > 0, got {timeout!r}")
+    folder = Path(directory) if directory is not None else corpus_candidates(key)[0]
+    base = (base_url or default_url).rstrip("/") + "/"
+    folder.mkdir(parents=True, exist_ok=True)
+    _say(progress, f"{key}: {len(files)} file(s) into {folder}")
+    for i, fname in enumerate(files, 1):
+        label = f"[{i}/{len(files)}] {fname}"
+        target, part = folder / fname, folder / f"{fname}.part"
+        if target.exists():
+            if sha256sum(target) != digests[fname]:
+                raise ChecksumError(f"download: {target} is already there but its SHA-256 differs from "
+                                    f"the known one (a corrupt or different file); delete it to download "
+                                    "it again")
+            _say(progress, f"{label}: already there, checksum matches")
+            continue
+        _fetch(base + fname, part, timeout, progress, label)
+        got = sha256sum(part)
+        if got != digests[fname]:
+            part.unlink()
+            raise ChecksumError(f"download: {base + fname} gave a file whose SHA-256 is {got}, not "
+                                f"{digests[fname]}; it was deleted (the server's copy is corrupt or "
+                                "a different release)")
+        os.replace(part, target)
+        _say(progress, f"{label}: done, checksum matches")
+    return folder
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m tfmlib.corpora download NAME [--dir DIR]``: :func:`download` from a shell."""
+    parser = argparse.ArgumentParser(prog="python -m tfmlib.corpora",
+                                     description="Download a real corpus and check its SHA-256 sums.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    get = sub.add_parser("download", help="download a corpus (resumes an interrupted download)")
+    get.add_argument("name", help=f"one of {sorted(DOWNLOADS)} ({sorted(MANUAL_DOWNLOADS)} by hand)")
+    get.add_argument("--dir", default=None, help="target folder (default: $TFM_CORPORA_DIR/NAME or "
+                                                 "data/external/NAME)")
+    get.add_argument("--base-url", default=None, help="fetch the files from another server")
+    args = parser.parse_args(argv)
+    try:
+        folder = download(args.name, args.dir, base_url=args.base_url)
+    except (DownloadError, ChecksumError, ManualDownloadRequired, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(f"{args.name}: ready in {folder}")
+    return 0
+
+
 # --------------------------------------------------------------------------- text clean-up
 
 # French typography puts a narrow no-break space (U+202F) or a no-break space (U+00A0) before
@@ -285,12 +479,9 @@ def load_tatoeba(path: str | Path) -> list[Pair]:
     order (short sentences first). Many English sentences appear several times with different
     French translations: split them with :func:`split_by_source`, never by line.
 
-    Download (for readers with internet)::
-
-        mkdir -p data/external/tatoeba-fra-eng
-        # from https://www.manythings.org/anki/ ; use a browser if the site refuses curl
-        curl -L -A "Mozilla/5.0" -o data/external/tatoeba-fra-eng/fra-eng.zip \\
-             https://www.manythings.org/anki/fra-eng.zip
+    Download (for readers with internet): ``fra-eng.zip`` from https://www.manythings.org/anki/
+    in a browser, into ``data/external/tatoeba-fra-eng/`` (the site turns away scripted
+    downloads, so :func:`download` refuses this corpus and prints these steps).
 
     Expected files: ``fra-eng.zip`` (holding ``fra.txt`` and ``_about.txt``), or ``fra.txt``
     unzipped from it, or ``fra.txt.gz``. The release of 2019-04-07 has 167,130 lines;
@@ -396,8 +587,9 @@ def load_multi30k(directory: str | Path, split: str, src: str = "de", tgt: str =
     ``{split}.{tgt}`` are translations of each other; each file is read as ``{split}.{lang}.gz``
     or, unpacked, ``{split}.{lang}``.
 
-    Download (for readers with internet): the raw files of the GitHub repository
-    ``multi30k/dataset``, folder ``data/task1/raw``::
+    Download (for readers with internet): ``python -m tfmlib.corpora download multi30k``
+    (:func:`download`), or by hand, the raw files of the GitHub repository ``multi30k/dataset``,
+    folder ``data/task1/raw``::
 
         mkdir -p data/external/multi30k && cd data/external/multi30k
         for split in train val test_2016_flickr test_2017_flickr; do
@@ -511,3 +703,7 @@ def load_corpus(name: str | None = None) -> dict[str, list[Pair]]:
         }
     choices = "\n".join(f"  {k}: {v}" for k, v in CORPORA.items())
     raise ValueError(f"load_corpus: unknown corpus {name!r}; choose one of:\n{choices}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
