@@ -38,6 +38,7 @@ module                 chapter  what it holds
 ``compiling``          10       torch.compile with a fallback to eager mode
 ``distributed``        10       torchrun's environment, process groups, DDP helpers
 ``ddp_train``          10       the data-parallel training script (torchrun -m tfmlib.ddp_train)
+``bpe``                11       byte-pair encoding: merges learned from word counts, subword pieces
 =====================  =======  ==============================================================
 
 Submodules are not imported here, so ``import tfmlib`` stays cheap and a notebook's imports say
