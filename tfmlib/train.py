@@ -38,7 +38,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from tfmlib.checkpoint import (  # noqa: F401  (chapters 01-03 and 08 import these from tfmlib.train)
+from tfmlib.checkpoint import (  # chapters 01-03 and 08 import these from here
     CHECKPOINT_FORMAT,
     Checkpoint,
     CheckpointError,
@@ -55,6 +55,17 @@ from tfmlib.timing import synchronize
 from tfmlib.training_step import StepResult, TrainingStep, token_count
 
 INTRODUCED_IN = 1
+
+__all__ = [
+    # the loop and its parts
+    "Bookkeeping", "EvalSchedule", "History", "LossFn", "LossLog", "TrainingClock", "TrainingStep", "fit",
+    "move_to", "train_loop",
+    # schedules and metrics
+    "perplexity", "transformer_peak_lr", "warmup_inverse_sqrt",
+    # tfmlib.checkpoint's, re-exported
+    "CHECKPOINT_FORMAT", "Checkpoint", "CheckpointError", "checkpoint_dir", "load_checkpoint", "read_safely",
+    "save_checkpoint", "state_mismatch", "write_atomically",
+]
 
 LossFn = Callable[[nn.Module, Any], "tuple[torch.Tensor, int]"]
 
