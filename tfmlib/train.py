@@ -493,9 +493,10 @@ def fit(
       ``max_steps``, ``eval_every``, ``checkpoint_every`` and the scheduler count optimiser steps.
       Under ``DistributedDataParallel`` the first ``k - 1`` batches of a group run inside the
       model's ``no_sync()`` (their gradients are summed locally, and the gradients are all-reduced
-      once per step, not ``k`` times), and the divisor is the group's token count summed over the
-      ranks (divided by the world size, since DDP averages): each rank divides by the same number,
-      and the step equals one step on the global group even when the ranks' token counts differ.
+      once per step, not ``k`` times), ``n_ref`` is the mean of the ranks' first counts, and the
+      divisor is the group's token count summed over the ranks over ``n_ref`` (divided by the world
+      size, since DDP averages): each rank weights a token alike and divides by the same number, and
+      the step equals one step on the global group even when the ranks' token counts differ.
       (A group cut short by the end of an epoch has its gradients all-reduced explicitly.) Without
       accumulation DDP averages the ranks' mean losses, weighting each rank equally.
     * ``checkpoint_path``: write a training state there (:mod:`tfmlib.resume`: model, optimizer,
@@ -507,7 +508,10 @@ def fit(
       ``loader.batch_sampler`` or ``loader.sampler`` needs ``set_epoch`` (``BucketBatchSampler``,
       ``TokenBatchSampler``, torch's ``DistributedSampler``), which ``fit`` then calls at the start
       of every epoch. It also calls it for a ``DistributedSampler`` without checkpoints, as
-      torch's documentation asks (else every epoch has the same order).
+      torch's documentation asks (else every epoch has the same order). The state holds the
+      model inside ``torch.compile``'s and DDP's wrappers, so a compiled, a DDP and a plain model
+      resume each other's states; under DDP every rank calls ``fit`` alike, rank 0 alone writes the
+      file (with every rank's generators, History and epoch sums) and the others wait for it.
 
     Raises ``ValueError`` for a non-positive ``epochs``, ``eval_every``, ``log_every``,
     ``accumulate`` or ``checkpoint_every``, an empty loader, a non-finite loss, an unknown or
