@@ -40,8 +40,9 @@ How ``tokenizers`` is made to learn the same thing: it is given the same words (
 split on spaces only) with the end-of-word symbol written as one extra character,
 :data:`TOKENIZERS_END_OF_WORD`, a private-use code point above every character of real text, so
 that it too sorts after all characters (``tokenizers``' own ``end_of_word_suffix`` glues the
-suffix to the last character and numbers those symbols in hash-map order, which changes its
-tie-breaking from run to run). See :func:`learn_merges_tokenizers`.
+suffix to the last character and numbers those symbols in hash-map order, random in each
+training, so its tie-breaking, and with it its merges, changes from run to run: six trainings on
+the test fixture gave six merge lists). See :func:`learn_merges_tokenizers`.
 """
 
 from __future__ import annotations
