@@ -8,7 +8,7 @@ Conventions used throughout the book:
 * A *pair* is ``(source_text, target_text)``, two plain strings.
 * Token ids: ``PAD=0``, ``BOS=1`` (start), ``EOS=2`` (end), ``UNK=3`` (unknown) in every vocabulary.
 * A *mask* is a ``bool`` tensor that is ``True`` at real tokens and ``False`` at padding.
-* ``detokenize(tokenize(s))`` gives ``s`` back (lowercased), spaces and all: punctuation spaced
+* ``detokenize(tokenize(s))`` gives ``s`` back (lowercased; a run of spaces as one): punctuation spaced
   otherwise than the defaults carries a mark (``"t-shirt"`` -> ``"t", "@-@", "shirt"``), so BLEU
   scores translations against references the pipeline has not changed.
 """
