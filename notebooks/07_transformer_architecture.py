@@ -978,6 +978,8 @@ class Decoder(nn.Module):
         """An empty cache for up to ``capacity`` target tokens, with every layer's cross-attention
         keys and values of ``memory`` ``(B, S, d)`` computed once (see :class:`~tfmlib.kv_cache.KVCache`
         for ``initial`` and ``preallocate``)."""
+        from tfmlib.kv_cache import DecoderCache  # chapter 09's; kv_cache imports nothing of ours: no circle
+
         return DecoderCache.empty(len(self.layers), capacity, initial=initial, preallocate=preallocate,
                                   cross=[layer.cross_attn.keys_values(memory) for layer in self.layers])
 

@@ -23,9 +23,12 @@ Introduced in chapter 07 (the Transformer architecture); chapter 08 trains it to
 * :func:`copy_from_torch_transformer` (and the per-layer copies) load ``nn.Transformer``'s weights
   into these modules: the tests check equal outputs and gradients.
 
-The cache's types come from :mod:`tfmlib.kv_cache` (chapter 09), imported at the top: that module
-imports nothing from the package, so there is no import circle, and a chapter-07 reader meets the
-cache only as optional arguments and the ``kv_cache`` switch.
+The cache's types come from :mod:`tfmlib.kv_cache` (chapter 09), which imports nothing from the
+package, so there is no import circle. This module imports it for type hints, and at run time only
+inside :meth:`Decoder.new_cache`, the one place that builds a cache: chapter 07's notebook runs this
+module's classes from its own cells and imports only modules of chapters up to 07, so a top-level
+import would not be available there. A chapter-07 reader meets the cache only as optional
+arguments and the ``kv_cache`` switch.
 
 Masks follow :mod:`tfmlib.attention`: bool (``True`` = may attend) or floating (added to the
 scores). Shapes: ``B`` batch, ``S`` source length, ``T`` target length, ``d`` = ``d_model``, ``V``
@@ -48,7 +51,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -56,9 +59,11 @@ from torch import Tensor, nn
 
 from tfmlib.attention import MultiHeadAttention, copy_from_torch_mha, padding_mask
 from tfmlib.data import PAD_ID, SPECIAL_TOKENS
-from tfmlib.kv_cache import DecoderCache, KVCache
 from tfmlib.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from tfmlib.seq2seq import EncoderDecoder, EncoderOutput, StepOutput, check_ids, check_source
+
+if TYPE_CHECKING:  # for type hints; Decoder.new_cache imports the cache where it builds one
+    from tfmlib.kv_cache import DecoderCache, KVCache
 
 INTRODUCED_IN = 7
 
@@ -316,6 +321,8 @@ class Decoder(nn.Module):
         """An empty cache for up to ``capacity`` target tokens, with every layer's cross-attention
         keys and values of ``memory`` ``(B, S, d)`` computed once (see :class:`~tfmlib.kv_cache.KVCache`
         for ``initial`` and ``preallocate``)."""
+        from tfmlib.kv_cache import DecoderCache  # chapter 09's; kv_cache imports nothing of ours: no circle
+
         return DecoderCache.empty(len(self.layers), capacity, initial=initial, preallocate=preallocate,
                                   cross=[layer.cross_attn.keys_values(memory) for layer in self.layers])
 
