@@ -593,6 +593,18 @@ def test_download_starts_again_when_the_server_ignores_ranges(tmp_path):
     assert "does not resume" in out.getvalue()
 
 
+def test_download_finishes_a_part_file_that_was_already_whole(tmp_path):
+    # e.g. a run stopped between the last byte and the rename: the server answers 416 (nothing
+    # after those bytes), the digest matches, the file gets its name
+    files = tiny_gz_files()
+    (tmp_path / "val.en.gz.part").write_bytes(files["val.en.gz"])
+    with serving(files) as server:
+        corpora.download("multi30k", tmp_path, base_url=server.url, files=["val.en.gz"],
+                         checksums=digests(files), timeout=5, progress=None)
+        assert server.requests == [("/raw/val.en.gz", f"bytes={len(files['val.en.gz'])}-")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["val.en.gz"]
+
+
 def test_download_refuses_a_truncated_or_altered_file_from_the_server(tmp_path):
     files = tiny_gz_files()
     expected = digests(files)
