@@ -34,9 +34,10 @@
 #    and the generator's own cross-entropy: the floor;
 # 3. `tfmlib.sampling`: greedy, temperature, top-k and top-p, each shown on one prompt's
 #    next-token distribution;
-# 4. `tfmlib.kv_cache`: the cache written out, cached generation equal to recomputation token for
-#    token and logit for logit, its memory, and its speed at 64, 256 and 1024 tokens; the same
-#    cache inside chapter 08's greedy and beam search.
+# 4. `tfmlib.kv_cache`: the cache written out and used by the same layer code that trains, a step
+#    that leaves the state it extends unchanged (two continuations of one state), cached generation
+#    equal to recomputation token for token and logit for logit, its memory, and its speed at 64,
+#    256 and 1024 tokens; the same cache inside chapter 08's greedy and beam search.
 #
 # **It assumes** chapters 05-08 (masks, multi-head attention, rotary positions, the pre-LN layer,
 # greedy and beam search) and chapter 01's language-model set-up (`collate_lm`, `lm_loss`,
@@ -694,11 +695,15 @@ if run.device.type == "cpu" and run.profile != "smoke":
 #
 # ## 6. The same cache in the encoder-decoder
 #
-# Chapter 08's `Transformer.decode_step` re-read the target prefix at every step. It now keeps a
-# `DecoderCache`: each decoder layer's self-attention keys and values, and its cross-attention
-# keys and values of the source, computed once per sentence by `encode` instead of once per step.
-# `greedy_decode` and `beam_search` select its rows when sentences finish or beams are reordered.
-# `model.kv_cache = False` restores the old state (the prefix), so the two can be compared:
+# Chapters 07 and 08 already decoded the `Transformer` with this cache (`kv_cache = True` is its
+# default); here is what it holds. Its `decode_step` keeps a `DecoderCache`: each decoder layer's
+# self-attention keys and values, and its cross-attention keys and values of the source, projected
+# once per sentence by `encode` (the `kv=` path above) instead of once per step. Chapter 07's
+# `DecoderLayer.forward` takes them as its `cache` and `memory_kv` arguments. `greedy_decode` and
+# `beam_search` select its rows when sentences finish or beams are reordered, and a step forks the
+# state it is given, so beam search can extend one state several times. With
+# `model.kv_cache = False` the state is the prefix instead, re-read at every step, so the two can
+# be compared:
 
 # %%
 torch.manual_seed(0)
