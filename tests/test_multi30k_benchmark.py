@@ -21,7 +21,7 @@ from tfmlib.throughput import peak_flops, training_flops  # noqa: E402
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
 
 
-def test_peak_table_and_precision_choice():
+def test_peak_table_and_precision_choice(monkeypatch):
     cuda = torch.device("cuda")
     assert peak_flops(cuda, "bf16", name="NVIDIA H100 80GB HBM3") == 989e12
     assert peak_flops(cuda, "bf16", name="NVIDIA H100 PCIe") == 756e12, "PCIe must not match SXM"
@@ -34,6 +34,9 @@ def test_peak_table_and_precision_choice():
         peak_flops(cuda, "int8", name="H100")
     cpu = torch.device("cpu")
     assert bench.pick_precision(cpu, "auto", "cpu") == "fp32", "the cpu profile must stay as measured"
+    import tfmlib.precision
+
+    monkeypatch.setattr(tfmlib.precision, "cpu_has_fast_bf16", lambda: True)  # a CPU with bf16 units
     assert bench.pick_precision(cpu, "auto", "gpu") == "bf16"
     assert bench.pick_precision(cpu, "fp16", "gpu") == "fp16"
 
@@ -69,7 +72,11 @@ def test_compile_fallback_trains_the_eager_model():
 
 
 @pytest.mark.skipif(not MULTI30K.exists(), reason="Multi30k not in ../shared/data/multi30k")
-def test_gpu_profile_smoke_run_on_the_cpu(tmp_path, capsys):
+def test_gpu_profile_smoke_run_on_the_cpu(tmp_path, capsys, monkeypatch):
+    import tfmlib.precision
+
+    monkeypatch.setattr(tfmlib.precision, "cpu_has_fast_bf16", lambda: True)  # "auto" is bf16 on such a CPU
+
     def no_compiler(model):
         raise RuntimeError("compilation unavailable in this test")
 
