@@ -1454,8 +1454,9 @@ plt.show()
 # * bf16: 0.86x of the fused row (0.86x to 0.87x), slower in both rounds: bf16 is emulated on this
 #   CPU (section 3);
 # * `torch.compile` with symbolic shapes: 1.16x over eager bf16 (1.13x to 1.19x). Section 4 timed the
-#   same pair at 1423 against 1395 ms, slower: the gain is not one this machine reproduces, and
-#   the compile (79 s) would take tens of thousands of such steps to pay back;
+#   same pair at 1423 against 1395 ms, slower: the gain is not one this machine reproduces. At the
+#   table's rates (about 1.6 against 1.9 s per step) the compile's 79 s would pay back after about
+#   300 steps, at section 4's never;
 # * packed blocks, compiled for their one shape: 1.02x (1.02x to 1.02x). Chapter 09's bucketed
 #   batches carry almost no padding (0.4%, printed: 499 real tokens in 501 positions), so packing
 #   has almost nothing to remove; eagerly, packed blocks ran at 1.03x the bucketed batches' rate in
