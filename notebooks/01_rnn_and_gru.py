@@ -76,12 +76,14 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from tqdm.auto import tqdm
 
 from tfmlib import exercises
 from tfmlib.config import setup
@@ -102,7 +104,17 @@ from tfmlib.rnn import (
 )
 from tfmlib.synthetic import corpus_log_probs, length_rejection_rate, load_bundled, sentence_probability
 from tfmlib.timing import interleaved_medians
-from tfmlib.train import fit, load_checkpoint, perplexity, save_checkpoint
+from tfmlib.train import (
+    Bookkeeping,
+    History,
+    LossFn,
+    TrainingStep,
+    fit,
+    load_checkpoint,
+    move_to,
+    perplexity,
+    save_checkpoint,
+)
 
 run = setup(
     seed=0,
@@ -932,10 +944,52 @@ assert floor_ppl < min(baselines.values()), "no count model should beat the gene
 # and a linear read-out. Its twin `RNNLanguageModel` is identical except for a vanilla tanh
 # RNN in the middle; training both with the same data, sizes, seeds and optimiser isolates
 # what the gates buy. (Same sizes is not same parameter count: a GRU layer has three weight
-# blocks where the RNN has one, and the cell below prints both counts.) `tfmlib.train.fit` is a
-# plain loop (loss, backward, clip the gradient norm to 1, step) that records every step's loss
-# and evaluates after every epoch. One training run is one draw: the initialisation and the order
-# of the batches depend on the seed, so each model is trained once per seed in `run.lm_seeds`
+# blocks where the RNN has one, and the cell below prints both counts.)
+#
+# Both train with `tfmlib.train.fit`, which every later chapter uses too. Its heart is the loop
+# below, `train_loop`, the package's own source: for every batch, move it to the device, compute
+# the loss with the function passed in (`lm_loss` here, which also returns how many tokens it
+# averaged over), back-propagate, take an optimiser step, record. Two objects keep it this short.
+# `step` does the arithmetic of a step: `optimizer.zero_grad()`, `loss.backward()`, clipping the
+# gradient norm to 1 (section 2's exploding gradients; Pascanu et al., 2013, §3.2),
+# `optimizer.step()`. `books` keeps the records: every step's loss (read back from the device a
+# few steps at a time, so that a GPU does not wait for the host at every step), the epoch's
+# token-weighted mean loss, the training time with evaluation left out, the evaluation after
+# every epoch, and the step or time limits that can end a run early. `fit` builds both from its
+# arguments and calls the loop. The comments that name chapter 10 mark what that chapter adds to
+# `step` (mixed precision, several batches per step, several processes) and to `books` (saving
+# a run and resuming it); with this chapter's settings every batch is one step.
+
+# %%
+# tfmlib-source: tfmlib.train.train_loop
+def train_loop(model: nn.Module, loader: Any, loss_fn: LossFn, step: TrainingStep, books: Bookkeeping, *,
+               epochs: int, desc: str = "train", verbose: bool = True) -> History:
+    """Chapter 01's training loop: for every batch, the loss, its gradients, a step, a record.
+
+    ``step`` does the arithmetic (zero the gradients, backward, clip, ``optimizer.step()``);
+    ``books`` keeps the records (losses, time, evaluations, checkpoints). :func:`fit` builds both.
+    """
+    for epoch in books.epochs(epochs):
+        model.train()
+        bar = tqdm(loader, desc=f"{desc} {epoch}/{epochs}", leave=False, disable=not verbose)
+        for batch in books.batches(epoch, bar):  # counted; a resumed epoch skips those done
+            batch = move_to(batch, step.device)
+            with step.forward():  # nothing in fp32 (chapter 10: autocast)
+                loss, n_tokens = loss_fn(model, batch)
+            if step.backward(loss, n_tokens):  # True: time for a step (chapter 10: every k batches)
+                books.after_step(step.step(), bar)  # record the loss; evaluate, save when due
+                if books.stop:  # out of steps or time
+                    break
+        if step.group_open():  # chapter 10: a last, shorter group of k batches still steps
+            books.after_step(step.step(), bar)
+        books.end_epoch(bar)
+        if books.stop:
+            break
+    return books.finish(epochs)
+
+
+# %% [markdown]
+# One training run is one draw: the initialisation and the order of the batches depend on the seed, so each model is trained once per seed in `run.lm_seeds`
 # (three in the `cpu` profile), and the table reports every run. In the `gpu` profile each run
 # also has a wall-clock cap (`time_budget_s`), so a slower GPU ends on time with fewer steps.
 #
@@ -1222,15 +1276,19 @@ if run.profile != "smoke":
     for name, r in reach.items():
         assert r[20] < r[1], f"{name}: the gradient should fall with distance"
 if run.profile == "cpu":  # measured at these sizes over the seeds; other sizes print the factor
-    assert 1 < np.median(reach_ratio) < 100, "trained: the GRU should keep more gradient, by a small factor"
+    # what holds for every seed on every machine we ran: the trained models are within a factor of
+    # 100 of each other, nothing like the six orders of magnitude of sections 2 and 3 (which of the
+    # two keeps more depends on the run: 6.8x/4.7x/10.6x on one CPU, 2.9x/1.7x/0.9x on another)
+    assert all(0.01 < q < 100 for q in reach_ratio), "trained: comparable gradients, within a factor of 100"
 
 # %% [markdown]
 # Read the printed numbers before the textbook story. All curves fall with distance (most of
 # what predicts a word is nearby), and after training the two models fall at comparable rates:
-# twenty tokens back the GRU keeps several times more gradient than the RNN (the printed factor
-# per seed; it moves a lot from one training run to the next), but nothing like the six orders
-# of magnitude that separated the random-weight RNN from the GRU that keeps its state in
-# sections 2 and 3. Two things changed. Training moved the
+# twenty tokens back the ratio of the GRU's gradient to the RNN's is the printed factor per seed,
+# within a small factor of 1 either way (it moves a lot from one training run to the next, and
+# between machines: the same cells on another CPU printed 6.8x, 4.7x and 10.6x), nothing like the
+# six orders of magnitude that separated the random-weight RNN from the GRU that keeps its state
+# in sections 2 and 3. Two things changed. Training moved the
 # weights: the RNN learned recurrent weights that do not shrink the gradient as fast as random
 # ones, and the GRU pushed its update gates from around 0.5 to the two ends (the histogram),
 # mostly near 0, "overwrite with the new word", with a sizeable share near 1, "carry this
