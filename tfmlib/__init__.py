@@ -27,7 +27,7 @@ module                 chapter  what it holds
 ``transformer``        07       LayerNorm, feed-forward, encoder and decoder layers, the Transformer model
 ``lm``                 09       the decoder-only language model, generation with or without the cache
 ``sampling``           09       greedy, temperature, top-k and top-p sampling
-``kv_cache``           09       the key-value cache, cached attention and layer steps
+``kv_cache``           09       the key-value cache (per layer and per stack; steps fork, never mutate)
 ``flash``              10       the online softmax and FlashAttention's tiling in plain PyTorch
 ``precision``          10       mixed precision: bf16/fp16 autocast, the gradient scaler
 ``training_step``      10       one optimiser step: precision, token-weighted accumulation, DDP, clipping
@@ -36,6 +36,8 @@ module                 chapter  what it holds
 ``packing``            10       sentences packed into fixed-length blocks (no padding)
 ``throughput``         10       model FLOPs per token, device peaks, MFU, timed training steps
 ``compiling``          10       torch.compile with a fallback to eager mode
+``speed``              10       fused AdamW where the device has it, a micro-batch sized to free memory
+``profiling``          10       host reads counted, a torch.profiler table of a training step and its gaps
 ``distributed``        10       torchrun's environment, process groups, DDP helpers
 ``ddp_train``          10       the data-parallel training script (torchrun -m tfmlib.ddp_train)
 ``bpe``                11       byte-pair encoding: merges learned from word counts, subword pieces
