@@ -771,8 +771,8 @@ def lm_loss(model: nn.Module, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Ten
     Returns ``(loss, n_tokens)``: the loss a 0-d float tensor, ``n_tokens`` a 0-d ``int64`` tensor
     on the targets' device. The count stays on the device so that a training step never waits
     for it: reading it (``int(n_tokens)``) would make the host wait for the GPU at every step (a
-    *host sync*, chapter 10); :func:`tfmlib.train.fit` reads the counts together with the losses,
-    in one transfer. Use ``int(n_tokens)`` where a Python number is wanted (evaluation loops).
+    *host sync*, chapter 10); :func:`tfmlib.train.fit` reads the counts of many steps at once,
+    when it reads their losses. Use ``int(n_tokens)`` where a Python number is wanted (evaluation loops).
 
     A batch whose targets are all padding has nothing to predict: its ``n_tokens`` is 0 and its
     loss NaN (the mean over no targets); ``fit`` stops with "loss became nan at step k" when it
@@ -950,15 +950,18 @@ assert floor_ppl < min(baselines.values()), "no count model should beat the gene
 # below, `train_loop`, the package's own source: for every batch, move it to the device, compute
 # the loss with the function passed in (`lm_loss` here, which also returns how many tokens it
 # averaged over), back-propagate, take an optimiser step, record. Two objects keep it this short.
-# `step` does the arithmetic of a step: `optimizer.zero_grad()`, `loss.backward()`, clipping the
-# gradient norm to 1 (section 2's exploding gradients; Pascanu et al., 2013, §3.2),
-# `optimizer.step()`. `books` keeps the records: every step's loss (read back from the device a
-# few steps at a time, so that a GPU does not wait for the host at every step), the epoch's
-# token-weighted mean loss, the training time with evaluation left out, the evaluation after
-# every epoch, and the step or time limits that can end a run early. `fit` builds both from its
-# arguments and calls the loop. The comments that name chapter 10 mark what that chapter adds to
-# `step` (mixed precision, several batches per step, several processes) and to `books` (saving
-# a run and resuming it); with this chapter's settings every batch is one step.
+# `step` does the arithmetic: `step.backward(loss, n_tokens)` zeroes the old gradients and runs
+# `loss.backward()`; `step.step()` clips the gradient norm to 1 (section 2's exploding gradients;
+# Pascanu et al., 2013, §3.2), calls `optimizer.step()` (and the learning-rate scheduler's, when
+# there is one) and returns the step's loss, still on the device. `books` keeps the records:
+# every step's loss (read back from the device a few steps at a time, so that a GPU does not wait
+# for the host at every step), the epoch's token-weighted mean loss, the training time with
+# evaluation left out, the evaluation after every epoch, and the step or time limits that can end
+# a run early. `fit` checks its arguments, builds both and calls the loop. The comments that name
+# chapter 10 mark where that chapter's additions enter: mixed precision (`step.forward()`), several
+# batches per optimiser step (`step.backward` returns False until a group is complete) and, inside
+# `step` and `books`, several processes and a run saved and resumed. With this chapter's settings
+# every batch is one step. The cell below only shows the source; `fit` calls the package's copy.
 
 # %%
 # tfmlib-source: tfmlib.train.train_loop

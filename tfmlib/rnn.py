@@ -495,8 +495,8 @@ def lm_loss(model: nn.Module, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Ten
     Returns ``(loss, n_tokens)``: the loss a 0-d float tensor, ``n_tokens`` a 0-d ``int64`` tensor
     on the targets' device. The count stays on the device so that a training step never waits
     for it: reading it (``int(n_tokens)``) would make the host wait for the GPU at every step (a
-    *host sync*, chapter 10); :func:`tfmlib.train.fit` reads the counts together with the losses,
-    in one transfer. Use ``int(n_tokens)`` where a Python number is wanted (evaluation loops).
+    *host sync*, chapter 10); :func:`tfmlib.train.fit` reads the counts of many steps at once,
+    when it reads their losses. Use ``int(n_tokens)`` where a Python number is wanted (evaluation loops).
 
     A batch whose targets are all padding has nothing to predict: its ``n_tokens`` is 0 and its
     loss NaN (the mean over no targets); ``fit`` stops with "loss became nan at step k" when it

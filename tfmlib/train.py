@@ -141,7 +141,8 @@ class LossLog:
 
     Reading a value from a GPU makes the host wait for it (once a step, that would halve the speed
     of a small model), so :meth:`add` only keeps the step's loss tensor; :meth:`read` reads every
-    pending loss (and tensor token counts, and fp16's skipped-step flags) in one transfer, checks
+    pending loss together (one read for the losses, one for tensor token counts, one for fp16's
+    skipped-step flags: a few reads every ``log_every`` steps instead of one every step), checks
     them, and records them in ``history``: ``step_loss``, ``skipped_steps``, and the epoch's
     token-weighted sum (``epoch_loss``, ``epoch_tokens``). A non-finite loss is a ``ValueError``
     naming its step, found when it is read.
@@ -167,8 +168,8 @@ class LossLog:
         return len(self.pending) >= self.log_every
 
     def read(self, bar: Any = None) -> None:
-        """Read the pending steps in one transfer; check and record them; show the last loss on
-        ``bar`` (a tqdm bar) if given."""
+        """Read the pending steps (one read each for the losses, the counts and the skipped flags);
+        check and record them; show the last loss on ``bar`` (a tqdm bar) if given."""
         if not self.pending:
             return
         first_step = len(self.history.step_loss) + 1
