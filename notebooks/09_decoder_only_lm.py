@@ -579,20 +579,32 @@ def step(self, ids: Tensor, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
 # %% [markdown]
 # One state, two continuations: the prompt is read once, and two different next words are each
 # read from that same cache. Each must give the logits of the whole sequence run without a cache,
-# and the cache must still hold the prompt only.
+# and the cache must still hold the prompt only. The real test comes after: both branches now
+# exist side by side, and the second one has written its word at the same position of the shared
+# buffer as the first. Each branch reads one more word from its own state; if the second had
+# overwritten the first one's keys and values, the first branch's logits would be wrong here.
 
 # %%
 with torch.no_grad():
     _, state = lm.step(prompt, lm.new_cache())
+    branches = {}
     for word in ("is", "sleeps"):
         token = torch.tensor([vocab.encode([word])], device=run.device)
-        branch_logits, _ = lm.step(token, state)
-        whole = lm(torch.cat([prompt, token], dim=1))[:, -1]
+        branch_logits, branch_state = lm.step(token, state)
+        branches[word] = (torch.cat([prompt, token], dim=1), branch_state)
+        whole = lm(branches[word][0])[:, -1]
         diff = (branch_logits[:, -1] - whole).abs().max().item()
         print(f"'{' '.join(prompt_words)} {word}': max |logit difference| from the uncached pass = {diff:.1e}")
         assert diff < 1e-4, "a branch from a shared cache must equal the uncached pass"
-print(f"the shared cache still holds {state.length} tokens (the prompt's {prompt.shape[1]})")
-assert state.length == prompt.shape[1], "a step must leave the cache it was given as it was"
+    print(f"the shared cache still holds {state.length} tokens (the prompt's {prompt.shape[1]})")
+    assert state.length == prompt.shape[1], "a step must leave the cache it was given as it was"
+    next_token = torch.tensor([vocab.encode(["."])], device=run.device)
+    for word, (ids, branch_state) in branches.items():  # both branches exist: step each once more
+        logits, _ = lm.step(next_token, branch_state)
+        whole = lm(torch.cat([ids, next_token], dim=1))[:, -1]
+        diff = (logits[:, -1] - whole).abs().max().item()
+        print(f"'... {word} .' read from its own branch: max |logit difference| = {diff:.1e}")
+        assert diff < 1e-4, "a branch must keep its own keys and values after another branch wrote"
 
 # %% [markdown]
 # **Equal to recomputation, token for token and logit for logit.** The trained model generates
