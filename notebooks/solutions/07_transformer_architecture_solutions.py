@@ -328,8 +328,8 @@ assert max(gain.values()) < 2 * min(gain.values()), "the squared norm should gro
 # largest near the output and uneven across layers (Xiong et al. 2020, §3.3; chapter 07's section
 # 9 measured the spread of the $W_2$ gradient norms over the 12 layers: post-LN 5.5x, pre-LN 2.3x),
 # so large early updates land where they do most damage; in chapter 07's stability run post-LN
-# without warm-up ended at 4.53, 4.82, 4.54 nats (last 10 steps, three seeds), at or near the
-# 4.83 of predicting word frequencies, against 3.10, 3.06, 3.16 with warm-up, while pre-LN
+# without warm-up ended at 4.53, 4.57, 4.54 nats (last 10 steps, three seeds), about 0.3 below
+# the 4.83 of predicting word frequencies, against 3.11, 3.06, 3.16 with warm-up, while pre-LN
 # reached 2.97, 2.92, 2.98 without it.
 #
 # **8. Cross-attention once per sentence.** The encoder's output does not change while the
