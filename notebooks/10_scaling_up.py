@@ -101,6 +101,7 @@ from tfmlib.throughput import (
 )
 from tfmlib.timing import interleaved_medians
 from tfmlib.train import fit
+from tfmlib.training_step import at_least_one, check_token_count  # used by the step shown in section 8
 
 run = setup(
     seed=0,
@@ -113,12 +114,10 @@ run = setup(
                thread_steps=2, matmul_n=256, ddp_steps=4, over_steps=2, ddp_global_batch=8, ddp_timeout_s=120,
                resume_steps=6, table_steps=3, window=1, profile_steps=1, lr=3e-3, ddp_sizes=(32, 2, 1, 32, 2_000), mp_seeds=(1,),
                rounds=1, resume_budget_s=None),
-    # cpu: sized on a machine with AVX512-BF16 at one thread (~3 minutes in all). The committed run
-    # is from another 2-core machine without bf16 instructions (bf16 emulated: a bf16 step ~5x an fp32
-    # one), shared with two other notebook runs (load average 4-6) and with 2 threads in this process:
-    # 22 min 46 s in all, the two compiles 79 s and 50 s, the 50 fp32 and 50 bf16 steps of section 3
-    # 45 s and 137 s. The precision runs were cut to 50 steps (fp16 10, one extra seed) and the timed
-    # rounds to 2 of 4 windows of 2 steps so that it fits at all there.
+    # cpu: sized on a machine with AVX512-BF16 at one thread (~3 minutes in all). Without bf16
+    # instructions the cell below shortens the 16-bit runs. The committed run is from such a 2-core
+    # machine (a bf16 step ~8x an fp32 one), 1 thread (TFM_THREADS=1), shared with two other notebook
+    # runs (load average 4-6): 8 min 46 s in all, the two compiles 124 s and 94 s.
     cpu=dict(sentences=20_000, d_model=128, heads=4, layers=2, batch_size=32, block_len=64, packed_batch=8,
              attn_lengths=(64, 128, 256, 512, 1024), attn_heads=4, attn_dk=32, attn_repeats=3, flash_len=256,
              flash_repeats=3, mp_steps=50, fp16_steps=10, mp_budget_s=None, time_steps=4, compile=True,
@@ -146,6 +145,15 @@ run = setup(
 )
 print(f"torch {torch.__version__}; device {run.device}; CPU threads in this process: {torch.get_num_threads()}; "
       f"cores on this machine: {os.cpu_count()}")
+# A CPU without bf16 instructions emulates bf16 (and fp16): a 16-bit step takes tens of fp32 steps
+# there. The cpu profile then runs its 16-bit training shorter and times single steps, so that the
+# chapter still takes a few minutes; fewer steps make the evidence less precise, not its direction.
+emulated_16bit = run.profile == "cpu" and run.device.type == "cpu" and not cpu_has_fast_bf16()
+if emulated_16bit:
+    shorter = dict(mp_steps=20, fp16_steps=5, window=1)
+    print("no bf16 instructions on this CPU (bf16 and fp16 emulated): 16-bit runs shortened, "
+          + ", ".join(f"{k} {run.sizes[k]} -> {v}" for k, v in shorter.items()))
+    run.sizes.update(shorter)
 
 # %% [markdown]
 # ## 0. The model and the data
@@ -323,10 +331,10 @@ assert growth["explicit (ch. 05)"] > 0.5 * length_ratio**2, "the explicit path k
 #
 # Time depends on the device. On a GPU the fused kernels are also much faster, because attention
 # there is limited by reading and writing memory, not by arithmetic, and a kernel that keeps each
-# tile in on-chip memory never writes the matrix out. On this CPU (2 threads on a machine shared
+# tile in on-chip memory never writes the matrix out. On this CPU (1 thread on a machine shared
 # with other work, the committed `cpu` run) the fused flash kernel was also the fastest at every
-# length, and the gap grew with the length: at $T = 1024$ the explicit attention took 1188 ms, the
-# math backend 753 ms and the flash kernel 276 ms. The math backend computes what chapter 05's version computes, in fewer and larger
+# length, and the gap grew with the length: at $T = 1024$ the explicit attention took 888 ms, the
+# math backend 483 ms and the flash kernel 154 ms. The math backend computes what chapter 05's version computes, in fewer and larger
 # operations; the flash kernel also skips the tiles above the diagonal (PyTorch's CPU kernel,
 # `aten/src/ATen/native/cpu/FlashAttentionKernel.cpp`, stops each block of queries at
 # `num_keys = is_causal ? min(m + qBlockSize, kvSize) : kvSize`) and never writes the weights to
@@ -628,9 +636,9 @@ print(f"T = {T_check}: {tiles[64]} tiles of 64 x 64 and {tiles[16]} of 16 x 16 c
 # product's view). Its time is the price of writing it in Python: every tile is a few
 # PyTorch calls (two small matrix products, the exponentials, the rescaling), each with its own
 # overhead. With 64 x 64 tiles a sequence of 256 has only 10 tiles on or below the diagonal, and
-# the tiled attention was slower than the explicit one (98 against 69 ms in the committed run, 7.4x
+# the tiled attention was slower than the explicit one (41 against 32 ms in the committed run, 2.5x
 # the fused kernel; the quartiles printed show how much the load of a shared machine moved these);
-# with 16 x 16 tiles there are 136, and it took 1.19 s, 89x the fused kernel. A GPU kernel
+# with 16 x 16 tiles there are 136, and it took 179 ms, 10.8x the fused kernel. A GPU kernel
 # runs the same loops with the tiles in registers and on-chip memory, one launch for the whole
 # computation. So this is the algorithm, readable and checked, not a way to train; `tfmlib` trains
 # with `F.scaled_dot_product_attention`. (`tests/test_flash.py` checks the same equalities in
@@ -736,14 +744,14 @@ assert all(abs(x) < 0.2 for x in last10), "bf16 trains like fp32 from every seed
 # Before the first update the two models are the same, so the first step's losses differ only by
 # the rounding of bf16's products: by $6 \times 10^{-5}$ nats in the committed `cpu` run. From
 # then on the weights differ too and the curves separate a little, but they do not drift apart:
-# over 50 steps, while the loss fell from 5.74 to about 3.5, the largest difference was 0.023 nats,
-# and over the last ten steps bf16's loss was 0.009 nats *lower* than fp32's on average (the right
-# panel). The second seed gave the same picture with a larger excursion: a mean difference of
-# -0.009 nats over the last ten steps, and a largest difference at a single step of 0.289 nats (its
-# curves parted at one step and came back together). Two seeds cannot say which precision ends
-# lower; what holds from both is that the curves stay together and end within a hundredth of a nat.
-# The fp16 run (10 steps with the scaler; fp16 is slow on a CPU, see below) stayed within 0.001
-# nats of fp32.
+# over 20 steps (shortened: this CPU emulates bf16, the first printed line says so), while the loss
+# fell from 5.74 to about 4.2, the largest difference was 0.018 nats, and over the last ten steps
+# bf16's loss was 0.005 nats higher than fp32's on average (the right panel). The second seed gave
+# the same picture with a larger excursion: a mean difference of +0.012 nats over the last ten
+# steps, and a largest difference at a single step of 0.256 nats. Two seeds and 20 steps cannot say
+# which precision ends lower, or by how much; what holds from both is that the curves stay
+# together, about a hundredth of a nat apart at the end. The fp16 run (5 steps with the scaler;
+# fp16 is slow on a CPU, see below) stayed within 0.001 nats of fp32.
 #
 # **What autocast keeps in float32.** Hooks on the modules of one forward pass under bf16 autocast
 # record the dtype of each output, and a probing attention kernel records its tensors:
@@ -884,14 +892,13 @@ print(f"this CPU's bf16 instructions: {cpu_has_fast_bf16() if run.device.type ==
 # On a CPU it depends on the instructions the processor has: bf16 products need AVX512-BF16, AMX
 # or Arm's BF16 to be fast, and without them they are emulated and slower than float32. The machine
 # of the committed run has none of them (printed: `False`; section 6 measures a large bf16 matrix
-# product at 0.8 GFLOP/s against fp32's 48.9), so `pick_precision("cpu", "auto")` chose fp32 here,
-# and bf16 and fp16 were slower than fp32 in both rounds: 0.19x and 0.15x in the first, 0.85x in
-# the second. The machine was shared with other work (load average 5.7 on 2 cores), and the TF32
+# product at 0.6 GFLOP/s against fp32's 47.7), so `pick_precision("cpu", "auto")` chose fp32 here,
+# and bf16 and fp16 were slower than fp32 in both rounds: 0.12x to 0.13x and 0.11x. The machine
+# was shared with other work (load average 6.3 on 2 cores), and the TF32
 # line measures what that does to a ratio: it computes exactly what fp32 computes (the product
-# printed is bit-identical: a CPU has no TF32 unit), yet it came out at 0.39x in one round and 1.06x
-# in the other. Only the direction that holds in every round is a result here. Section 10 profiles
-# a bf16 step on this machine: besides the emulated products, the casts autocast adds double the
-# copies. On a GPU with bf16 matrix units the bf16 step is expected to be several times faster than
+# printed is bit-identical: a CPU has no TF32 unit), yet it came out at 0.97x in one round and 1.02x
+# in the other: a few percent is noise here. Only the direction that holds in every round is a result here. Section 10 profiles
+# a bf16 step on this machine: the emulated products take most of it. On a GPU with bf16 matrix units the bf16 step is expected to be several times faster than
 # the fp32 one at GPT-2's size, and about twice as fast as fp32 with TF32 (the peaks above); the
 # `gpu` profile measures it.
 #
@@ -961,16 +968,15 @@ else:
     print(f"trained eagerly ({report}); both rows time the same eager model")
 
 # %% [markdown]
-# The first line is the compile: 79 s for the first step, forward and backward, in the committed
-# run. The calls with new lengths after it took about a second each, what an eager step took here:
+# The first line is the compile: 124 s for the first step, forward and backward, in the committed
+# run. The calls with new lengths after it took about 0.3 s each, what an eager step took here:
 # the symbolic graph covers them, nothing was compiled again. Then the steady state, both warm (16
-# untimed steps each first): here the compiled step was not faster than the eager one (1423 against
-# 1395 ms; the quartiles printed show how much a shared machine moves single steps, and the table of
-# section 9 times the same pair again), so the compile never pays for itself on this machine and
-# model. Inductor's CPU code fuses element-wise chains, but the chains are not where this step's
+# untimed steps each first): here the compiled step was faster (316 against 357 ms; the quartiles
+# printed show how much a shared machine moves single steps, and the table of section 9 times the
+# same pair again), and the compile pays for itself after about 3,000 steps (printed: 2,986).
+# Inductor's CPU code fuses element-wise chains, but the chains are not where most of this step's
 # time goes: section 10's profile puts the matrix products, which both versions hand to the same
-# library, at about a third of an eager step's operator time, and the optimizer, the copies and
-# casts and the sums at most of the rest. On a GPU a small model's
+# library, at most of an eager step's operator time. On a GPU a small model's
 # step launches hundreds of short kernels, each with a few microseconds of launch cost and a round
 # trip to memory; fusing them saves both, CUDA graphs remove the launch gaps left, and a long run
 # can pay for its compile after some hundreds or thousands of steps (section 10's profile shows the
@@ -1026,13 +1032,12 @@ print(f"({run.device}; this process uses {torch.get_num_threads()} thread(s) aga
 # one core's worth of other work). With two idle cores, two threads approach twice the speed only
 # for large matrix products; a step of a small model is partly Python and small operations that one
 # thread runs as fast as two. In the committed run the second core was not free even before the
-# spinner started (load 4.1: two other notebooks ran on the machine), and in both lines the second
-# thread made the step *slower*: 30 times slower as the machine was (0.03x), 20 times with the
-# spinner (0.05x). This run's process used 2 threads everywhere else (the first line of the
-# chapter prints it), which is why its other timings are so slow and so variable. The threads of an operation wait for each other at its end, and when one of them is
+# spinner started (load 3.8: two other notebooks ran on the machine), and in both lines the second
+# thread made the step *slower*: about 3 times slower as the machine was (0.34x), 5.5 times with
+# the spinner (0.18x). That is why this run's process used 1 thread everywhere else (the first
+# line of the chapter prints it). The threads of an operation wait for each other at its end, and when one of them is
 # descheduled because its core is taken, the whole operation waits for it. How much slower depends
-# on what else runs at that moment (the two-thread quartiles span a factor of several, and the
-# spinner's line was the milder one here); that a busy core makes a second thread a loss does not.
+# on what else runs at that moment (the two-thread quartiles span a factor of two or more); that a busy core makes a second thread a loss does not.
 #
 # **Several processes** make the same mistake easy. The script of section 7,
 # `python -m tfmlib.ddp_train`, trains the same kind of model in one or more processes launched by
@@ -1075,7 +1080,7 @@ over = ddp[2, 1]["tokens_per_s"] / ddp[2, 2]["tokens_per_s"]
 print(f"2 x 1 thread / 2 x 2 threads: {over:.2f}x the tokens per second")
 
 # %% [markdown]
-# The third line is the oversubscribed one: four threads on two cores, 6.7 times fewer tokens per
+# The third line is the oversubscribed one: four threads on two cores, 6.4 times fewer tokens per
 # second than two processes with one thread each (how many times depends on the load, as above; a
 # few seconds of training per launch make these rates rough). PyTorch's
 # `torchrun` sets `OMP_NUM_THREADS=1` for each process when it starts more than one, for this
@@ -1130,10 +1135,9 @@ print(f"GPT-2 small's shape (d 768, 12 layers, T 1024, this vocabulary): {gpt2_f
       f"35% of an H100's 989 bf16 TFLOP/s is {0.35 * 989e12 / gpt2_flops:,.0f} tokens/s")
 
 # %% [markdown]
-# The small model reached 1.9% of what the same threads do on one large matrix product in the
-# committed run (on a machine with a free core and one thread it reached about half): the matrix
-# product is the best of 10 tries, the steps are medians on a machine whose other core was busy,
-# where 2 threads lose most of their time waiting for each other (section 5). Its matrices are also
+# The small model reached 50.7% of what the same thread does on one large matrix product in the
+# committed run: the matrix product is the best of 10 tries, the steps are medians on a machine
+# whose other core was busy. Its matrices are also
 # small (a 128-wide layer multiplies 512 rows by 128 columns), and a step also runs layer norms,
 # the softmax, the optimizer and Python, which do few FLOPs for the time they take. That ratio is the MFU against the machine's reachable peak; against
 # a datasheet peak (a GPU's, which `peak_flops` knows) it is the number papers report: PaLM trained
@@ -1217,7 +1221,8 @@ assert one[-1] < one[0], "the run learns"
 # micro-batch is weighted by its share of the tokens: the mean loss over the big batch is
 # $\sum_i n_i \bar\ell_i / \sum_i n_i$, not the mean of the $k$ means $\bar\ell_i$ (which weighs
 # a micro-batch of short, padded sentences as much as one of long ones). `fit(accumulate=k)`
-# back-propagates $n_i \bar\ell_i$ and divides the summed gradients by $\sum_i n_i$. The check: 4
+# weights each micro-batch by its token count $n_i$ and divides the summed gradients by the group's
+# (the end of this section shows how, in units that suit fp16). The check: 4
 # padded batches of different lengths with `accumulate=4`, against one step on the batch that holds
 # all their sentences; and the naive mean of means, which `fit` computes when every batch reports
 # the same token count:
@@ -1306,6 +1311,87 @@ for key, value in state.items():
 # why the training state stores numpy's random state as plain lists rather than as numpy objects. A
 # truncated or corrupt file, a model whose parameters do not match, or settings that differ from the
 # saved ones (another `accumulate`, another precision) give a `CheckpointError` that says which.
+#
+# ### What `fit` adds to chapter 01's loop
+#
+# `fit` is chapter 01's `train_loop`: batch, forward, loss, backward, step. What this chapter added
+# lives in the step it calls, `tfmlib.training_step.TrainingStep`, and in the loop's
+# `Checkpointing`. `TrainingStep.forward()` is the context of a forward pass: autocast at the chosen
+# precision, and DDP's `no_sync()` for a group's first $k-1$ batches. `backward` adds one batch:
+
+# %%
+# tfmlib-source: tfmlib.training_step.TrainingStep.backward
+def backward(self, loss: torch.Tensor, n_tokens: Any) -> bool:
+    """Add the gradients of one batch's mean ``loss`` over ``n_tokens`` tokens to the group's;
+    True when the group holds ``accumulate`` batches (time for :meth:`step`).
+
+    Raises ``TypeError`` when ``loss`` is not a scalar tensor or ``n_tokens`` not a count.
+    """
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        got = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise TypeError(f"fit: loss_fn must return (scalar loss tensor, n_tokens); the loss "
+                        f"is {got} at step {self.steps + 1} (reduce it with .mean())")
+    n_tokens = check_token_count(n_tokens, self.steps + 1)
+    if self.accumulate == 1:
+        self._loss, self._tokens = loss.detach(), n_tokens
+        self.optimizer.zero_grad(set_to_none=True)
+        self._scaled(loss).backward()
+        return True
+    if self.micro == 0:
+        self.optimizer.zero_grad(set_to_none=True)
+        # summed in at least float32 (a bf16 loss of a large group would round)
+        self._loss = loss.detach().to(torch.promote_types(loss.dtype, torch.float32)) * n_tokens
+        self._tokens = n_tokens
+        self._n_ref = self._reference_count(n_tokens)
+    else:
+        self._loss = self._loss + loss.detach().to(self._loss.dtype) * n_tokens  # type: ignore[operator]
+        self._tokens = self._tokens + n_tokens
+    # weighted by n_i / n_ref, not n_i: the summed gradients stay a few times one batch's (fp16's
+    # scaled gradients would overflow n_i times sooner); the step divides by sum(n_i) / n_ref
+    weight = n_tokens / self._n_ref
+    weighted = loss * (weight.to(loss.dtype) if isinstance(weight, torch.Tensor) else weight)
+    with self._no_sync():
+        self._scaled(weighted).backward()
+    self.micro += 1
+    return self.micro == self.accumulate
+
+# %% [markdown]
+# **Weights $n_i / n_\text{ref}$, not $n_i$.** With $n_\text{ref}$ the group's first token count,
+# batch $i$ back-propagates $(n_i / n_\text{ref})\,\bar\ell_i$ and the step divides the summed
+# gradients by $\sum_i n_i / n_\text{ref}$. $n_\text{ref}$ cancels: the step is
+# $\sum_i n_i \nabla\bar\ell_i / \sum_i n_i$, exactly the big batch's, as with weights $n_i$. The
+# difference is in fp16. Its backward pass carries the *scaled* gradients, $s$ times the true ones,
+# with $s$ as large as the scaler finds one batch's gradients allow (fp16's largest number is 65504). Weighted
+# by $n_i$ (hundreds or thousands of tokens) they are $n_i$ times larger, overflow to inf, and the
+# scaler skips the step and halves $s$, again and again. Weighted by $n_i / n_\text{ref}$, about 1,
+# the sum of $k$ batches is $k$ batches' worth, the size the scaler is used to.
+#
+# **DDP.** Every backward of a DDP model ends by all-reducing the gradients over the ranks; with
+# accumulation only the group's last needs to, so the first $k-1$ run inside `model.no_sync()` and
+# sum locally (it is opened in `forward()`: DDP decides during the forward pass whether the coming
+# backward communicates). DDP then *averages* the $W$ ranks' sums, and each rank summed its own
+# batches, so to take one step on the global group every rank must divide by the same number: the
+# global token count in units of $n_\text{ref}$, over $W$. $n_\text{ref}$ must agree too, so under
+# DDP it is the ranks' mean first count (one all-reduce of a number per step):
+
+# %%
+# tfmlib-source: tfmlib.training_step.TrainingStep._divisor
+def _divisor(self, group_tokens: int | torch.Tensor) -> float | torch.Tensor:
+    """What the summed gradients of a group are divided by: its token count in units of
+    ``n_ref``; under DDP the same number on every rank, the global group's tokens over
+    ``n_ref`` times the world size (DDP averages the ranks' sums)."""
+    if self.ddp_world is None:
+        return at_least_one(group_tokens) / self._n_ref
+    total = torch.as_tensor(group_tokens, device=self.device).to(torch.float64).reshape(1)
+    torch.distributed.all_reduce(total)
+    return total[0].clamp(min=1) / (self._n_ref * self.ddp_world)
+
+# %% [markdown]
+# **Checkpoints.** Under DDP, `Checkpointing` gathers what differs between ranks (their random
+# generators, histories and epoch sums) and rank 0 alone writes one file, while the others wait at a
+# barrier. The model is saved from inside `torch.compile`'s and DDP's wrappers
+# (`tfmlib.checkpoint.unwrap_model`): its parameter names carry no `_orig_mod.` or `module.`
+# prefix, so the state of a compiled two-process run resumes in a plain model in one process.
 #
 # ## 9. One table: each step added in turn
 #
@@ -1445,37 +1531,36 @@ plt.show()
 # **Which steps help here.** The middle column is each row against the baseline, the next each
 # step's own factor; both are medians over the rounds, and the brackets hold the smallest and the
 # largest factor of a single round, which is how much the load of a shared machine moves them. On
-# this CPU (2 threads, load 4.7, no bf16 instructions), with a model this small and padded
+# this CPU (1 thread, load 3.7, no bf16 instructions), with a model this small and padded
 # sentences of 20 tokens on average, in the committed run:
 #
-# * fused attention: 1.13x (1.12x to 1.13x). The padded batches are cut at the packed rows' 512
-#   positions, so they hold longer sentences than chapter 09's batches of 32, and the flash kernel's
-#   lead of section 1 starts to show;
-# * bf16: 0.86x of the fused row (0.86x to 0.87x), slower in both rounds: bf16 is emulated on this
+# * fused attention: 0.97x (0.75x to 1.20x): no factor that holds in both rounds. The padded
+#   batches are cut at the packed rows' 512 positions, so they hold longer sentences than chapter
+#   09's batches of 32, but still short ones, where section 1's lead of the flash kernel is small;
+# * bf16: 0.11x of the fused row (0.08x to 0.15x), slower in both rounds: bf16 is emulated on this
 #   CPU (section 3);
-# * `torch.compile` with symbolic shapes: 1.16x over eager bf16 (1.13x to 1.19x). Section 4 timed the
-#   same pair at 1423 against 1395 ms, slower: the gain is not one this machine reproduces. At the
-#   table's rates (about 1.6 against 1.9 s per step) the compile's 79 s would pay back after about
-#   300 steps, at section 4's never;
-# * packed blocks, compiled for their one shape: 1.02x (1.02x to 1.02x). Chapter 09's bucketed
+# * `torch.compile` with symbolic shapes: 0.98x over eager bf16 (0.88x to 1.09x), no factor that
+#   holds in both rounds. Section 4 timed the pair in fp32 at 316 against 357 ms, faster, paying
+#   back its compile after about 3,000 steps; behind emulated bf16 products there is nothing left
+#   for fusion to gain;
+# * packed blocks, compiled for their one shape: 1.01x (0.92x to 1.10x). Chapter 09's bucketed
 #   batches carry almost no padding (0.4%, printed: 499 real tokens in 501 positions), so packing
-#   has almost nothing to remove; eagerly, packed blocks ran at 1.03x the bucketed batches' rate in
-#   fp32 and in bf16 (the reference rows). Against sentences in random order (65.5% padding) the
-#   bucketed step's fused fp32 twin ran at 0.74x, so bucketing by length, chapter 02's trick,
-#   already gets what packing would gain here. Packing pays where padding is large, and it is what
-#   makes a fixed context of 1024 tokens possible at all with sentences this short; the table
-#   measures speed, not what the model learns from longer contexts;
-# * two processes with one thread each: 0.95x the script's one-process rate (9,264 against 9,755
+#   has almost nothing to remove; eagerly, packed blocks ran at 0.86x the bucketed batches' rate in
+#   fp32 and 0.93x in bf16 (the reference rows: the packed rows' attention spans 64 positions,
+#   against 20 on average). Against sentences in random order (65.5% padding) the bucketed step's
+#   fused fp32 twin ran at 0.32x, so bucketing by length, chapter 02's trick, already gets what
+#   packing would gain here. Packing pays where padding is large, and it is what makes a fixed
+#   context of 1024 tokens possible at all with sentences this short; the table measures speed, not
+#   what the model learns from longer contexts;
+# * two processes with one thread each: 1.25x the script's one-process rate (6,417 against 5,136
 #   tokens/s), from one launch of each (a few seconds of training), at the load printed in section
 #   5. Two processes can use both cores only when the second one is free, and the all-reduce of
-#   every step costs time. (The script counts every step from the first, warm-up included, and ran
-#   with one thread per process while the rows above ran with 2 on a busy machine, so its rates are
-#   compared with each other, not with the rows above: the 33.86x against the baseline says how
-#   much 2 threads cost this run, not what DDP gains.)
+#   every step costs time. (The script counts every step from the first, warm-up included, so its
+#   rates are compared with each other, not with the rows above.)
 #
-# The MFU column is against the measured matmul of each row's own precision: 48.9 GFLOP/s in fp32
-# and 0.8 GFLOP/s in bf16 here. An emulated 1024 x 1024 bf16 product is slower per FLOP than the
-# model's small bf16 products, so the bf16 rows come out near or above 100% "of the peak": a
+# The MFU column is against the measured matmul of each row's own precision: 47.7 GFLOP/s in fp32
+# and 0.6 GFLOP/s in bf16 here. An emulated 1024 x 1024 bf16 product is slower per FLOP than the
+# model's small bf16 products, so the bf16 rows come out far above 100% "of the peak": a
 # measured peak is a reference, not a bound, and an MFU compares rows of one precision.
 #
 # **What each row can show.** Every row trains on about the same real tokens per step: the padded
@@ -1505,8 +1590,8 @@ plt.show()
 #
 # ## 10. Profiling one step
 #
-# Sentences such as "a good part of a step is not matrix products" (section 3) or "matrix products
-# take a large part of it" (section 4) are claims about where a step's time goes, and
+# Sentences such as "the emulated products take most of a bf16 step" (section 3) or "matrix
+# products take most of a step" (section 4) are claims about where a step's time goes, and
 # `torch.profiler` measures exactly that. `tfmlib.profiling.profile_steps` runs a few training steps
 # under it and ranks the operations by their *self* time (the time inside an operation, not in the
 # ones it calls), per step, on the device that did the work: the CPU's operators here, the GPU's
@@ -1592,17 +1677,16 @@ assert host_reads["make_step (lm_loss, fused AdamW)"] == 0, "a training step rea
 assert reads.total < 3 * len(table_packed), "fit reads the losses together, not once per step"
 
 # %% [markdown]
-# **What the profile shows, on this CPU** (the committed run; each profiled step took 2.6 s in fp32
-# and 3.9 s in bf16, slowed by the profiler, 2 threads and a busy machine). The matrix products
-# (`aten::mm` for the products of the backward pass and `aten::addmm` for the biased ones of the
-# forward) took 34% of the operators' self time in fp32 and 29% in bf16: the largest single item,
-# but about a third, not most, of a step of this small model. The fused AdamW (`aten::_fused_adamw_`,
-# one call per step) took 14-15%: updating 434 thousand parameters and two moments is not small
-# next to products of 512 x 128 matrices. In bf16 the copies and casts grew from 11% to 23% of the
-# time (156 `aten::copy_` calls per step against 78): autocast casts every weight and many
-# activations to bf16 and back, which is where section 3's "a good part of a step is not matrix
-# products" comes from. The gaps between the top-level operators were 1% of the wall time: on this
-# CPU each operator is slow enough that Python's time between them hardly counts. On a GPU the
+# **What the profile shows, on this CPU** (the committed run, 1 thread; each profiled step took
+# 105 ms in fp32 and 660 ms in bf16, slowed by the profiler). The matrix products (`aten::mm` for
+# the products of the backward pass and `aten::addmm` for the biased ones of the forward) took 59%
+# of the operators' self time in fp32 and 89% in bf16: emulated bf16 products are most of a bf16
+# step here, and they alone make it slower than fp32. The fused AdamW (`aten::_fused_adamw_`, one
+# call per step) took 2.6% in fp32. autocast casts every weight and many activations to bf16 and
+# back (156 `aten::copy_` calls per step in bf16), but next to emulated products
+# those copies are 1% of the time. The gaps between the top-level operators were 12% of the wall
+# time in fp32 and 2% in bf16: Python's time between operators starts to count once the operators
+# are fast. On a GPU the
 # same table ranks CUDA kernels, and there the gaps are what to read first: a small model's kernels
 # take microseconds, about as long as launching them.
 #
@@ -1625,7 +1709,7 @@ assert reads.total < 3 * len(table_packed), "fit reads the losses together, not 
 #   and backward, slowly.
 # * bf16 autocast runs the matrix products in 16 bits and keeps weights, gradients, optimizer state,
 #   the residual stream and the loss in float32; its loss curve stays with fp32's (from both seeds
-#   tried, the last steps' mean within a hundredth of a nat). fp16 needs a gradient scaler for its
+#   tried, the last steps' means about a hundredth of a nat apart). fp16 needs a gradient scaler for its
 #   narrow range; bf16 does not. Its speed depends on the hardware: without bf16 instructions a CPU
 #   emulates it, slower than fp32, and `pick_precision("auto")` then picks fp32. TF32 is float32
 #   with tensor-core products on recent NVIDIA GPUs (off by default in PyTorch, and nothing on a CPU).
@@ -1633,7 +1717,7 @@ assert reads.total < 3 * len(table_packed), "fit reads the losses together, not 
 #   `compile_or_fallback` trains eagerly, and says so, where it cannot compile.
 # * Threads: one process's `set_num_threads` speeds up large operations on idle cores; threads
 #   that outnumber the free cores (busy cores, or several processes each taking all of them) slow
-#   every operation down, here 20 to 30 times. Timings on a shared machine move with its load:
+#   every operation down, here 3 to 5.5 times. Timings on a shared machine move with its load:
 #   repeat them, and trust the factors that hold in every round.
 # * MFU relates tokens per second to a peak: $6N$ plus attention FLOPs per token (PaLM's count, the
 #   full $T \times T$ square), against a datasheet or a measured matmul peak of the same precision.
