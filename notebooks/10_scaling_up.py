@@ -1540,9 +1540,9 @@ plt.show()
 # * bf16: 0.11x of the fused row (0.08x to 0.15x), slower in both rounds: bf16 is emulated on this
 #   CPU (section 3);
 # * `torch.compile` with symbolic shapes: 0.98x over eager bf16 (0.88x to 1.09x), no factor that
-#   holds in both rounds. Section 4 timed the pair in fp32 at 316 against 357 ms, faster, paying
-#   back its compile after about 3,000 steps; behind emulated bf16 products there is nothing left
-#   for fusion to gain;
+#   holds in both rounds. Section 4 timed the same pair at 316 against 357 ms, faster, paying back
+#   its compile after about 3,000 steps; the emulated bf16 products, most of a bf16 step here
+#   (section 10), are not what Inductor fuses, so a small gain is all there is to find;
 # * packed blocks, compiled for their one shape: 1.01x (0.92x to 1.10x). Chapter 09's bucketed
 #   batches carry almost no padding (0.4%, printed: 499 real tokens in 501 positions), so packing
 #   has almost nothing to remove; eagerly, packed blocks ran at 0.86x the bucketed batches' rate in
