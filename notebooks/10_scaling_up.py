@@ -333,7 +333,8 @@ assert growth["explicit (ch. 05)"] > 0.5 * length_ratio**2, "the explicit path k
 # there is limited by reading and writing memory, not by arithmetic, and a kernel that keeps each
 # tile in on-chip memory never writes the matrix out. On this CPU (1 thread on a machine shared
 # with other work, the committed `cpu` run) the fused flash kernel was also the fastest at every
-# length, and the gap grew with the length: at $T = 1024$ the explicit attention took 888 ms, the
+# length, and the gap in milliseconds grew with the length (the ratio less regularly: 2.2x at
+# $T = 64$, 1.7x at 128, 5.8x at 1024): at $T = 1024$ the explicit attention took 888 ms, the
 # math backend 483 ms and the flash kernel 154 ms. The math backend computes what chapter 05's version computes, in fewer and larger
 # operations; the flash kernel also skips the tiles above the diagonal (PyTorch's CPU kernel,
 # `aten/src/ATen/native/cpu/FlashAttentionKernel.cpp`, stops each block of queries at
@@ -348,7 +349,7 @@ assert growth["explicit (ch. 05)"] > 0.5 * length_ratio**2, "the explicit path k
 # sum, once to write the $p_j$. Milakov & Gimelshein (2018, section 3) showed that the maximum and
 # the sum can be had in *one* pass (the online normaliser), so two passes suffice: the second still
 # writes the probabilities, and FlashAttention folds that second pass into the weighted sum of the
-# values, so it never writes them at all (section 2 below). Read the row in blocks and keep two numbers, the running maximum $m$ and the running sum $\ell = \sum_{\text{seen}} e^{x_i - m}$.
+# values, so it never writes them at all (below). Read the row in blocks and keep two numbers, the running maximum $m$ and the running sum $\ell = \sum_{\text{seen}} e^{x_i - m}$.
 # When a block $b$ arrives:
 #
 # $$ m' = \max\bigl(m, \max_j b_j\bigr), \qquad
@@ -661,8 +662,11 @@ print(f"T = {T_check}: {tiles[64]} tiles of 64 x 64 and {tiles[16]} of 16 x 16 c
 # lists it), bf16's gain in peak is 2x, not 15x. PyTorch leaves TF32 off for matrix products
 # (`torch.get_float32_matmul_precision()` is `"highest"`); `torch.set_float32_matmul_precision("high")`
 # turns it on, and `tfmlib.precision.tf32_matmul()` does so for a block. This book keeps it off
-# everywhere else, so that comparisons with the CPU stay exact; a CPU has no TF32 unit, and there
-# the setting changes nothing.
+# everywhere else, so that comparisons with the CPU stay exact. On a CPU the setting reaches
+# oneDNN's matrix products too (in torch 2.13, `"high"` sets
+# `torch.backends.mkldnn.matmul.fp32_precision` to `"tf32"`), but a CPU without reduced-precision
+# matrix units, as common CPUs and this one are, computes them in fp32 all the same: below, a
+# product with TF32 allowed is bit-identical to one without.
 #
 # *Mixed* precision (Micikevicius et al. 2018, section 3) keeps what needs the precision in
 # float32 and runs the rest in 16 bits: the weights stay float32 (the "master weights", since an
@@ -1100,9 +1104,11 @@ print(f"2 x 1 thread / 2 x 2 threads: {over:.2f}x the tokens per second")
 # sequences of $T$ tokens. That is PaLM's count (Chowdhery et al. 2022, appendix B: $6N + 12 L H Q T$),
 # which nanoGPT's `estimate_mfu` also uses: it counts the whole $T \times T$ square, although the
 # causal mask leaves only half of it to compute. Kaplan et al. (2020, Table 1) count attention as
-# $2 L\, n_{ctx} d$ per token forward, $6 L d T$ for training: half of PaLM's, the causal half. The
+# $2 L\, n_{ctx} d$ per token forward, $6 L d T$ for training: half of PaLM's, which is what counting
+# only the causal half of the square gives (the paper does not give that reason). The
 # convention changes an MFU, so a reported MFU needs its count: `tfmlib.throughput.lm_flops_per_token`
-# uses PaLM's by default and Kaplan's with `attention="causal"`.
+# uses PaLM's by default and, with `attention="causal"`, counts the $(T+1)/2$ keys a query sees
+# on average: $6 L d (T + 1)$, Kaplan's to within one token.
 #
 # A CPU has no datasheet peak in `tfmlib.throughput.PEAK_FLOPS`, so the machine's *reachable* peak
 # is measured instead: a large matrix product, the most efficient thing it does.
@@ -1363,7 +1369,8 @@ def backward(self, loss: torch.Tensor, n_tokens: Any) -> bool:
 # difference is in fp16. Its backward pass carries the *scaled* gradients, $s$ times the true ones,
 # with $s$ as large as the scaler finds one batch's gradients allow (fp16's largest number is 65504). Weighted
 # by $n_i$ (hundreds or thousands of tokens) they are $n_i$ times larger, overflow to inf, and the
-# scaler skips the step and halves $s$, again and again. Weighted by $n_i / n_\text{ref}$, about 1,
+# scaler skips the step and halves $s$: about $\log_2 n_i$ skipped steps in a row at the start,
+# then one more after each time the scaler grows $s$ again. Weighted by $n_i / n_\text{ref}$, about 1,
 # the sum of $k$ batches is $k$ batches' worth, the size the scaler is used to.
 #
 # **DDP.** Every backward of a DDP model ends by all-reducing the gradients over the ranks; with
@@ -1372,7 +1379,8 @@ def backward(self, loss: torch.Tensor, n_tokens: Any) -> bool:
 # backward communicates). DDP then *averages* the $W$ ranks' sums, and each rank summed its own
 # batches, so to take one step on the global group every rank must divide by the same number: the
 # global token count in units of $n_\text{ref}$, over $W$. $n_\text{ref}$ must agree too, so under
-# DDP it is the ranks' mean first count (one all-reduce of a number per step):
+# DDP it is the ranks' mean first count (so a step all-reduces two numbers besides the gradients:
+# the first counts and the group's token count):
 
 # %%
 # tfmlib-source: tfmlib.training_step.TrainingStep._divisor
@@ -1391,7 +1399,9 @@ def _divisor(self, group_tokens: int | torch.Tensor) -> float | torch.Tensor:
 # generators, histories and epoch sums) and rank 0 alone writes one file, while the others wait at a
 # barrier. The model is saved from inside `torch.compile`'s and DDP's wrappers
 # (`tfmlib.checkpoint.unwrap_model`): its parameter names carry no `_orig_mod.` or `module.`
-# prefix, so the state of a compiled two-process run resumes in a plain model in one process.
+# prefix, so the state of a compiled two-process run loads into a plain model in one process
+# (continuing it there is a different run: one process draws its batches and random numbers as
+# one process does, from rank 0's generators).
 #
 # ## 9. One table: each step added in turn
 #
@@ -1535,8 +1545,9 @@ plt.show()
 # sentences of 20 tokens on average, in the committed run:
 #
 # * fused attention: 0.97x (0.75x to 1.20x): no factor that holds in both rounds. The padded
-#   batches are cut at the packed rows' 512 positions, so they hold longer sentences than chapter
-#   09's batches of 32, but still short ones, where section 1's lead of the flash kernel is small;
+#   batches are cut at the packed rows' 512 positions, the same tokens per step as a packed row;
+#   their sentences are short (20 tokens on average in the four batches drawn), and at such
+#   lengths section 1's lead of the flash kernel is small;
 # * bf16: 0.11x of the fused row (0.08x to 0.15x), slower in both rounds: bf16 is emulated on this
 #   CPU (section 3);
 # * `torch.compile` with symbolic shapes: 0.98x over eager bf16 (0.88x to 1.09x), no factor that
@@ -1583,7 +1594,7 @@ plt.show()
 # round of steps. Its docstring estimates on paper what these should buy from the 2026-11-26
 # measurements: about 0.5-1.5 ms per step from the removed host read, 1.5 ms from the fused
 # update of 85 M parameters, 1-3 ms from CUDA graphs and autotuned matmuls, 1-1.5 ms per 16,384
-# tokens from a micro-batch twice as large, out of 37.8 ms: 30-34 ms, 31-35% MFU. The 40% that the
+# tokens from a micro-batch twice as large, out of 37.8 ms: 30-34 ms, about 30-35% MFU. The 40% that the
 # book's issue asks for needs 25.9 ms per 16,384 tokens, so the last 4-8 ms must be found in the
 # profile of section 10 run on the GPU (the printed table after the benchmark's), not assumed. A
 # second GPU would add the all-reduce of section 7 to each step; nobody has measured it here.
