@@ -305,7 +305,8 @@ def main(argv: Sequence[str] | None = None,
         "steps": steps,
         "epochs": round(epochs, 2),
         "train_target_tokens_per_s": round(tokens_per_s, 1),
-        # three significant digits: a slow CPU (emulated bf16) runs at ~1e-4 TFLOP/s, which 3 decimals round to 0
+        # three significant digits: a slow CPU (emulated bf16) runs at ~1e-4 TFLOP/s, which three
+        # decimals would round to 0
         "model_tflops_per_s": float(f"{model_flops_per_s / 1e12:.3g}") if model_flops_per_s else None,
         "peak_tflops_per_s": round(peak / 1e12, 1) if peak else None,
         "mfu": round(mfu, 4) if mfu else None,
