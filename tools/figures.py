@@ -31,8 +31,10 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.font_manager import FontProperties  # noqa: E402
 from matplotlib.patches import Circle, FancyArrowPatch, FancyBboxPatch, Rectangle  # noqa: E402
 from matplotlib.path import Path as MplPath  # noqa: E402
+from matplotlib.textpath import TextToPath  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FIG_DIR = REPO_ROOT / "notebooks" / "figures"
@@ -982,6 +984,136 @@ def fig_10_data_parallel() -> Canvas:
     return c
 
 
+# ---------------------------------------------------------------------------------------------
+# Chapter 11
+# ---------------------------------------------------------------------------------------------
+
+def _text_width(s: str, fs: float) -> float:
+    """The width in inches of plain text ``s`` at ``fs`` points, in the current rc font."""
+    width, _, _ = TextToPath().get_text_width_height_descent(s, FontProperties(size=fs), ismath=False)
+    return width / 72
+
+
+def _pieces_width(pieces: Sequence[str], fs: float, pad: float, gap: float) -> float:
+    return sum(_text_width(p, fs) + 2 * pad for p in pieces) + gap * (len(pieces) - 1)
+
+
+def _pieces(c: Canvas, x: float, y: float, pieces: Sequence[str], kinds: Sequence[str], fs: float = 9,
+            h: float = 0.26, pad: float = 0.045, gap: float = 0.04) -> float:
+    """Subword pieces as small boxes side by side from ``x`` (left edge); returns the right edge."""
+    for piece, kind in zip(pieces, kinds, strict=True):
+        w = _text_width(piece, fs) + 2 * pad
+        c.box(x + w / 2, y, w, h, piece, kind, fs=fs, lw=1.0, pad=0.03)
+        x += w + gap
+    return x - gap
+
+
+# Sennrich et al.'s (2016) toy word counts: the figure draws what tfmlib.bpe learns from them.
+BPE_TOY_WORDS = {"low": 5, "lower": 2, "newest": 6, "widest": 3}
+BPE_TOY_NEW_WORD = "lowest"
+BPE_TOY_MERGES = 5  # enough for "lowest" to come out as low + est</w>
+
+
+def _bpe_toy() -> tuple[list[tuple[tuple[str, str], int]], dict[str, list[list[str]]], list[list[str]]]:
+    """What ``tfmlib.bpe`` does on the toy counts: the merges with the count each pair had when it
+    was merged, every word after each merge, and the new word after each merge in the order learned.
+
+    tfmlib (and with it torch) is imported here, not at the top, so that the other figures do not
+    wait for it."""
+    from tfmlib.bpe import BPE, learn_merges, merge_pair, split_word
+
+    merges = learn_merges(BPE_TOY_WORDS, BPE_TOY_MERGES, min_frequency=1)
+    words = {w: [split_word(w)] for w in BPE_TOY_WORDS}
+    counted = []
+    for pair in merges:  # the pair's count in the words as they are just before it is merged
+        count = sum(n * list(zip(words[w][-1], words[w][-1][1:], strict=False)).count(pair)
+                    for w, n in BPE_TOY_WORDS.items())
+        counted.append((pair, count))
+        for w in words:
+            words[w].append(merge_pair(words[w][-1], pair))
+    new = [split_word(BPE_TOY_NEW_WORD)]
+    for pair in merges:
+        new.append(merge_pair(new[-1], pair))
+    encoded = BPE(merges).encode_word(BPE_TOY_NEW_WORD)
+    if new[-1] != encoded:
+        raise RuntimeError(f"fig_11_bpe: merging in order gives {new[-1]}, BPE.encode_word {encoded}")
+    return counted, words, new
+
+
+def fig_11_bpe() -> Canvas:
+    """Byte-pair encoding: merges learned from Sennrich et al.'s toy word counts, a new word
+    encoded with them, and one embedding matrix for the shared vocabulary (tied three ways)."""
+    c = Canvas(7.7, 5.85)
+    fs, pad, gap, row_h = 9, 0.035, 0.025, 0.37
+    counted, steps, enc = _bpe_toy()
+    merges = [pair for pair, _ in counted]
+    # (a) learning merges ---------------------------------------------------------------------
+    c.text(0.1, 5.67, "(a) learning merges from word counts: the most frequent adjacent pair becomes "
+           "a symbol", fs=9.5, ha="left", weight="bold", color="#444444")
+    x_label, label_w, col_gap = 0.3, 1.66, 0.12
+    widths = {w: max(_pieces_width(s, fs, pad, gap) for s in steps[w]) for w in steps}
+    lefts, x = {}, x_label + label_w + col_gap + 0.04
+    for w in BPE_TOY_WORDS:
+        lefts[w] = x
+        x += widths[w] + col_gap
+    y_head = 5.33
+    c.text(x_label + label_w / 2, y_head, "merge: pair, count → symbol", fs=8.5, color="#444444")
+    for w, n in BPE_TOY_WORDS.items():
+        c.text(lefts[w] + widths[w] / 2, y_head, f"{w}  ×{n}", fs=9, color="#3c78b4", weight="bold")
+    for r in range(len(merges) + 1):
+        y = y_head - 0.38 - r * row_h
+        if r == 0:
+            c.text(x_label + label_w / 2, y, "characters and </w>", fs=8.5, color="#444444")
+        else:
+            (a, b), count = counted[r - 1]
+            c.text(x_label - 0.1, y, f"{r}", fs=8.5, color="#444444", ha="right")
+            c.box(x_label + label_w / 2, y, label_w, 0.29, f"({a}, {b})  {count} → {a + b}", "weight",
+                  fs=8.5, lw=1.0, pad=0.03)
+        for w in BPE_TOY_WORDS:
+            pieces = steps[w][r]
+            new = "".join(merges[r - 1]) if r else None
+            _pieces(c, lefts[w], y, pieces, ["weight" if p == new else "input" for p in pieces], fs=fs,
+                    pad=pad, gap=gap)
+    y_sep = y_head - 0.38 - len(merges) * row_h - 0.27
+    c.ax.plot([0.1, 7.6], [y_sep, y_sep], color="#cccccc", lw=0.8)
+    # (b) encoding a new word -----------------------------------------------------------------
+    c.text(0.1, y_sep - 0.22, "(b) encoding a new word", fs=9.5, ha="left", weight="bold", color="#444444")
+    c.text(0.1, y_sep - 0.48, f"{BPE_TOY_NEW_WORD} is not a training word; the merges apply in the order "
+           "learned", fs=8.5, ha="left", color="#444444")
+    xb, y0 = 1.3, y_sep - 0.85
+    for r, pieces in enumerate(enc):
+        y = y0 - r * 0.33
+        if r:
+            a, b = merges[r - 1]
+            c.text(xb - 0.12, y, f"({a}, {b})", fs=8.5, color="#d0692e", ha="right")
+        else:
+            c.box(xb - 0.52, y, 0.78, 0.27, BPE_TOY_NEW_WORD, "input", fs=9, lw=1.0, pad=0.03)
+        last = r == len(enc) - 1
+        new = "".join(merges[r - 1]) if r else None
+        kinds = ["output" if last else "weight" if p == new else "input" for p in pieces]
+        right = _pieces(c, xb, y, pieces, kinds, fs=fs, pad=0.045, gap=0.04)
+        if last:
+            c.text(right + 0.12, y, "two pieces, both learned", fs=8.5, color="#b84a62", ha="left")
+    # (c) one vocabulary, one matrix ----------------------------------------------------------
+    xc = 4.45
+    c.ax.plot([xc - 0.15, xc - 0.15], [0.1, y_sep - 0.1], color="#cccccc", lw=0.8)
+    c.text(xc, y_sep - 0.22, "(c) one vocabulary, one matrix", fs=9.5, ha="left", weight="bold",
+           color="#444444")
+    e_y = y_sep - 1.3
+    emb = c.box(xc + 0.42, e_y, 0.8, 1.55, "", "input", lw=1.6)
+    c.text(emb.x, e_y + 0.15, "$E$", fs=12)
+    c.text(emb.x, e_y - 0.2, r"$|V| \times d$", fs=9)
+    uses = (("source embedding\n√d · E[x]", "input", 0.56),
+            ("target embedding\n√d · E[y]", "input", 0.0),
+            ("output layer: logits\n" + r"$h\,E^\top + b$", "output", -0.56))
+    for label, kind, dy in uses:
+        n = c.box(xc + 2.2, e_y + dy, 1.75, 0.48, label, kind, fs=8.5, lw=1.0)
+        c.arrow(emb.right(dy * 0.9), n.left())
+    c.text(xc + 1.6, e_y - 1.05, "$|V|$ pieces learned from German and English\ntogether (Vaswani et al. "
+           "2017, §3.4;\nPress and Wolf 2017)", fs=8.5, color="#444444")
+    return c
+
+
 FIGURES: dict[str, Callable[[], Canvas]] = {
     "01_unrolled_rnn.svg": fig_01_unrolled_rnn,
     "01_gru_cell.svg": fig_01_gru_cell,
@@ -997,6 +1129,7 @@ FIGURES: dict[str, Callable[[], Canvas]] = {
     "09_kv_cache.svg": fig_09_kv_cache,
     "10_flash_tiling.svg": fig_10_flash_tiling,
     "10_data_parallel.svg": fig_10_data_parallel,
+    "11_bpe.svg": fig_11_bpe,
 }
 
 
