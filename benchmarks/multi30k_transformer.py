@@ -44,10 +44,19 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from tfmlib.bpe import BPE, SubwordTokenizer, learn_merges_tokenizers, word_counts
 from tfmlib.compiling import compile_or_fallback
 from tfmlib.config import seed_everything
 from tfmlib.corpora import load_multi30k
-from tfmlib.data import Batch, TranslationDataset, build_vocabs, make_token_loader
+from tfmlib.data import (
+    Batch,
+    TranslationDataset,
+    Vocab,
+    WordTokenizer,
+    build_vocabs,
+    make_token_loader,
+    tokenize,
+)
 from tfmlib.decoding import evaluate_translator
 from tfmlib.precision import autocast
 from tfmlib.precision import pick_precision as tfmlib_pick_precision
@@ -185,6 +194,13 @@ def train_fast(model: Transformer, train_data: TranslationDataset, val_batches: 
             "compile": compile_note, "compile_seconds": round(compile_seconds, 1)}
 
 
+def run_tag(args: argparse.Namespace, config: dict) -> str:
+    """A file name for one run of the search: what differs between runs."""
+    words = f"bpe{args.bpe_merges}" if args.bpe_merges else f"words{args.min_freq}"
+    return (f"{words}_d{config['d_model']}_l{config['layers']}_ff{config['d_ff']}_drop{config['dropout']}"
+            f"_{args.budget_s:.0f}s_seed{args.seed}")
+
+
 def main(argv: Sequence[str] | None = None,
          compiler: Callable[[nn.Module], nn.Module] | None = None) -> dict | None:
     """Run the benchmark (``argv`` as on the command line); returns the JSON payload written.
@@ -208,6 +224,11 @@ def main(argv: Sequence[str] | None = None,
     parser.add_argument("--beam-size", type=int, default=5)
     parser.add_argument("--alpha", type=float, default=0.6, help="length penalty of beam search")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bpe-merges", type=int, default=0,
+                        help="0: whole words, a vocabulary per side (min_freq); N > 0: N byte-pair merges "
+                             "learned on both sides, one shared vocabulary and three-way tied embeddings")
+    parser.add_argument("--eval-split", default="test_2016_flickr", choices=["test_2016_flickr", "val"],
+                        help="what to translate and score: choose settings on val, report test_2016_flickr")
     add_run_options(parser)
     args = parser.parse_args(argv)
 
@@ -227,14 +248,21 @@ def main(argv: Sequence[str] | None = None,
         config["max_tokens"] = args.max_tokens or (SMOKE if args.smoke else PROFILES["gpu"])["max_tokens"]
     train = load_multi30k(data, "train", args.src, args.tgt)
     val = load_multi30k(data, "val", args.src, args.tgt)
-    test = load_multi30k(data, "test_2016_flickr", args.src, args.tgt)
+    test = load_multi30k(data, args.eval_split, args.src, args.tgt)
     if args.smoke:
         train, val, test = train[:2_000], val[:100], test[:100]
-    src_vocab, tgt_vocab = build_vocabs(train, min_freq=args.min_freq)
-    train_data = TranslationDataset(train, src_vocab, tgt_vocab)
+    if args.bpe_merges:
+        # the library learns the merges (tested equal to tfmlib.bpe.learn_merges); one vocabulary
+        words = [tokenize(text) for pair in train for text in pair]
+        tokenizer = SubwordTokenizer(BPE(learn_merges_tokenizers(word_counts(words), args.bpe_merges)))
+        src_vocab = tgt_vocab = Vocab.build(tokenizer.bpe.encode(w) for w in words)
+    else:
+        tokenizer = WordTokenizer()
+        src_vocab, tgt_vocab = build_vocabs(train, min_freq=args.min_freq)
+    train_data = TranslationDataset(train, src_vocab, tgt_vocab, tokenizer=tokenizer)
     max_len = max(train_data.lengths()) + 60
     print(f"Multi30k {args.src}->{args.tgt} from {data}: {len(train):,} training pairs, "
-          f"{len(test):,} test pairs; "
+          f"{len(test):,} {args.eval_split} pairs; {tokenizer}; "
           f"vocabularies {len(src_vocab):,} / {len(tgt_vocab):,}; {describe(where_it_ran(device))}; "
           f"profile {profile}{' (smoke)' if args.smoke else ''}; precision {precision}; "
           f"{budget_s:.0f} s of training; {config}")
@@ -242,9 +270,10 @@ def main(argv: Sequence[str] | None = None,
     seed_everything(args.seed)
     model = Transformer(len(src_vocab), len(tgt_vocab), d_model=config["d_model"], heads=config["heads"],
                         encoder_layers=config["layers"], decoder_layers=config["layers"], d_ff=config["d_ff"],
-                        dropout=config["dropout"], max_len=max_len)
+                        dropout=config["dropout"], max_len=max_len,
+                        share_embeddings=bool(args.bpe_merges))
     if fast:
-        val_data = TranslationDataset(val, src_vocab, tgt_vocab)
+        val_data = TranslationDataset(val, src_vocab, tgt_vocab, tokenizer=tokenizer)
         val_batches = [b.to(device) for b in make_token_loader(val_data, config["max_tokens"], shuffle=False)]
         run = train_fast(model, train_data, val_batches, config, device=device, precision=precision,
                          use_compile=args.compile, budget_s=budget_s, seed=args.seed,
@@ -273,10 +302,11 @@ def main(argv: Sequence[str] | None = None,
                 else ", MFU: no peak known for this device")
     print(f"trained {steps} steps ({epochs:.1f} epochs) in {seconds:.0f} s, "
           f"{tokens_per_s:,.0f} target tokens/s{flops_note}{mfu_note}")
-    reports = {"greedy": evaluate_translator(model, test, src_vocab, tgt_vocab, lowercase_bleu=True)}
+    reports = {"greedy": evaluate_translator(model, test, src_vocab, tgt_vocab, lowercase_bleu=True,
+                                             tokenizer=tokenizer)}
     reports[f"beam{args.beam_size}"] = evaluate_translator(model, test, src_vocab, tgt_vocab,
                                                           lowercase_bleu=True, beam_size=args.beam_size,
-                                                          alpha=args.alpha)
+                                                          alpha=args.alpha, tokenizer=tokenizer)
     results = {name: report_fields(r) for name, r in reports.items()}
     for name, r in reports.items():
         print(f"  {name:>8s}: {r.bleu}  ({r.seconds:.1f} s to translate {len(test)} sentences)")
@@ -288,13 +318,14 @@ def main(argv: Sequence[str] | None = None,
     payload = {
         "benchmark": "multi30k_transformer",
         "pair": f"{args.src}-{args.tgt}",
-        "test_set": "test_2016_flickr",
+        "test_set": args.eval_split,
         **where_it_ran(device),
         "profile": profile,
         "smoke": args.smoke,
         "budget_s": budget_s,
         "config": {**config, "label_smoothing": args.label_smoothing, "min_freq": args.min_freq,
-                   "beam_size": args.beam_size, "alpha": args.alpha, "seed": args.seed, "max_len": max_len},
+                   "beam_size": args.beam_size, "alpha": args.alpha, "seed": args.seed, "max_len": max_len,
+                   "bpe_merges": args.bpe_merges, "shared_vocab_tied_embeddings": bool(args.bpe_merges)},
         "precision": precision,
         "batches": "token-count (max_tokens padded tokens)" if fast else "sentence-count (batch_size)",
         "compile": run["compile"] if run else "off",
@@ -315,7 +346,11 @@ def main(argv: Sequence[str] | None = None,
         "best_epoch": run["best_epoch"] if run else None,
         "results": results,
     }
-    out = output_path(args, RESULTS_DIR / f"multi30k_transformer_{device.type}.json")
+    committed = RESULTS_DIR / f"multi30k_transformer_{device.type}.json"
+    if args.eval_split != "test_2016_flickr":  # a run of the search: never replaces the reported result
+        tag = f"{device.type}_{args.eval_split}_{run_tag(args, config)}"
+        committed = RESULTS_DIR / "multi30k_search" / f"{tag}.json"
+    out = output_path(args, committed)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(payload, indent=1, ensure_ascii=False) + "\n")
     print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")

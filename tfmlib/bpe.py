@@ -53,7 +53,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from tfmlib.data import SPECIAL_TOKENS
+from tfmlib.data import SPECIAL_TOKENS, Vocab, detokenize, tokenize
 
 INTRODUCED_IN = 11
 
@@ -375,3 +375,55 @@ class BPE:
     @classmethod
     def load(cls, path: str | Path) -> BPE:
         return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+
+
+# --------------------------------------------------------------------------- a text pipeline
+
+
+class SubwordTokenizer:
+    """Text <-> subword pieces: :func:`tfmlib.data.tokenize`, then :meth:`BPE.encode`; back with
+    :meth:`BPE.decode`, then :func:`tfmlib.data.detokenize`.
+
+    A drop-in for :class:`tfmlib.data.WordTokenizer` wherever the book takes a ``tokenizer``
+    (:class:`~tfmlib.data.TranslationDataset`, :func:`tfmlib.decoding.translate`,
+    :func:`tfmlib.decoding.evaluate_translator`). ``text(tokens(s))`` is ``s`` (lowercased), since
+    both steps are lossless::
+
+        tok = SubwordTokenizer(BPE.learn(sentences, 8000))
+        tok.tokens("A t-shirt.")  -> ["a</w>", "t</w>", "@-@</w>", "sh", "irt</w>", ".</w>"]  (say)
+        tok.text(tok.tokens("A t-shirt."))  -> "a t-shirt."
+    """
+
+    def __init__(self, bpe: BPE, lowercase: bool = True):
+        if not isinstance(bpe, BPE):
+            raise TypeError(f"SubwordTokenizer: expected a BPE, got {type(bpe).__name__}")
+        self.bpe = bpe
+        self.lowercase = lowercase
+
+    def tokens(self, text: str) -> list[str]:
+        """The pieces of ``text``."""
+        return self.bpe.encode(tokenize(text, self.lowercase))
+
+    def text(self, tokens: Sequence[str]) -> str:
+        """Pieces back to text (an unfinished last word is kept as it is)."""
+        return detokenize(self.bpe.decode(tokens))
+
+    def __repr__(self) -> str:
+        return f"SubwordTokenizer({self.bpe!r}, lowercase={self.lowercase})"
+
+
+def learn_shared(pairs: Sequence[tuple[str, str]], num_merges: int, min_frequency: int = 2,
+                 lowercase: bool = True) -> tuple[SubwordTokenizer, Vocab]:
+    """One BPE and one vocabulary for both sides of translation ``pairs`` (Vaswani et al. 2017,
+    section 5.1: "a shared source-target vocabulary").
+
+    Merges are learned from the words of sources and targets together; the vocabulary holds every
+    piece the encoded training pairs use (most frequent first, as :meth:`Vocab.build` orders).
+    Returns ``(tokenizer, vocab)``; pass ``vocab`` as both ``src_vocab`` and ``tgt_vocab``.
+    """
+    if len(pairs) == 0:
+        raise ValueError("learn_shared: no pairs")
+    words = [tokenize(text, lowercase) for pair in pairs for text in pair]
+    tokenizer = SubwordTokenizer(BPE.learn(words, num_merges, min_frequency), lowercase)
+    vocab = Vocab.build(tokenizer.bpe.encode(w) for w in words)
+    return tokenizer, vocab

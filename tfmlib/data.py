@@ -164,6 +164,38 @@ def detokenize(tokens: Iterable[str]) -> str:
     return "".join(out)
 
 
+class WordTokenizer:
+    """Text <-> tokens as the book does it from chapter 00: :func:`tokenize` and :func:`detokenize`.
+
+    The default text pipeline of :class:`TranslationDataset` and :func:`tfmlib.decoding.translate`.
+    Another pipeline (e.g. :class:`tfmlib.bpe.SubwordTokenizer`, subword pieces) is any object
+    with the same two methods, ``tokens(text) -> list[str]`` and ``text(tokens) -> str``, such that
+    ``text(tokens(s))`` gives ``s`` back (lowercased).
+    """
+
+    def __init__(self, lowercase: bool = True):
+        self.lowercase = lowercase
+
+    def tokens(self, text: str) -> list[str]:
+        """``text`` as a list of tokens (:func:`tokenize`)."""
+        return tokenize(text, self.lowercase)
+
+    def text(self, tokens: Sequence[str]) -> str:
+        """A list of tokens as text (:func:`detokenize`)."""
+        return detokenize(tokens)
+
+    def __repr__(self) -> str:
+        return f"WordTokenizer(lowercase={self.lowercase})"
+
+
+def check_tokenizer(tokenizer: object, who: str) -> None:
+    """Raise ``TypeError`` unless ``tokenizer`` has callable ``tokens`` and ``text`` methods."""
+    for name in ("tokens", "text"):
+        if not callable(getattr(tokenizer, name, None)):
+            raise TypeError(f"{who}: tokenizer must have methods tokens(text) and text(tokens) "
+                            f"(like tfmlib.data.WordTokenizer); {type(tokenizer).__name__} has no {name}()")
+
+
 class Vocab:
     """A token <-> id mapping with the four special tokens at ids 0..3.
 
@@ -469,15 +501,22 @@ def make_batch(examples: Sequence[tuple[Sequence[int], Sequence[int]]]) -> Batch
 
 
 class TranslationDataset(torch.utils.data.Dataset):
-    """Pairs of texts, tokenized and encoded once: item ``i`` is ``(source_ids, target_ids)``."""
+    """Pairs of texts, tokenized and encoded once: item ``i`` is ``(source_ids, target_ids)``.
+
+    ``tokenizer`` turns a text into tokens (default :class:`WordTokenizer` with ``lowercase``;
+    :class:`tfmlib.bpe.SubwordTokenizer` for subword pieces).
+    """
 
     def __init__(self, pairs: Sequence[Pair], src_vocab: Vocab, tgt_vocab: Vocab,
-                 lowercase: bool = True):
+                 lowercase: bool = True, tokenizer: WordTokenizer | None = None):
         if len(pairs) == 0:
             raise ValueError("TranslationDataset: no pairs")
+        if tokenizer is None:
+            tokenizer = WordTokenizer(lowercase)
+        check_tokenizer(tokenizer, "TranslationDataset")
         self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
         self.examples = [
-            (src_vocab.encode(tokenize(s, lowercase)), tgt_vocab.encode(tokenize(t, lowercase)))
+            (src_vocab.encode(tokenizer.tokens(s)), tgt_vocab.encode(tokenizer.tokens(t)))
             for s, t in pairs
         ]
 

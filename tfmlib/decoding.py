@@ -29,7 +29,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tfmlib.data import BOS_ID, EOS_ID, PAD_ID, Pair, Vocab, detokenize, pad_sequences, tokenize
+from tfmlib.data import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    Pair,
+    Vocab,
+    WordTokenizer,
+    check_tokenizer,
+    pad_sequences,
+    tokenize,
+)
 from tfmlib.metrics import DEFAULT_LENGTH_EDGES, BleuScore, bleu, bleu_by_length, exact_match
 from tfmlib.seq2seq import EncoderDecoder, EncoderOutput, check_source, first_token_batch
 
@@ -341,18 +351,23 @@ def sequence_log_probs(model: EncoderDecoder, src: Tensor, src_mask: Tensor, tok
 
 
 def encode_sources(sentences: Sequence[str], src_vocab: Vocab, who: str = "translate",
-                   lowercase: bool = True) -> list[list[int]]:
-    """Tokenize and encode source sentences (unknown words -> ``<unk>``), EOS appended.
+                   lowercase: bool = True, tokenizer: WordTokenizer | None = None) -> list[list[int]]:
+    """Tokenize and encode source sentences (unknown tokens -> ``<unk>``), EOS appended.
+
+    ``tokenizer``: the text pipeline (default :class:`~tfmlib.data.WordTokenizer` with ``lowercase``).
 
     Raises ``TypeError`` for a non-string and ``ValueError`` for an empty (or blank) sentence.
     """
     if isinstance(sentences, str):
         raise TypeError(f"{who}: expected a list of sentences, got a single str (wrap it in a list)")
+    if tokenizer is None:
+        tokenizer = WordTokenizer(lowercase)
+    check_tokenizer(tokenizer, who)
     ids = []
     for i, s in enumerate(sentences):
         if not isinstance(s, str):
             raise TypeError(f"{who}: sentence {i} is a {type(s).__name__}, not a str")
-        tokens = tokenize(s, lowercase)
+        tokens = tokenizer.tokens(s)
         if not tokens:
             raise ValueError(f"{who}: sentence {i} is empty ({s!r})")
         ids.append(src_vocab.encode(tokens, eos=True))
@@ -361,7 +376,8 @@ def encode_sources(sentences: Sequence[str], src_vocab: Vocab, who: str = "trans
 
 def translate(model: EncoderDecoder, sentences: Sequence[str], src_vocab: Vocab, tgt_vocab: Vocab, *,
               batch_size: int = 128, max_len: int | None = None, device: torch.device | str | None = None,
-              lowercase: bool = True, beam_size: int = 1, alpha: float = 0.6) -> list[str]:
+              lowercase: bool = True, beam_size: int = 1, alpha: float = 0.6,
+              tokenizer: WordTokenizer | None = None) -> list[str]:
     """Translate texts with greedy decoding (``beam_size=1``) or :func:`beam_search` (with length
     penalty ``alpha``); returns one detokenized string per sentence.
 
@@ -374,6 +390,10 @@ def translate(model: EncoderDecoder, sentences: Sequence[str], src_vocab: Vocab,
     that do not fit the model (``src_vocab`` larger than its ``src_vocab_size``: ids it has no
     embedding for; ``tgt_vocab`` smaller than its ``tgt_vocab_size``: ids it could output and
     the vocabulary could not read); a ``max_len`` above the model's ``max_target_len``.
+
+    ``tokenizer`` is the text pipeline both ways: ``tokenizer.tokens`` reads the sources,
+    ``tokenizer.text`` writes the outputs (default :class:`~tfmlib.data.WordTokenizer` with
+    ``lowercase``; :class:`tfmlib.bpe.SubwordTokenizer` for a model trained on subword pieces).
     """
     model_src, model_tgt = getattr(model, "src_vocab_size", None), getattr(model, "tgt_vocab_size", None)
     if model_src is not None and len(src_vocab) > model_src:
@@ -382,7 +402,9 @@ def translate(model: EncoderDecoder, sentences: Sequence[str], src_vocab: Vocab,
     if model_tgt is not None and len(tgt_vocab) < model_tgt:
         raise ValueError(f"translate: tgt_vocab has {len(tgt_vocab)} tokens but the model outputs "
                          f"tgt_vocab_size={model_tgt}: is it the vocabulary the model was trained with?")
-    ids = encode_sources(sentences, src_vocab, "translate", lowercase)
+    if tokenizer is None:
+        tokenizer = WordTokenizer(lowercase)
+    ids = encode_sources(sentences, src_vocab, "translate", tokenizer=tokenizer)
     target_limit = getattr(model, "max_target_len", None)
     if max_len is not None and target_limit is not None and max_len > target_limit:
         raise ValueError(f"translate: max_len={max_len} is more than this model's "
@@ -404,7 +426,7 @@ def translate(model: EncoderDecoder, sentences: Sequence[str], src_vocab: Vocab,
         else:
             decoded = beam_search(model, src.to(device), src_mask.to(device), beam_size, max_len, alpha)
         for i, row, n in zip(chunk, decoded.tokens.tolist(), decoded.lengths.tolist(), strict=True):
-            out[i] = detokenize(tgt_vocab.decode(row[:n]))
+            out[i] = tokenizer.text(tgt_vocab.decode(row[:n]))
     return out
 
 
@@ -420,24 +442,27 @@ class TranslationReport:
     by_length: list[dict] = field(default_factory=list)
     seconds: float = 0.0
 
-    def examples(self, indices: Sequence[int]) -> str:
-        """Source, reference and model output of some sentences, as readable text."""
+    def examples(self, indices: Sequence[int], source_label: str = "en") -> str:
+        """Source, reference and model output of some sentences, as readable text; the source
+        line is labelled ``source_label`` (at most three characters, e.g. the language)."""
         lines = []
         for i in indices:
             mark = "==" if self.hypotheses[i].strip() == self.references[i].strip() else "!="
-            lines += [f"[{i}] en : {self.sources[i]}", f"     ref: {self.references[i]}",
+            lines += [f"[{i}] {source_label:<3}: {self.sources[i]}", f"     ref: {self.references[i]}",
                       f"  {mark} out: {self.hypotheses[i]}", ""]
         return "\n".join(lines)
 
 
 def evaluate_translator(model: EncoderDecoder, pairs: Sequence[Pair], src_vocab: Vocab, tgt_vocab: Vocab, *,
                         edges: Sequence[int] = DEFAULT_LENGTH_EDGES, lowercase_bleu: bool = False,
-                        batch_size: int = 128, beam_size: int = 1, alpha: float = 0.6) -> TranslationReport:
+                        batch_size: int = 128, beam_size: int = 1, alpha: float = 0.6,
+                        tokenizer: WordTokenizer | None = None) -> TranslationReport:
     """Translate the sources of ``pairs`` (greedily, or with beam search when ``beam_size > 1``;
     see :func:`translate`) and score them against the references: corpus
     BLEU, exact matches, and both by source length (tokens, as :func:`~tfmlib.data.tokenize`
     counts them, punctuation included). ``lowercase_bleu`` for corpora with cased references,
-    since the book's vocabularies are lowercase."""
+    since the book's vocabularies are lowercase. ``tokenizer``: the model's text pipeline, as in
+    :func:`translate` (lengths are counted in words all the same)."""
 
     if len(pairs) == 0:
         raise ValueError("evaluate_translator: no pairs to evaluate")
@@ -445,7 +470,7 @@ def evaluate_translator(model: EncoderDecoder, pairs: Sequence[Pair], src_vocab:
     references = [t for _, t in pairs]
     start = time.perf_counter()
     hypotheses = translate(model, sources, src_vocab, tgt_vocab, batch_size=batch_size, beam_size=beam_size,
-                           alpha=alpha)
+                           alpha=alpha, tokenizer=tokenizer)
     seconds = time.perf_counter() - start
     lengths = [len(tokenize(s)) for s in sources]
     if lowercase_bleu:
