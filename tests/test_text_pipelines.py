@@ -19,7 +19,8 @@ from tfmlib.decoding import encode_sources, evaluate_translator, greedy_decode, 
 from tfmlib.transformer import Transformer
 
 PAIRS = [
-    ("Ein Mann in einem T-Shirt kauft Äpfel für 3,50 Euro.", "A man in a t-shirt buys apples for 3.50 euros."),
+    ("Ein Mann in einem T-Shirt kauft Äpfel für 3,50 Euro.",
+     "A man in a t-shirt buys apples for 3.50 euros."),
     ("Zwei Hunde spielen im Schnee...", "Two dogs play in the snow..."),
     ("Eine Frau sagt \"Hallo\" zu ihrem Freund.", "A woman says \"hello\" to her friend."),
     ("Der Junge, der Fußball spielt, ist müde.", "The boy who's playing soccer is tired."),
