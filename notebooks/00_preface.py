@@ -16,8 +16,8 @@
 # %% [markdown]
 # # 00 · Preface: how to use this book
 #
-# This book takes you from a recurrent network to the Transformer in runnable chapters: nine of
-# them so far, 00 to 08 (chapters 09 and 10, listed below, are not written yet).
+# This book takes you from a recurrent network to the Transformer in twelve runnable chapters,
+# 00 to 11; the last one leaves the bundled corpus for real text.
 # Each chapter builds one component in front of you, in PyTorch, checks it against the real
 # thing, measures what it claims, and then moves the finished code into a small package,
 # **`tfmlib`**, which later chapters import instead of retyping it. This preface shows how a run
@@ -36,8 +36,9 @@
 # | 06 | positional encoding | attention ignores order: how do we give it back? |
 # | 07 | the Transformer | feed-forward layers, residuals, LayerNorm, encoder and decoder |
 # | 08 | Transformer translation | training it well, decoding it well, and the comparison with chapters 02–03 |
-# | 09 | decoder-only language model | a small GPT, sampling, and the KV cache (not written yet) |
-# | 10 | scaling up | fused kernels, mixed precision, compilation, several processes (not written yet) |
+# | 09 | decoder-only language model | a small GPT, sampling, and the KV cache |
+# | 10 | scaling up | fused kernels, mixed precision, compilation, several processes |
+# | 11 | real text | words fail on real corpora: byte-pair encoding, one shared vocabulary, the Transformer on Multi30k |
 #
 # **Read** a chapter as it is: every notebook is committed with the outputs of a run in the `cpu`
 # profile. **Run** it: `bash run.sh lab` opens JupyterLab on `notebooks/`; `bash run.sh book`
