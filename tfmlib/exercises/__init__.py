@@ -20,7 +20,7 @@ solution or a broken checker. A checker is a function ``answer -> None`` that ra
 
 from __future__ import annotations
 
-from . import ch00, ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09, ch10  # noqa: F401  (registers the checkers)
+from . import ch00, ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09, ch10, ch11  # noqa: F401  (registers the checkers)
 from .core import (
     Exercise,
     ExerciseFailed,
