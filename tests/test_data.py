@@ -428,3 +428,11 @@ def test_token_batches_reject_bad_arguments_and_make_loaders():
         assert batch.host_facts is not None, "token batches are made by make_batch"
         seen += len(batch)
     assert seen == len(pairs) and len(loader) >= 29 * 8 // 64
+
+
+def test_vocab_iterates_over_its_tokens_and_ends():
+    """Iterating a Vocab gives its tokens in id order and stops (before __iter__ existed, Python fell
+    back to vocab[0], vocab[1], ..., token lookups that return UNK_ID for ever: list(vocab) hung)."""
+    vocab = Vocab.build([["b", "a", "b"]])
+    assert list(vocab) == vocab.itos == ["<pad>", "<bos>", "<eos>", "<unk>", "b", "a"]
+    assert [*vocab, "x"][-1] == "x"

@@ -250,6 +250,11 @@ class Vocab:
     def __contains__(self, token: str) -> bool:
         return token in self.stoi
 
+    def __iter__(self) -> Iterator[str]:
+        """The tokens in id order. (Without it, Python would iterate by calling ``vocab[0]``,
+        ``vocab[1]``, ... which look up *tokens* and return ``UNK_ID`` forever.)"""
+        return iter(self.itos)
+
     def __getitem__(self, token: str) -> int:
         return self.stoi.get(token, UNK_ID)
 
