@@ -28,7 +28,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shuti
 CHROMEDRIVER = shutil.which("chromedriver")
 # Chapters whose formulas broke under the TeX-font MathJax setup, the newest chapter, and their solutions.
 CHAPTERS = ["01_rnn_and_gru", "03_bahdanau_attention", "05_scaled_dot_product_and_multihead",
-            "06_positional_encoding", "10_scaling_up"]
+            "06_positional_encoding", "10_scaling_up", "11_real_text"]
 MATH_PAGES = CHAPTERS + [f"{name}_solutions" for name in CHAPTERS]
 
 # Runs in the page: everything the tests look at, in one round trip.
