@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tfmlib.attention import causal_mask
+from tfmlib.data import PAD_ID
 from tfmlib.lm import DecoderLM, generate
 from tfmlib.rnn import collate_lm, lm_loss
 
@@ -71,6 +72,9 @@ def test_generate_rejects_bad_input():
         generate(model, torch.full((1, 3), 5), 3, top_p=1.5)
     with pytest.raises(ValueError, match="max_new_tokens"):
         generate(model, torch.full((1, 3), 5), 0)
+    left_padded = torch.tensor([[5, 6, 7, 8], [PAD_ID, PAD_ID, 6, 7]])
+    with pytest.raises(ValueError, match=r"row 1 holds PAD_ID \(0\) at position 0.*one length"):
+        generate(model, left_padded, 3)
     with pytest.raises(ValueError, match="divisible"):
         DecoderLM(V, d_model=30, heads=4)
 

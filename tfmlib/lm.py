@@ -180,14 +180,22 @@ def generate(model: DecoderLM, prompt: Tensor, max_new_tokens: int, *, use_cache
     when ``preallocate=False``); ``use_cache=False`` re-runs the model on the whole sequence at
     every step. With ``return_logits`` the logits ``(B, max_new_tokens, V)`` of every choice are
     returned too. Runs in eval mode (restored afterwards), without gradients.
-    ``ValueError`` for an empty prompt, a prompt plus ``max_new_tokens`` longer than the model's
-    context, ``max_new_tokens < 1`` and bad sampling settings.
+    ``ValueError`` for an empty prompt, a prompt that holds ``PAD_ID`` (padding is not masked: one
+    prompt length per batch), a prompt plus ``max_new_tokens`` longer than the model's context,
+    ``max_new_tokens < 1`` and bad sampling settings.
     """
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
         raise ValueError(f"generate: max_new_tokens must be a positive int, got {max_new_tokens!r}")
     if not isinstance(prompt, Tensor) or prompt.dim() != 2 or prompt.shape[0] == 0 or prompt.shape[1] == 0:
         got = tuple(prompt.shape) if isinstance(prompt, Tensor) else type(prompt).__name__
         raise ValueError(f"generate: prompt must be a non-empty (batch, tokens) id tensor, got {got}")
+    padded = (prompt == PAD_ID).nonzero()
+    if len(padded):
+        row, col = padded[0].tolist()
+        raise ValueError(f"generate: prompt row {row} holds PAD_ID ({PAD_ID}) at position {col}; generate "
+                         "masks no padding and gives every row the same positions, so the prompts of one "
+                         "batch must have one length: generate prompts of different lengths separately "
+                         "(or in groups of equal length)")
     total = prompt.shape[1] + max_new_tokens
     if total > model.context:
         raise ValueError(f"generate: a prompt of {prompt.shape[1]} tokens plus "

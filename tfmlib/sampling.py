@@ -70,12 +70,16 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     at least ``p``; the others' logits become ``-inf``. ``logits`` ``(..., V)``; ``p`` in ``(0, 1]``.
 
     Tokens are sorted by probability; a token is kept when the probability of the tokens *before*
-    it is below ``p``, so the most probable token is always kept and ``p = 1`` keeps every token
-    of non-zero probability.
+    it is below ``p``, so the most probable token is always kept. ``p = 1`` returns ``logits``
+    unchanged (in float32 the running sum reaches 1.0 before the last tokens of a long tail, so
+    the rule alone would drop some of them). Ties: of several tokens with the same probability at
+    the boundary, the sort order decides which are kept (``top_k_filter`` keeps them all).
     """
     _check_logits(logits, "top_p_filter")
     if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
         raise ValueError(f"top_p_filter: top_p must be in (0, 1], got {p!r}")
+    if p >= 1.0:
+        return logits
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     probs = torch.softmax(sorted_logits.float(), dim=-1)
     before = probs.cumsum(dim=-1) - probs                                 # mass of the tokens before
