@@ -230,6 +230,32 @@ def test_beam_search_is_the_same_with_and_without_the_cache(norm_first, seed, be
     torch.testing.assert_close(cached.scores, rescored, rtol=1e-4, atol=1e-4)
 
 
+def test_beam_steps_reorder_beams_without_copying_the_cross_attention(monkeypatch):
+    """Reordering beams keeps each sentence's rows within it, so the cross-attention keys and values
+    (the same for every beam) are shared, not copied, at every step; they are selected only when a
+    sentence leaves the batch (review 2026-11-26-ch09, finding 9)."""
+    model = translator(3, False)
+    _, b = random_batch(3, batch=4)
+    cross_copies, beam_selects = [], []
+    select, select_beams = DecoderCache.select, DecoderCache.select_beams
+
+    def counting_select(self, rows):
+        cross_copies.append(len(rows))
+        return select(self, rows)
+
+    def counting_select_beams(self, rows):
+        out = select_beams(self, rows)
+        assert all(k1 is k2 and v1 is v2 for (k1, v1), (k2, v2) in zip(out.cross, self.cross, strict=True))
+        beam_selects.append(len(rows))
+        return out
+
+    monkeypatch.setattr(DecoderCache, "select", counting_select)
+    monkeypatch.setattr(DecoderCache, "select_beams", counting_select_beams)
+    beam_search(model, b.src, b.src_mask, 3, max_len=20)
+    assert len(beam_selects) > 5, "every step reorders the beams"
+    assert len(cross_copies) < len(beam_selects), "a full select happens only when sentences finish"
+
+
 def _imports(path: Path) -> set[str]:
     """The tfmlib modules a file imports anywhere: at the top, in functions, under TYPE_CHECKING."""
     names = set()

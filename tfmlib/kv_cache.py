@@ -170,7 +170,8 @@ class DecoderCache:
     ``length`` is the number of tokens read so far (the position of the next one). ``fork()`` is
     the same state sharing every buffer (what a step extends, leaving its input alone);
     ``select(rows)`` keeps the given batch rows of everything (what :mod:`tfmlib.decoding` calls
-    when sentences finish or beams are reordered); ``nbytes`` is the self-attention caches' memory.
+    when sentences finish); ``select_beams(rows)`` reorders beams within sentences and leaves the
+    cross-attention keys and values alone; ``nbytes`` is the self-attention caches' memory.
     """
 
     layers: list[KVCache]
@@ -193,6 +194,13 @@ class DecoderCache:
     def select(self, rows: Tensor) -> DecoderCache:
         return DecoderCache([c.select(rows) for c in self.layers],
                             [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.cross])
+
+    def select_beams(self, rows: Tensor) -> DecoderCache:
+        """:meth:`select` for ``rows`` that only reorder the beams *within* each sentence (row ``r``
+        of the result comes from a row of the same sentence): the self-attention caches are
+        selected, and the cross-attention keys and values, the same for every beam of a sentence,
+        are kept as they are, not copied (beam search reorders beams at every step)."""
+        return DecoderCache([c.select(rows) for c in self.layers], list(self.cross))
 
     @property
     def nbytes(self) -> int:
