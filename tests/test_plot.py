@@ -18,7 +18,7 @@ from tfmlib.plot import (  # noqa: E402
     plot_history,
     plot_over_seeds,
 )
-from tfmlib.train import History  # noqa: E402
+from tfmlib.train import History, fit  # noqa: E402
 
 KW = dict(title="t", xlabel="x", ylabel="y")
 
@@ -309,3 +309,36 @@ def test_bleu_by_length_is_grouped_bars():
         plot_bleu_by_length({"a": rows, "b": rows[:1]}, title="t")
     with pytest.raises(ValueError, match=r"the rows of 'a' need 'bucket' and 'exact'"):
         plot_bleu_by_length({"a": rows}, title="t", metric="exact")
+
+
+def test_plot_history_weights_each_step_by_its_tokens():
+    """Short bucketed batches (2 tokens, loss 3) between long ones (100 tokens, loss 1): the mean
+    loss per token over a window is (2*3 + 100*1) / 102, not the unweighted 2.0 (review
+    2026-11-26-ch00-02: the unweighted curve drew overfitting that was not there)."""
+    losses, tokens = [3.0, 1.0] * 10, [2, 100] * 10
+    weighted = plot_history(History(step_loss=losses, step_tokens=tokens), title="t", smooth=2)
+    y = weighted.lines[0].get_ydata()
+    assert len(y) == 19 and np.allclose(y, (2 * 3 + 100 * 1) / 102)
+    assert list(weighted.lines[0].get_xdata()) == list(range(2, 21)), "each average sits at its last step"
+    assert "token-weighted" in weighted.get_legend().get_texts()[0].get_text()
+    old = plot_history(History(step_loss=losses), title="t", smooth=2)  # no token counts recorded
+    assert np.allclose(old.lines[0].get_ydata(), 2.0)
+    assert "unweighted" in old.get_legend().get_texts()[0].get_text()
+    assert len(plot_history(History(step_loss=[1.0, 2.0]), title="t", smooth=20).lines[0].get_ydata()) == 1
+
+
+def test_fit_records_the_tokens_of_every_step():
+    model = torch.nn.Linear(2, 1)
+    batches = [(torch.randn(n, 2), torch.randn(n, 1)) for n in (3, 7, 5, 7)]
+
+    def loss_fn(m, batch):
+        x, y = batch
+        return torch.nn.functional.mse_loss(m(x), y), len(x)
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    history = fit(model, batches, loss_fn, optimizer, epochs=2, verbose=False)
+    assert history.step_tokens == [3, 7, 5, 7] * 2
+    again = History.from_dict(history.to_dict())
+    assert again.step_tokens == history.step_tokens
+    older = {k: v for k, v in history.to_dict().items() if k != "step_tokens"}
+    assert History.from_dict(older).step_tokens == []

@@ -111,17 +111,35 @@ def plot_curves(
 
 def plot_history(history: History, *, title: str, ax: plt.Axes | None = None,
                  smooth: int = 20) -> plt.Axes:
-    """Training loss per step (smoothed) and, when recorded, validation loss per epoch."""
+    """Training loss per step and, when recorded, validation loss per epoch.
+
+    The training curve is a trailing average over ``smooth`` steps, each step weighted by its
+    tokens (``history.step_tokens``), the way the epoch's ``train_loss`` and a validation loss
+    are averaged: with length-bucketed batches, an unweighted average gives the many short
+    batches the weight of the few long ones, and a curve that sits apart from the validation loss
+    for that reason alone. A history without token counts (from an older ``to_dict``) is averaged
+    unweighted, and the legend says so.
+    """
     if not history.step_loss:
         raise ValueError("plot_history: the history has no steps")
+    if not isinstance(smooth, int) or isinstance(smooth, bool) or smooth < 1:
+        raise ValueError(f"plot_history: smooth must be an int >= 1, got {smooth!r}")
     ax = _axes(ax, (6, 3.5))
-    plot_curves({"train (per step)": history.step_loss}, title=title, xlabel="optimisation step",
-                ylabel="loss (nats per token)", ax=ax, smooth=smooth)
+    losses = np.asarray(history.step_loss, dtype=float)
+    weighted = len(history.step_tokens) == len(losses)
+    weights = np.asarray(history.step_tokens, dtype=float) if weighted else np.ones_like(losses)
+    window = min(smooth, len(losses))
+    kernel = np.ones(window)
+    curve = np.convolve(losses * weights, kernel, mode="valid") / np.convolve(weights, kernel, mode="valid")
+    label = ("train (token-weighted" if weighted else "train (unweighted") + \
+        (f", last {window} steps)" if window > 1 else ")")
+    plot_curves({label: curve}, title=title, xlabel="optimisation step", ylabel="loss (nats per token)",
+                ax=ax, x=np.arange(window, len(losses) + 1))
     if history.epochs and all("valid_loss" in e for e in history.epochs):
         steps_per_epoch = len(history.step_loss) / len(history.epochs)
         xs = [steps_per_epoch * e["epoch"] for e in history.epochs]
         ax.plot(xs, history.metric("valid_loss"), "o-", label="valid (per epoch)", lw=1.6)
-        ax.legend()
+    ax.legend()
     return ax
 
 

@@ -76,6 +76,9 @@ class History:
 
     * ``step_loss``: the mean loss of every optimisation step, in order (with ``accumulate``, the
       token-weighted mean over the step's batches).
+    * ``step_tokens``: the number of tokens each step's loss is the mean over (the ``n`` the loss
+      function returned, summed over an accumulated step's batches), so that averages over steps
+      can weight each step by its tokens, as ``train_loss`` and a validation loss do.
     * ``epochs``: one dict per epoch: ``epoch``, ``train_loss`` (token-weighted mean),
       ``seconds`` (training time, evaluations excluded), ``tokens_per_second``, plus the keys
       returned by ``eval_fn`` when it runs once per epoch.
@@ -89,6 +92,7 @@ class History:
     """
 
     step_loss: list[float] = field(default_factory=list)
+    step_tokens: list[int] = field(default_factory=list)
     epochs: list[dict[str, float]] = field(default_factory=list)
     evals: list[dict[str, float]] = field(default_factory=list)
     skipped_steps: int = 0
@@ -108,14 +112,16 @@ class History:
 
     def to_dict(self) -> dict[str, Any]:
         """The history as plain data (lists, dicts, floats), e.g. to save in a training state."""
-        return {"step_loss": list(self.step_loss), "epochs": [dict(e) for e in self.epochs],
+        return {"step_loss": list(self.step_loss), "step_tokens": list(self.step_tokens),
+                "epochs": [dict(e) for e in self.epochs],
                 "evals": [dict(e) for e in self.evals], "skipped_steps": self.skipped_steps,
                 "resumed_from_step": self.resumed_from_step}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> History:
         """The inverse of :meth:`to_dict`."""
-        return cls(step_loss=list(d["step_loss"]), epochs=[dict(e) for e in d["epochs"]],
+        return cls(step_loss=list(d["step_loss"]), step_tokens=[int(n) for n in d.get("step_tokens", [])],
+                   epochs=[dict(e) for e in d["epochs"]],
                    evals=[dict(e) for e in d["evals"]], skipped_steps=int(d.get("skipped_steps", 0)),
                    resumed_from_step=int(d.get("resumed_from_step", 0)))
 
@@ -185,6 +191,7 @@ class LossLog:
                 raise ValueError(f"fit: loss became {value} at step {first_step + k}")
             n_tokens = token_count(n_tokens, first_step + k)
             self.history.step_loss.append(value)
+            self.history.step_tokens.append(n_tokens)
             self.epoch_loss += value * n_tokens
             self.epoch_tokens += n_tokens
         if skipped:
