@@ -744,10 +744,18 @@ assert (rows["own"] - rows["own"][0]).abs().max() > 1e-2, "with its own position
 # Look at what a head computes once its weights are fixed: $h_t = \sum_i \alpha_{t,i} W_V x_i$,
 # with $\alpha_{t,i} \ge 0$ and $\sum_i \alpha_{t,i} = 1$. Given the weights, the output is a
 # **linear** function of the inputs, and a **convex combination** of the value vectors: every
-# coordinate of $h_t$ lies between the smallest and the largest value of that coordinate. And
-# stacking attention layers without anything in between only mixes further: two layers with
-# weights $A^{(1)}$ and $A^{(2)}$ are one layer with weights $A^{(2)} A^{(1)}$ (again rows that
-# sum to one) and value map $W_V^{(2)} W_V^{(1)}$. All three, checked:
+# coordinate of $h_t$ lies between the smallest and the largest value of that coordinate. And,
+# *for one input and the weights it produced*, two attention layers with nothing in between mix
+# like one: weights $A^{(2)} A^{(1)}$ (again rows that sum to one) and value map
+# $W_V^{(2)} W_V^{(1)}$. All three, checked below.
+#
+# That last identity is not a statement about what a stack can compute. $A^{(2)}$ is a softmax
+# of scores computed from $h^{(1)}$, the output of layer 1, so *where* layer 2 looks depends on
+# what layer 1 read, and no single layer on $x$ need produce the weights $A^{(2)} A^{(1)}$. Two
+# attention layers compute functions one cannot (question 4 at the end asks you to find one with
+# step 7's order-blind layer), which is how two attention-only layers form the "induction heads"
+# of Elhage et al. (2021) and Olsson et al. (2022). What stacking does not add is a non-linear map
+# of *what* is read: every output is still a convex mixing of linearly mapped values.
 
 # %%
 torch.manual_seed(run.seed)
@@ -761,14 +769,14 @@ lin_err = ((A1 @ ((2 * xs - 3 * ys) @ W_V1.T)) - (2 * (A1 @ (xs @ W_V1.T)) - 3 *
 v1 = xs @ W_V1.T
 inside = bool((h1 >= v1.min(dim=1, keepdim=True).values - 1e-12).all()
               and (h1 <= v1.max(dim=1, keepdim=True).values + 1e-12).all())
-# 3. two attention layers in a row are one attention layer
+# 3. for this input and these weights, two attention layers in a row mix like one
 h2, A2 = attention(h1 @ Ws[2].T, h1 @ Ws[3].T, h1 @ W_V2.T, causal=False)
 one_layer = (A2 @ A1) @ (xs @ (W_V2 @ W_V1).T)
 print(f"linear given the weights: max |error| = {lin_err.item():.1e}; outputs inside the values' range: {inside}")
 print(f"two stacked attention layers = one with weights A2 A1: max |error| = {(h2 - one_layer).abs().max().item():.1e}; "
       f"rows of A2 A1 sum to 1 (max |sum - 1| = {((A2 @ A1).sum(-1) - 1).abs().max().item():.1e})")
 assert lin_err < 1e-10 and inside, "given its weights, attention is a linear, convex combination of the values"
-assert torch.allclose(h2, one_layer, atol=1e-10), "two attention layers in a row are one attention layer"
+assert torch.allclose(h2, one_layer, atol=1e-10), "given their weights, two attention layers mix like one"
 
 # %% [markdown]
 # So where is the non-linearity? Only in the **weights**: $\alpha$ is a softmax of scores that
@@ -1267,8 +1275,9 @@ if run.profile != "smoke":
 #   $h_t = \sum_i \alpha_{t,i} v_i$. Giving the query the key's position $p(i)$ makes every
 #   query's positional preference the same (checked, and measured: little better than no
 #   positions on a relative-position task).
-# * **Step 8.** Given its weights, attention is linear and convex; two attention layers with
-#   nothing in between are one attention layer (checked). One head without a non-linearity cannot compute XOR of two marked bits (proved,
+# * **Step 8.** Given its weights, attention is linear and convex; given their weights, two
+#   attention layers with nothing in between mix like one (checked), though the stack computes
+#   more than one layer can, since layer 2's weights depend on what layer 1 read. One head without a non-linearity cannot compute XOR of two marked bits (proved,
 #   and measured); several heads can (XOR measured), but a position-wise FFN is what makes a
 #   non-linear function of what was gathered easy (measured on the band task).
 # * Measured side by side: attention beats the GRU at content retrieval from many facts; the GRU
@@ -1377,6 +1386,11 @@ exercises.check("04.attention_with_positions", attention_with_positions)
 #   autoregressive transformers with linear attention.* ICML. Attention with a kernel feature map
 #   (§3.2), causal masking as a running sum (§3.3), and the resulting recurrence (§3.4): the road
 #   of this chapter travelled backwards (question 7).
+# * N. Elhage, N. Nanda, C. Olsson et al. (2021). *A mathematical framework for transformer
+#   circuits.* Transformer Circuits Thread. Attention-only models read as paths; two layers
+#   compose (K- and Q-composition) into induction heads, which one layer cannot form. C. Olsson
+#   et al. (2022), *In-context learning and induction heads*, same thread, trace them in trained
+#   models.
 # * M. Hahn (2020). *Theoretical limitations of self-attention in neural sequence models.*
 #   TACL 8, 156–171. Limits of fixed-size hard (§5) and soft (§6) attention on parity and on
 #   hierarchical structure; for soft attention, one flipped input moves the output by $O(1/n)$ (§6).
