@@ -871,6 +871,15 @@ plt.show()
 # by a GRU whose state, as chapter 01 showed, is a weighted average that favours the most
 # recent words. A vector of fixed size must hold a sentence of any length.
 #
+# How soon that bites depends on the model and its training, not on fixed-size vectors as such.
+# Sutskever et al. (2014, §3.7 and Fig. 3) found that a 4-layer LSTM of 1,000 cells per layer,
+# reading reversed sources, "did not have difficulty on long sentences" (BLEU about flat up to 35
+# words); its sentence vector holds 8,000 numbers, against this model's $H$ (printed with the
+# configuration at the top), and it trained for days. Cho et al. (2014) and Bahdanau et al.'s
+# RNNencdec (2015, Fig. 2), with single-layer encoders of 1,000 units, saw the fall measured here.
+# What this chapter shows is the bottleneck of a small, briefly trained model; attention, in
+# chapter 03, removes it at any size.
+#
 # The fixes tried first made the summary's job easier: reversing the source so the first words
 # are read last (Sutskever et al. 2014), reading it in both directions. The solutions notebook
 # trains both against this model: in the committed run, reversal made no measurable difference
@@ -922,8 +931,9 @@ print(f"saved to {path.name} ({path.stat().st_size / 1e6:.1f} MB), restored on {
 #   as one call over the whole sequence.
 # * Greedy decoding feeds back the argmax until `<eos>`; in a batch, finished rows are padded.
 # * BLEU, computed with sacreBLEU and reported with its signature, measures quality over a test
-#   set. Measured by source length, the fixed-vector model is good on short sentences and
-#   degrades steadily as they grow: the bottleneck that attention removes in chapter 03.
+#   set. Measured by source length, this small fixed-vector model is good on short sentences
+#   and degrades steadily as they grow: the bottleneck that attention removes in chapter 03
+#   (a far larger LSTM, Sutskever et al. 2014, held up on long sentences).
 #
 # ## Exercises
 #
