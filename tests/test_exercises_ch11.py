@@ -140,8 +140,24 @@ def test_byte_fallback_round_trips_what_a_vocab_would_map_to_unk():
     assert vocab.encode(bpe.encode(words)).count(vocab["<unk>"]) > 0      # without the fallback: <unk>
 
 
+def _encode_per_character(bpe, vocab, word):
+    """The libraries' rule (sentencepiece, tokenizers): a missing piece falls back character by
+    character, keeping the characters the vocabulary has; not this exercise's rule."""
+    out = []
+    for piece in bpe.encode_word(word):
+        if piece in vocab:
+            out.append(piece)
+            continue
+        ends = piece.endswith(END_OF_WORD)
+        for c in piece[: -len(END_OF_WORD)] if ends else piece:
+            out += [c] if c in vocab else _byte_pieces(c)
+        out += [END_OF_WORD] if ends else []
+    return out
+
+
 @pytest.mark.parametrize("answer, fragments", [
     ((lambda bpe, vocab, word: bpe.encode_word(word), decode_with_bytes), ("left as they are", "<unk>")),
+    ((_encode_per_character, decode_with_bytes), ("per *piece*", "per character")),
     ((_encode_variant(byte="<0x{:02x}>"), decode_with_bytes), ("uppercase hex",)),
     ((_encode_variant(byte="<0x{:X}>"), decode_with_bytes), ("two hex digits",)),
     ((_encode_variant(as_bytes=lambda t: [ord(c) for c in t]), decode_with_bytes), ("code points",)),

@@ -158,7 +158,14 @@ def _check_byte_fallback(answer: Any) -> None:
                     raise Wrong(f"{where}: {why}")
             if "".join(got) == "".join(want).lower():
                 raise Wrong(f"{where}: write each byte in uppercase hex (<0xC3>)")
-            raise Wrong(f"{where}: expected {want}, got {got}")
+            if any(p not in vocab and not _BYTE_PIECE.fullmatch(_split_end(p)[0]) and p != END_OF_WORD
+                   for p in got):
+                raise Wrong(f"{where}: expected {want}, got {got}: a piece of yours is neither in the "
+                            "vocabulary nor a byte piece, so it would still be read as <unk>")
+            raise Wrong(f"{where}: expected {want}, got {got}. This exercise falls back per *piece*: a "
+                        "piece the vocabulary lacks becomes the bytes of its whole text, and every other "
+                        "piece stays as BPE made it (sentencepiece and tokenizers fall back per character "
+                        "instead, a different rule)")
     # decoding: the reference's pieces of whole sentences, then your own, back to the words
     sentences = [tokenize(s) for s in _SENTENCES[:4]] + [_UNSEEN, ["die", "straße", "kostet", "5€", "😀"]]
     for vocab in (full, small):
@@ -428,10 +435,15 @@ def _check_wordpiece_merges(learn: Callable[..., Any]) -> None:
                         f"min_frequency={min_frequency}")
         s_mine, s_right = _score(pairs, symbols, mine), _score(pairs, symbols, right)
         if s_mine == s_right:
-            raise Wrong(f"{step}: {mine} and {right} tie with score {s_mine}; ties go to the pair whose left "
-                        "symbol entered the vocabulary first, then the right one (characters in code-point "
-                        f"order, then {END_OF_WORD!r}, then merged symbols in the order made), as in "
-                        "learn_merges")
+            parts = [f"count({a}{b}) = {pairs[(a, b)]}, count({a}) = {symbols[a]}, count({b}) = {symbols[b]}"
+                     for a, b in (mine, right)]
+            raise Wrong(f"{step}: {mine} and {right} tie with score {s_mine} ({parts[0]}; {parts[1]}), "
+                        "and ties go to the pair whose left symbol entered the vocabulary first, then the "
+                        f"right one (characters in code-point order, then {END_OF_WORD!r}, then merged "
+                        "symbols in the order made), as in learn_merges. If "
+                        "your tie rule is that one, your scores for these two differ: compare them exactly "
+                        "(fractions.Fraction; floats can round equal scores apart) and count each symbol "
+                        "over the current segmentation of every word")
         frequent = max(pairs[pr] for pr in pairs if pairs[pr] >= min_frequency)
         if pairs[mine] == frequent and pairs[right] < frequent:
             raise Wrong(f"{step}: you took {mine}, the most frequent pair ({pairs[mine]} times), which is "
