@@ -231,6 +231,18 @@ def dropout_global_random(bpe, word, p, rng):        # ignores the generator it 
     return dropout_encode(bpe, word, p, _global)
 
 
+def dropout_per_occurrence(bpe, word, p, rng):      # drops and merges one occurrence at a time
+    symbols = split_word(word)
+    while True:
+        found = [(bpe.ranks[pair], i) for i, pair in enumerate(zip(symbols, symbols[1:], strict=False))
+                 if pair in bpe.ranks]
+        kept = [f for f in found if not rng.random() < p]
+        if not kept:
+            return symbols
+        _, i = min(kept)
+        symbols = symbols[:i] + [symbols[i] + symbols[i + 1]] + symbols[i + 2:]
+
+
 def dropout_loses_end(bpe, word, p, rng):
     pieces = dropout_encode(bpe, word, p, rng)
     return pieces[:-1] if pieces[-1] == END_OF_WORD else pieces
@@ -265,6 +277,7 @@ def test_bpe_dropout_accepts_another_use_of_the_generator():
     (dropout_only_delays, ("only delays",)),
     (dropout_global_random, ("generator passed in",)),
     (dropout_loses_end, ("does not spell",)),
+    (dropout_per_occurrence, ("never makes", "each to all its occurrences")),
     (lambda bpe, word, p, rng: [*word, END_OF_WORD], ("at p=0", "single characters")),
 ])
 def test_bpe_dropout_rejects_wrong_answers_with_specific_messages(answer, fragments):
