@@ -29,7 +29,7 @@
 # |---|---|---|
 # | 00 | preface | how do I run, read and reuse this book? |
 # | 01 | RNN and GRU | how does a network carry a sentence in one vector, and why do gates help gradients? |
-# | 02 | seq2seq | can one fixed vector carry a whole sentence into another language? (for a small model, not a long one) |
+# | 02 | seq2seq | can one fixed vector carry a whole sentence into another language? (not for long sentences, in a small model) |
 # | 03 | Bahdanau attention | what if the decoder looks back at every source word? |
 # | 04 | from GRU to self-attention | which parts of a GRU can we free, one by one, until it becomes self-attention? |
 # | 05 | scaled dot-product and multi-head attention | why the $\sqrt{d_k}$, the masks, the heads? |
