@@ -18,7 +18,8 @@
 #
 # Worked solutions to the coding exercises of chapter 11, each followed by its checker with
 # `must_pass=True`, so this notebook fails loudly if a solution (or a checker) breaks, and each
-# tried on the chapter's corpus. Then an answer to every question, measured where the answer can
+# tried on the chapter's corpus (Multi30k when it is on disk, the bundled corpus otherwise; the
+# first line printed says which). Then an answer to every question, measured where the answer can
 # be measured. Try the exercises in the chapter first.
 
 # %%
@@ -36,12 +37,16 @@ from tfmlib.data import UNK, Vocab, tokenize
 run = setup(seed=0, smoke=dict(pairs=300, merges=300), cpu=dict(pairs=3000, merges=1000),
             gpu=dict(pairs=3000, merges=1000))
 
-pairs = load_corpus()["train"][: run.pairs]
+try:
+    corpus_name, corpus = "multi30k (de -> en)", load_corpus("multi30k")
+except FileNotFoundError:
+    corpus_name, corpus = "the bundled corpus (en -> fr)", load_corpus("synthetic")
+pairs = corpus["train"][: run.pairs]
 sentences = [tokenize(text) for pair in pairs for text in pair]
 counts = word_counts(sentences)
 bpe = BPE(learn_merges(counts, run.merges))
 vocab = Vocab.build(bpe.encode(s) for s in sentences)
-print(f"{len(pairs)} training pairs, {len(counts)} distinct words, {len(bpe)} merges, {len(vocab)} pieces "
+print(f"{corpus_name}: {len(pairs)} training pairs, {len(counts)} distinct words, {len(bpe)} merges, {len(vocab)} pieces "
       "in the vocabulary")
 
 # %% [markdown]
