@@ -726,16 +726,20 @@ def _select_rows(enc: EncoderOutput, rows: Tensor) -> EncoderOutput:
 
 # %%
 # tfmlib-source: tfmlib.decoding._select_state
-def _select_state(state: object, rows: Tensor) -> object:
+def _select_state(state: object, rows: Tensor, beams_only: bool = False) -> object:
     """A decoder ``state`` (a tensor, a tuple/list of them, batch first, or an object with a
     ``select(rows)`` method such as chapter 09's :class:`~tfmlib.kv_cache.DecoderCache`) at the
-    given rows."""
+    given rows. ``beams_only``: the rows only reorder beams within sentences, so a state with a
+    ``select_beams`` method may keep what is the same for every beam (the cross-attention keys and
+    values) instead of copying it."""
     if isinstance(state, Tensor):
         return state.index_select(0, rows)
+    if beams_only and callable(getattr(state, "select_beams", None)):
+        return state.select_beams(rows)
     if hasattr(state, "select") and callable(state.select):
         return state.select(rows)
     if isinstance(state, (tuple, list)):
-        return type(state)(_select_state(s, rows) for s in state)
+        return type(state)(_select_state(s, rows, beams_only) for s in state)
     raise TypeError(f"decoding: a decoder state must be a tensor or a tuple of tensors, got "
                     f"{type(state).__name__}")
 

@@ -854,16 +854,20 @@ def _select_rows(enc: EncoderOutput, rows: Tensor) -> EncoderOutput:
 
 # %%
 # tfmlib-source: tfmlib.decoding._select_state
-def _select_state(state: object, rows: Tensor) -> object:
+def _select_state(state: object, rows: Tensor, beams_only: bool = False) -> object:
     """A decoder ``state`` (a tensor, a tuple/list of them, batch first, or an object with a
     ``select(rows)`` method such as chapter 09's :class:`~tfmlib.kv_cache.DecoderCache`) at the
-    given rows."""
+    given rows. ``beams_only``: the rows only reorder beams within sentences, so a state with a
+    ``select_beams`` method may keep what is the same for every beam (the cross-attention keys and
+    values) instead of copying it."""
     if isinstance(state, Tensor):
         return state.index_select(0, rows)
+    if beams_only and callable(getattr(state, "select_beams", None)):
+        return state.select_beams(rows)
     if hasattr(state, "select") and callable(state.select):
         return state.select(rows)
     if isinstance(state, (tuple, list)):
-        return type(state)(_select_state(s, rows) for s in state)
+        return type(state)(_select_state(s, rows, beams_only) for s in state)
     raise TypeError(f"decoding: a decoder state must be a tensor or a tuple of tensors, got "
                     f"{type(state).__name__}")
 
@@ -947,7 +951,7 @@ def beam_search(model: EncoderDecoder, src: Tensor, src_mask: Tensor, beam_size:
             chosen_beam = top_beam.gather(1, order)                           # (n, K)
             keep_rows = (torch.arange(n, device=device)[:, None] * K + chosen_beam).view(-1)
             prev = top_token.gather(1, order).view(-1)
-            state = _select_state(out.state, keep_rows)
+            state = _select_state(out.state, keep_rows, beams_only=True)  # cross K/V stay shared
             bound = beam_scores.max(dim=1).values / best_bound_penalty       # (n,)
             # The one read from the device in this step: everything the host-side bookkeeping needs.
             host = torch.cat([top_scores.double(), top_index.double(), new_finished.double(),
