@@ -751,11 +751,11 @@ assert (rows["own"] - rows["own"][0]).abs().max() > 1e-2, "with its own position
 #
 # That last identity is not a statement about what a stack can compute. $A^{(2)}$ is a softmax
 # of scores computed from $h^{(1)}$, the output of layer 1, so *where* layer 2 looks depends on
-# what layer 1 read, and no single layer on $x$ need produce the weights $A^{(2)} A^{(1)}$. Two
-# attention layers compute functions one cannot (question 4 at the end asks you to find one with
-# step 7's order-blind layer), which is how two attention-only layers form the "induction heads"
-# of Elhage et al. (2021) and Olsson et al. (2022). What stacking does not add is a non-linear map
-# of *what* is read: every output is still a convex mixing of linearly mapped values.
+# what layer 1 read, and no single layer on $x$ need produce the weights $A^{(2)} A^{(1)}$. Such
+# composition is what lets two attention layers in a Transformer (with residual connections and
+# positions) form the "induction heads" of Elhage et al. (2021) and Olsson et al. (2022), which
+# one layer cannot. What stacking does not add is a non-linear map of *what* is read: given the
+# weights, every output is still a convex mixing of linearly mapped values.
 
 # %%
 torch.manual_seed(run.seed)
@@ -773,7 +773,8 @@ inside = bool((h1 >= v1.min(dim=1, keepdim=True).values - 1e-12).all()
 h2, A2 = attention(h1 @ Ws[2].T, h1 @ Ws[3].T, h1 @ W_V2.T, causal=False)
 one_layer = (A2 @ A1) @ (xs @ (W_V2 @ W_V1).T)
 print(f"linear given the weights: max |error| = {lin_err.item():.1e}; outputs inside the values' range: {inside}")
-print(f"two stacked attention layers = one with weights A2 A1: max |error| = {(h2 - one_layer).abs().max().item():.1e}; "
+print(f"two stacked layers mix like one with weights A2 A1 (this input): max |error| = "
+      f"{(h2 - one_layer).abs().max().item():.1e}; "
       f"rows of A2 A1 sum to 1 (max |sum - 1| = {((A2 @ A1).sum(-1) - 1).abs().max().item():.1e})")
 assert lin_err < 1e-10 and inside, "given its weights, attention is a linear, convex combination of the values"
 assert torch.allclose(h2, one_layer, atol=1e-10), "given their weights, two attention layers mix like one"
@@ -1276,8 +1277,8 @@ if run.profile != "smoke":
 #   query's positional preference the same (checked, and measured: little better than no
 #   positions on a relative-position task).
 # * **Step 8.** Given its weights, attention is linear and convex; given their weights, two
-#   attention layers with nothing in between mix like one (checked), though the stack computes
-#   more than one layer can, since layer 2's weights depend on what layer 1 read. One head without a non-linearity cannot compute XOR of two marked bits (proved,
+#   attention layers with nothing in between mix like one (checked), and layer 2's weights
+#   depend on what layer 1 read. One head without a non-linearity cannot compute XOR of two marked bits (proved,
 #   and measured); several heads can (XOR measured), but a position-wise FFN is what makes a
 #   non-linear function of what was gathered easy (measured on the band task).
 # * Measured side by side: attention beats the GRU at content retrieval from many facts; the GRU
