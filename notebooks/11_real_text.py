@@ -18,10 +18,12 @@
 #
 # Every model so far read whole words, and on the book's bundled corpus nothing went wrong: its
 # grammar has a closed list of words, so a test sentence holds no word the training sentences
-# lacked. Real text is not like that. Names, numbers, compounds and rare inflections keep
-# arriving, and a word vocabulary can only map each of them to `<unk>`: the translation of
-# "Ein Boston Terrier läuft über leuchtend grünes Gras" comes out as "a boston `<unk>` runs
-# across `<unk>` green grass". Vaswani et al. (2017, §5.1) did not train on words: they encoded
+# lacked. Real text is not like that. Compounds, rare inflections, names and numbers keep
+# arriving, and a word vocabulary can only map each of them to `<unk>`. The second sentence of
+# Multi30k's test set, "Ein Boston Terrier läuft über saftig-grünes Gras vor einem weißen
+# Zaun", holds "saftig" ("lush"), which the 29,000 German training sentences use once (section 1
+# prints the counts): a vocabulary of the 10,000 most frequent German words reads it as `<unk>`,
+# and a model trained on it cannot translate it, however long it trains. Vaswani et al. (2017, §5.1) did not train on words: they encoded
 # sentences "using byte-pair encoding, which has a shared source-target vocabulary of about
 # 37000 tokens", and every large model since reads text as pieces of words.
 #
@@ -65,14 +67,11 @@ import torch
 from tokenizers import pre_tokenizers
 
 from tfmlib import exercises
-from tfmlib.bpe import (  # the listings in section 2 call the argument checks and two small helpers
+from tfmlib.bpe import (  # the listings in section 2 call two small helpers
     BPE,
     END_OF_WORD,
     Merge,
     SubwordTokenizer,
-    _check_counts,
-    _check_learning,
-    _check_word,
     initial_symbols,
     learn_merges,
     learn_merges_tokenizers,
@@ -93,8 +92,8 @@ run = setup(
                check_pairs=300, check_merges=50, batch_size=32, steps=30, warmup=10, peak_lr=2e-3,
                transformer=dict(d_model=32, heads=2, encoder_layers=1, decoder_layers=1, d_ff=64, dropout=0.1),
                error_sentences=20),
-    # cpu: 700 steps of 128 sentences, 0.3-0.4 s a step on 2 cores of an AVX2 CPU (about 74 GFLOP/s):
-    # some 4-5 minutes of training, about three passes over Multi30k's 29,000 pairs
+    # cpu: 700 steps of 128 sentences, about three passes over Multi30k's 29,000 pairs: 0.79 s a step
+    # (556 s) on one thread of an AVX2 CPU that does about 74 GFLOP/s on 2 cores, beside other work
     cpu=dict(train_pairs=None, test_pairs=None, merges=4_000, sweep_merges=[0, 500, 1_000, 2_000, 4_000, 8_000, 16_000],
              sweep_words=[1_000, 2_000, 5_000, 10_000, 20_000], check_pairs=3_000, check_merges=300,
              batch_size=128, steps=700, warmup=200, peak_lr=2e-3,
@@ -166,6 +165,11 @@ seen_source_words = set(word_counts(train_words[0]))
 unseen = Counter(w for s in test_words[0] for w in s if w not in seen_source_words)
 print(f"\nsource words in the test set never seen in training: {sum(unseen.values())} tokens, "
       f"{len(unseen)} distinct; the most frequent: {', '.join(w for w, _ in unseen.most_common(12))}")
+source_counts = word_counts(train_words[0])
+top_10k = {w for w, _ in source_counts.most_common(10_000)}
+if len(test_pairs) > 1:
+    print(f"test sentence 2, {test_pairs[1][0]!r}: training counts of its words outside the 10,000 most "
+          f"frequent: {[(w, source_counts[w]) for w in test_words[0][1] if w not in top_10k]}")
 if real_text:
     assert all_words_rows["source"]["unknown"] > 0.005, \
         "on real text even a vocabulary of every training word misses some test words"
@@ -173,8 +177,9 @@ if real_text:
 
 # %% [markdown]
 # Even a vocabulary of *every* training word (the last row of each side) leaves test words
-# unknown on real text, and the words it misses are the ones a translation most needs to get
-# right: names, compounds (German writes them as one word), numbers and rare inflections. On
+# unknown on real text, and the words it misses are ones a translation needs to get right: in
+# the list printed above, mostly German compounds (German writes them as one word) and rare
+# inflections of known stems. On
 # the bundled corpus the rate is zero at full size: its lexicon is closed, which is why
 # chapters 02 to 10 could ignore the problem. The printed words above show what kind of
 # word goes missing in this run.
@@ -188,10 +193,11 @@ if real_text:
 #
 # ![Byte-pair encoding on the paper's toy counts: merges learned from word counts, then applied in order to a new word; and one embedding matrix used three times](figures/11_bpe.svg)
 #
-# *Top: the four words of Sennrich et al.'s example with their counts; each merge glues the most
-# frequent adjacent pair of symbols into one, and a new word is encoded by replaying the merges
-# in the order they were learned. Bottom: with one vocabulary for both languages, one matrix $E$
-# embeds source tokens, embeds target tokens and (transposed) computes the output logits.*
+# *(a) The four words of Sennrich et al.'s example with their counts; each merge glues the most
+# frequent adjacent pair of symbols into one (ties go to the pair whose symbols came first).
+# (b) A new word is encoded by replaying the merges in the order they were learned. (c) With one
+# vocabulary for both languages, one matrix $E$ embeds source tokens, embeds target tokens and
+# (transposed) computes the output logits.*
 #
 # **Learning.** Start from words as sequences of characters, each word ending in an
 # end-of-word symbol `</w>`, weighted by how often the word occurs. Let $c(a, b)$ be the number
@@ -285,6 +291,39 @@ def apply_merges(word: str, merges: Sequence[Merge]) -> list[str]:
 
 
 # %% [markdown]
+# The listings check their arguments first, so that a bad input gets a message that names it:
+
+# %%
+# tfmlib-source: tfmlib.bpe._check_counts
+def _check_counts(counts: Mapping[str, int], who: str) -> None:
+    if not isinstance(counts, Mapping):
+        raise TypeError(f"{who}: counts must be a mapping word -> count, got {type(counts).__name__}")
+    for word, count in counts.items():
+        _check_word(word, who)
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            raise ValueError(f"{who}: the count of {word!r} must be an int >= 1, got {count!r}")
+
+
+# %%
+# tfmlib-source: tfmlib.bpe._check_word
+def _check_word(word: str, who: str) -> None:
+    if not isinstance(word, str):
+        raise TypeError(f"{who}: words must be str, got {type(word).__name__}")
+    if not word or any(c.isspace() for c in word):
+        raise ValueError(f"{who}: a word must be non-empty and hold no space, got {word!r}")
+    if END_OF_WORD in word:
+        raise ValueError(f"{who}: the word {word!r} contains the end-of-word symbol {END_OF_WORD!r}")
+
+
+# %%
+# tfmlib-source: tfmlib.bpe._check_learning
+def _check_learning(num_merges: int, min_frequency: int, who: str) -> None:
+    for name, value, low in (("num_merges", num_merges, 0), ("min_frequency", min_frequency, 1)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ValueError(f"{who}: {name} must be an int >= {low}, got {value!r}")
+
+
+# %% [markdown]
 # The paper's example: four words and their counts.
 
 # %%
@@ -296,6 +335,10 @@ for word in ("lowest", "newer", "wider", "low"):
     print(f"{word:>7} -> {apply_merges(word, toy_merges)}")
 
 # %% [markdown]
+# The paper prints (e, s), (es, t), (est, </w>), (l, o), (lo, w) for the same words: merges 2 and
+# 3 above are a tie (three pairs occur 9 times) broken the other way, by this module's rule;
+# subword-nmt takes yet another pair among equals. Both orders end with the same pieces here.
+#
 # "lowest" never occurred, yet it is written in two known pieces, `low` and `est</w>`: the
 # pieces carry meaning a model can learn ("-est" as a superlative) where a word vocabulary has
 # only `<unk>`.
@@ -340,9 +383,10 @@ for word, _ in unseen.most_common(8):
     print(f"  unseen {word!r:>18} -> {bpe.encode_word(word)}")
 
 # %% [markdown]
-# The first merges glue the most frequent letter pairs, then the endings of frequent words, then
-# whole frequent words; much later merges build rarer stems. The words the word vocabulary
-# could not read are now sequences of known pieces (the lines above).
+# The first merges glue the most frequent endings and letter pairs (`n</w>`, `e</w>`, `in`,
+# `er`: the end-of-word symbol makes an ending a pair like any other); by the 4,000th merge
+# they complete whole, less frequent words (`schwimm` + `brille</w>`). The words the word
+# vocabulary could not read are now sequences of known pieces (the lines above).
 #
 # ### The same merges as a well-kept library
 #
@@ -390,9 +434,9 @@ print("Whitespace split:", [w for w, _ in pre_tokenizers.Whitespace().pre_tokeni
 # A vocabulary size is a trade: more entries make sentences shorter (fewer steps for the
 # decoder, less attention to compute) but leave each entry fewer training examples, and for
 # words, any size leaves some test words unknown. For subwords, the vocabulary is every piece
-# the encoded training set uses; a test piece is unknown only if it holds a character never
-# seen in training. The sweep below measures both sides of the trade for words (the $N$ most
-# frequent) and for BPE with $M$ merges ($M = 0$: characters).
+# the encoded training set uses, and a test piece outside it is unknown (below: which pieces
+# those are). The sweep measures both sides of the trade for words (the $N$ most frequent) and
+# for BPE with $M$ merges ($M = 0$: characters).
 
 # %%
 def subword_row(merges: int) -> dict:
@@ -445,17 +489,19 @@ if real_text:
 # %% [markdown]
 # Read the two panels together. Characters ($M = 0$) never fail but make sentences several
 # times longer. Each doubling of the merges shortens the sentences less than the one before,
-# and past a few thousand merges BPE's sentences are within a token or two of the word
-# sentences. The words' unknown rate falls as the vocabulary grows but never reaches zero on
-# real text; BPE's stays near zero at every size, at a vocabulary several times smaller than
-# the full word list. What BPE leaves unknown is of two kinds: characters absent from the
-# training set, and pieces that the training set only ever uses inside longer pieces (a merge
+# and past a few thousand merges BPE's sentences are within a few tokens of the word
+# sentences (at the model's 4,000 merges, 15.0 pieces against 12.7 words per sentence in the
+# committed run). The words' unknown rate falls as the vocabulary grows but never reaches zero
+# on real text; BPE's stays near zero at every size, at a vocabulary several times smaller than
+# the full word list. What BPE leaves unknown could be of two kinds: characters absent from the
+# training set (none in Multi30k's test set: the rate is zero at $M = 0$), and pieces that the
+# training set only ever uses inside longer pieces (a merge
 # made early, say `schne`, can be absorbed by later merges into `schnee</w>` everywhere in
 # training, so it is not in the vocabulary of used pieces, while a test word still needs it).
 # That second kind grows with the number of merges, which is why the rate creeps up at the
 # largest sizes; subword-nmt's `--vocabulary-threshold` undoes such merges at encoding time. The
-# model below uses the size printed in its configuration (`merges`): small enough that each
-# piece is seen often in 29,000 sentence pairs.
+# model below uses the size printed in its configuration (`merges`); the next cell prints how
+# often its pieces occur in the training pairs, which is what the size trades against length.
 #
 # ## 5. One vocabulary, one embedding matrix
 #
@@ -472,7 +518,8 @@ if real_text:
 # embedding, and every gradient the output layer receives also trains the input embeddings:
 # rare pieces, seldom seen as inputs, learn from every step in which they were a wrong
 # prediction. `Transformer(..., share_embeddings=True)` (with `tie_output=True`, the default)
-# builds it; `learn_shared`-style code is below, done by hand so each step shows.
+# builds it. `tfmlib.bpe.learn_shared` learns the BPE and the vocabulary in one call; here each
+# step is written out.
 
 # %%
 tokenizer = SubwordTokenizer(bpe)
@@ -481,6 +528,11 @@ source_pieces = {p for s in train_words[0] for p in bpe.encode(s)}
 target_pieces = {p for s in train_words[1] for p in bpe.encode(s)}
 print(f"shared vocabulary: {len(vocab):,} pieces; {len(source_pieces):,} used by the source side, "
       f"{len(target_pieces):,} by the target side, {len(source_pieces & target_pieces):,} by both")
+piece_counts = Counter(p for side in (0, 1) for s in train_words[side] for p in bpe.encode(s))
+rare_pieces = sum(c < 10 for c in piece_counts.values())
+print(f"occurrences of a piece in the training pairs: median {statistics.median(piece_counts.values()):.0f}; "
+      f"{rare_pieces:,} of {len(piece_counts):,} pieces ({100 * rare_pieces / len(piece_counts):.1f}%) "
+      f"occur fewer than 10 times")
 sample = test_pairs[0][0]
 print(f"\n{sample}\n-> {tokenizer.tokens(sample)}\n-> {tokenizer.text(tokenizer.tokens(sample))!r}")
 assert all(tokenizer.text(tokenizer.tokens(s)) == " ".join(s.lower().split()) for pair in test_pairs for s in pair), \
@@ -515,21 +567,28 @@ history, _ = train_translator(model, train_data, epochs=10_000, max_steps=run.st
                               lr=run.peak_lr, warmup_steps=run.warmup, betas=(0.9, 0.98), adam_eps=1e-9,
                               label_smoothing=0.1, device=run.device, seed=run.seed, desc="transformer")
 passes = len(history.step_loss) * run.batch_size / len(train_data)
+last = slice(-100, None)
+recent_loss = sum(loss * n for loss, n in zip(history.step_loss[last], history.step_tokens[last], strict=True)) \
+    / sum(history.step_tokens[last])
 print(f"{len(history.step_loss)} steps ({passes:.1f} passes over the training pairs) in {history.seconds:.0f} s; "
-      f"last epoch's training loss {history.epochs[-1]['train_loss']:.3f}")
+      f"training loss over the last 100 steps {recent_loss:.3f} (token-weighted)")
 
 # %%
 report = evaluate_translator(model, test_pairs, vocab, vocab, lowercase_bleu=True, tokenizer=tokenizer)
 print(f"greedy decoding, {len(test_pairs):,} test sentences: {report.bleu}")
 print(f"signature: {report.bleu.signature}")
 print(f"exact matches: {100 * report.exact:.1f}%; {report.seconds:.1f} s to translate")
+for bucket in report.by_length:
+    print(f"  source length {bucket['bucket']:>6}: {bucket['n']:>4} sentences, BLEU {bucket['bleu']:5.1f}")
 plot_bleu_by_length({"Transformer on subwords": report.by_length},
                     title=f"BLEU by source length ({corpus_name}, test set)")
 plt.show()
 print(report.examples(range(0, 6), source_label="src"))
 
 # %% [markdown]
-# The signature says how BLEU was computed (sacreBLEU's defaults: the `13a` tokenizer,
+# BLEU by source length (the bars) falls as sentences grow, as it did for every model of
+# chapters 02 to 08; the last bucket holds few sentences (its count is printed with the
+# report), so its bar is the least certain. The signature says how BLEU was computed (sacreBLEU's defaults: the `13a` tokenizer,
 # exponential smoothing, one reference, lowercased here since the vocabulary is lowercase), so
 # the number can be compared with other papers' only where their signature matches. This is a
 # small model trained for a few minutes (its size is in the configuration above); the benchmark
@@ -567,7 +626,7 @@ target_labels = [p.replace(END_OF_WORD, "_") for p in tokenizer.tokens(shown_tar
 fig, ax = plt.subplots(figsize=(0.45 * len(source_labels) + 2.5, 0.4 * len(target_labels) + 2))
 plot_heatmap(maps.cross[-1][0].mean(0).cpu(), ax=ax, vmin=0, vmax=1, x_labels=source_labels, y_labels=target_labels,
              title="Last decoder layer's cross-attention (mean of heads)", xlabel="German source pieces (_ = end of word)",
-             ylabel="English piece written")
+             ylabel="English reference piece (read, then predicted)")
 plt.show()
 
 # %% [markdown]
@@ -589,13 +648,17 @@ for word in tokenize(shown_source):
                                                                               mass.tolist(), strict=True))
         print(f"{word!r} in {n} pieces, {mass.sum():.2f} of the {len(target_labels)} rows' attention; within it: {shares}")
     start += n
-#
+
+
+# %% [markdown]
 # ### The errors that remain
 #
 # BLEU is one number; what kind of mistake a model makes says more. Below, the first 50
 # test translations that are not exact are sorted into categories by simple rules, applied in
 # this order (the first that matches wins), over lowercased words:
 #
+# * **invented word**: the translation holds a word that occurs nowhere in the training targets,
+#   a string of pieces that is no English word seen (the failure only a subword model can make);
 # * **rare word missed**: the reference holds a word seen fewer than 5 times in the training
 #   targets, and the translation does not;
 # * **omission**: the translation has fewer than 75% of the reference's words;
@@ -606,7 +669,11 @@ for word in tokenize(shown_source):
 # * **wrong content**: anything else.
 #
 # Rules are cruder than a person reading, and the counts are for this model and this run; the
-# examples printed under each category let you judge the rules as well as the model.
+# examples printed under each category let you judge the rules as well as the model. The second
+# category says as much about the test set as about the model: which references hold a rare
+# word does not depend on the model, and a fair paraphrase of a rare word (a "flip" for a
+# "somersault") lands there too. In the second reader's runs of this chapter (seeds 0, 1 and 2,
+# one thread) the same 14 of the 50 sentences landed there each time.
 
 # %%
 target_word_counts = word_counts(train_words[1])
@@ -614,6 +681,8 @@ target_word_counts = word_counts(train_words[1])
 
 def error_category(hypothesis: str, reference: str) -> str:
     hyp, ref = tokenize(hypothesis), tokenize(reference)
+    if any(target_word_counts[w] == 0 for w in hyp):
+        return "invented word"
     rare = {w for w in ref if target_word_counts[w] < 5 and any(c.isalpha() for c in w)}
     if rare - set(hyp):
         return "rare word missed"
@@ -639,29 +708,31 @@ print(f"{len(wrong)} translations that are not exact, by category:")
 for name, n in tally.most_common():
     print(f"  {name:<17} {n:>3}  ({100 * n / len(wrong):.0f}%)")
 for name, _ in tally.most_common():
-    i = next(i for i in wrong if categories[i] == name)
-    print(f"\n[{name}]\n  src: {report.sources[i]}\n  ref: {report.references[i]}\n  out: {report.hypotheses[i]}")
+    for i in [i for i in wrong if categories[i] == name][:2]:
+        print(f"\n[{name}]\n  src: {report.sources[i]}\n  ref: {report.references[i]}\n  out: {report.hypotheses[i]}")
 
 # %% [markdown]
 # The table above is this run's answer to "what is left"; read its largest categories against
-# their examples. Subwords let the model *write* a rare word, but a piece sequence seen a
-# handful of times in training gives it little to learn the word's translation from: in the
-# rows of *rare word missed*, the model usually writes a frequent word in its place (in the
-# committed `cpu` run, the Boston terrier became "a most"). Which categories shrink with more
-# training is a question for the benchmark's longer runs; this chapter does not measure it.
+# their examples (two of each are printed). Subwords let the model *write* a rare word, but a
+# piece sequence seen a handful of times in training gives it little to learn the word's
+# translation from: in the committed `cpu` run the Boston terrier became "a most", and the
+# second reader's runs with seeds 1 and 2 show the rare word dropped about as often as replaced,
+# and now and then a piece sequence that is no word at all (the *invented word* category). Which
+# categories shrink with more training is a question for the benchmark's longer runs; this
+# chapter does not measure it.
 #
 # ## Summary
 #
 # * A word vocabulary cannot read real text: even every training word leaves test words
-#   unknown (section 1's table), and they are the names, compounds and numbers a translation
-#   must carry over.
+#   unknown (section 1's table), mostly compounds and rare inflections that a translation must
+#   carry over.
 # * Byte-pair encoding learns a merge table from word counts (the most frequent adjacent pair,
 #   again and again) and encodes a word by replaying it in order; the end-of-word symbol makes
 #   the pieces decode back to text exactly. `tfmlib.bpe` learns the same table as the paper's
 #   algorithm and as Hugging Face `tokenizers`, merge for merge, once the conventions
 #   (pre-tokenization, ties, unseen characters) are made the same.
-# * The number of merges trades sentence length against how often each entry is seen; the
-#   unknown rate stays near zero at every size.
+# * The number of merges trades sentence length against how often each piece occurs in the
+#   training data; the unknown rate stays near zero at every size.
 # * One vocabulary for both languages allows one embedding matrix for the source, the target
 #   and the output layer, two fewer copies of the largest matrix of a small translation model.
 # * The book's Transformer trains on Multi30k through the same code as on the bundled corpus;
