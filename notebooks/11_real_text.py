@@ -92,8 +92,9 @@ run = setup(
                check_pairs=300, check_merges=50, batch_size=32, steps=30, warmup=10, peak_lr=2e-3,
                transformer=dict(d_model=32, heads=2, encoder_layers=1, decoder_layers=1, d_ff=64, dropout=0.1),
                error_sentences=20),
-    # cpu: 700 steps of 128 sentences, about three passes over Multi30k's 29,000 pairs: 0.79 s a step
-    # (556 s) on one thread of an AVX2 CPU that does about 74 GFLOP/s on 2 cores, beside other work
+    # cpu: 700 steps of 128 sentences, about three passes over Multi30k's 29,000 pairs: 0.8-1.1 s a
+    # step on an AVX2 CPU that does about 74 GFLOP/s on 2 cores (556 s of training on one thread,
+    # 741 s on two beside other work)
     cpu=dict(train_pairs=None, test_pairs=None, merges=4_000, sweep_merges=[0, 500, 1_000, 2_000, 4_000, 8_000, 16_000],
              sweep_words=[1_000, 2_000, 5_000, 10_000, 20_000], check_pairs=3_000, check_merges=300,
              batch_size=128, steps=700, warmup=200, peak_lr=2e-3,
