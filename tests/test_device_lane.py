@@ -38,6 +38,19 @@ DEVICES = [
 TOL = dict(atol=1e-5, rtol=1e-4)
 
 
+@pytest.fixture(autouse=True)
+def exact_float32():
+    """TF32 off for every test of the lane: these tests compare a device with the CPU in float32, and
+    TF32 (on by default in cuDNN's convolutions and recurrences, optionally in CUDA matmuls) keeps 10
+    mantissa bits, which moved the GRU's input gradients by 1e-4 on an H100 (issue 22). Restored after."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
 # --------------------------------------------------------------------------- RNN gradients in eval mode
 
 
@@ -187,17 +200,27 @@ def test_one_fit_step_per_model_family(device, family):
     histories = {}
     for where, m in (("cpu", model_cpu), (device, model)):
         before = [p.detach().clone() for p in m.parameters()]
-        opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+        # SGD, not Adam: Adam's first step moves each parameter by about lr * sign(gradient), so a
+        # near-zero gradient whose sign differs between devices moves it by 2 lr (2.2e-3 on an H100,
+        # issue 22); SGD moves it by lr * gradient, so the devices' float32 rounding stays tiny
+        opt = torch.optim.SGD(m.parameters(), lr=1e-2)
         histories[where] = fit(m, [b], translation_loss, opt, epochs=1, device=where, verbose=False)
         assert all(p.device.type == torch.device(where).type for p in m.parameters())
+        # every parameter took part (a gradient reached it); an SGD step moves the ones whose gradient is
+        # not negligible (a key bias, to which softmax is blind, gets a gradient of rounding error only)
+        assert all(p.grad is not None for p in m.parameters()), \
+            f"{family} on {where}: a parameter got no gradient"
         changed = sum(not torch.equal(p0, p.detach().cpu())
                       for p0, p in zip(before, m.parameters(), strict=True))
-        assert changed == len(before), f"{family} on {where}: {len(before) - changed} parameters did not move"
+        assert changed >= 0.9 * len(before), \
+            f"{family} on {where}: {len(before) - changed} parameters did not move"
     hist = histories[device]
     assert len(hist.step_loss) == 1 and len(hist.epochs) == 1
     # the first loss is computed from the same weights on both devices
     assert hist.step_loss[0] == pytest.approx(histories["cpu"].step_loss[0], rel=1e-4), family
     assert hist.epochs[0]["train_loss"] == pytest.approx(hist.step_loss[0])
+    # after one SGD step at lr 1e-2, a gradient difference of 1e-3 (float32 sums in another order)
+    # moves a parameter by 1e-5: well inside atol
     torch.testing.assert_close([p.detach().cpu() for p in model.parameters()],
                                [p.detach() for p in model_cpu.parameters()], atol=1e-4, rtol=1e-3)
 
