@@ -44,18 +44,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from tfmlib.bpe import BPE, SubwordTokenizer, learn_merges_tokenizers, word_counts
+from tfmlib.bpe import learn_merges_tokenizers, learn_shared
 from tfmlib.compiling import compile_or_fallback
 from tfmlib.config import seed_everything
 from tfmlib.corpora import load_multi30k
 from tfmlib.data import (
     Batch,
     TranslationDataset,
-    Vocab,
     WordTokenizer,
     build_vocabs,
     make_token_loader,
-    tokenize,
 )
 from tfmlib.decoding import evaluate_translator
 from tfmlib.precision import autocast
@@ -253,9 +251,8 @@ def main(argv: Sequence[str] | None = None,
         train, val, test = train[:2_000], val[:100], test[:100]
     if args.bpe_merges:
         # the library learns the merges (tested equal to tfmlib.bpe.learn_merges); one vocabulary
-        words = [tokenize(text) for pair in train for text in pair]
-        tokenizer = SubwordTokenizer(BPE(learn_merges_tokenizers(word_counts(words), args.bpe_merges)))
-        src_vocab = tgt_vocab = Vocab.build(tokenizer.bpe.encode(w) for w in words)
+        tokenizer, src_vocab = learn_shared(train, args.bpe_merges, learn=learn_merges_tokenizers)
+        tgt_vocab = src_vocab
     else:
         tokenizer = WordTokenizer()
         src_vocab, tgt_vocab = build_vocabs(train, min_freq=args.min_freq)

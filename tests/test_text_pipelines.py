@@ -5,7 +5,7 @@
 import pytest
 import torch
 
-from tfmlib.bpe import BPE, END_OF_WORD, SubwordTokenizer, learn_shared, word_counts
+from tfmlib.bpe import BPE, END_OF_WORD, SubwordTokenizer, learn_merges_tokenizers, learn_shared, word_counts
 from tfmlib.data import (
     UNK_ID,
     TranslationDataset,
@@ -104,6 +104,13 @@ def test_learn_shared_is_one_bpe_over_both_sides_and_covers_the_training_pieces(
     with pytest.raises(ValueError, match="no pairs"):
         learn_shared([], 10)
     assert word_counts(words)["in"] == 5  # 3 German, 2 English: counted over both sides
+
+
+def test_learn_shared_with_the_library_learner_gives_the_same_tokenizer_and_vocabulary(shared):
+    pytest.importorskip("tokenizers", reason="Hugging Face tokenizers is not installed")
+    tokenizer, vocab = shared
+    library, library_vocab = learn_shared(PAIRS, 60, min_frequency=1, learn=learn_merges_tokenizers)
+    assert library.bpe == tokenizer.bpe and library_vocab == vocab
 
 
 def _tiny_model(vocab):

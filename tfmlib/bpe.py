@@ -50,7 +50,7 @@ from __future__ import annotations
 import heapq
 import json
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from tfmlib.data import SPECIAL_TOKENS, Vocab, detokenize, tokenize
@@ -413,17 +413,21 @@ class SubwordTokenizer:
 
 
 def learn_shared(pairs: Sequence[tuple[str, str]], num_merges: int, min_frequency: int = 2,
-                 lowercase: bool = True) -> tuple[SubwordTokenizer, Vocab]:
+                 lowercase: bool = True,
+                 learn: Callable[[Mapping[str, int], int, int], list[Merge]] = learn_merges,
+                 ) -> tuple[SubwordTokenizer, Vocab]:
     """One BPE and one vocabulary for both sides of translation ``pairs`` (Vaswani et al. 2017,
     section 5.1: "a shared source-target vocabulary").
 
-    Merges are learned from the words of sources and targets together; the vocabulary holds every
-    piece the encoded training pairs use (most frequent first, as :meth:`Vocab.build` orders).
-    Returns ``(tokenizer, vocab)``; pass ``vocab`` as both ``src_vocab`` and ``tgt_vocab``.
+    Merges are learned by ``learn(counts, num_merges, min_frequency)`` (:func:`learn_merges`, or
+    :func:`learn_merges_tokenizers` to let the library do it: the same merges) from the words of
+    sources and targets together; the vocabulary holds every piece the encoded training pairs use
+    (most frequent first, as :meth:`Vocab.build` orders). Returns ``(tokenizer, vocab)``; pass
+    ``vocab`` as both ``src_vocab`` and ``tgt_vocab``.
     """
     if len(pairs) == 0:
         raise ValueError("learn_shared: no pairs")
-    words = [tokenize(text, lowercase) for pair in pairs for text in pair]
-    tokenizer = SubwordTokenizer(BPE.learn(words, num_merges, min_frequency), lowercase)
-    vocab = Vocab.build(tokenizer.bpe.encode(w) for w in words)
-    return tokenizer, vocab
+    sentences = [tokenize(text, lowercase) for pair in pairs for text in pair]
+    bpe = BPE(learn(word_counts(sentences), num_merges, min_frequency))
+    vocab = Vocab.build(bpe.encode(s) for s in sentences)
+    return SubwordTokenizer(bpe, lowercase), vocab

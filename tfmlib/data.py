@@ -25,6 +25,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -162,6 +163,19 @@ def detokenize(tokens: Iterable[str]) -> str:
         out.append(base)
         prev, prev_right = base, right
     return "".join(out)
+
+
+class Tokenizer(Protocol):
+    """A text pipeline, both ways: what :class:`TranslationDataset` and
+    :func:`tfmlib.decoding.translate` need of one (:func:`check_tokenizer` checks it at run time)."""
+
+    def tokens(self, text: str) -> list[str]:
+        """``text`` as a list of tokens."""
+        ...
+
+    def text(self, tokens: Sequence[str]) -> str:
+        """A list of tokens as text; ``text(tokens(s))`` gives ``s`` back (lowercased)."""
+        ...
 
 
 class WordTokenizer:
@@ -513,7 +527,7 @@ class TranslationDataset(torch.utils.data.Dataset):
     """
 
     def __init__(self, pairs: Sequence[Pair], src_vocab: Vocab, tgt_vocab: Vocab,
-                 lowercase: bool = True, tokenizer: WordTokenizer | None = None):
+                 lowercase: bool = True, tokenizer: Tokenizer | None = None):
         if len(pairs) == 0:
             raise ValueError("TranslationDataset: no pairs")
         if tokenizer is None:

@@ -34,6 +34,7 @@ from tfmlib.data import (
     EOS_ID,
     PAD_ID,
     Pair,
+    Tokenizer,
     Vocab,
     WordTokenizer,
     check_tokenizer,
@@ -355,7 +356,7 @@ def sequence_log_probs(model: EncoderDecoder, src: Tensor, src_mask: Tensor, tok
 
 
 def encode_sources(sentences: Sequence[str], src_vocab: Vocab, who: str = "translate",
-                   lowercase: bool = True, tokenizer: WordTokenizer | None = None) -> list[list[int]]:
+                   lowercase: bool = True, tokenizer: Tokenizer | None = None) -> list[list[int]]:
     """Tokenize and encode source sentences (unknown tokens -> ``<unk>``), EOS appended.
 
     ``tokenizer``: the text pipeline (default :class:`~tfmlib.data.WordTokenizer` with ``lowercase``).
@@ -381,7 +382,7 @@ def encode_sources(sentences: Sequence[str], src_vocab: Vocab, who: str = "trans
 def translate(model: EncoderDecoder, sentences: Sequence[str], src_vocab: Vocab, tgt_vocab: Vocab, *,
               batch_size: int = 128, max_len: int | None = None, device: torch.device | str | None = None,
               lowercase: bool = True, beam_size: int = 1, alpha: float = 0.6,
-              tokenizer: WordTokenizer | None = None) -> list[str]:
+              tokenizer: Tokenizer | None = None) -> list[str]:
     """Translate texts with greedy decoding (``beam_size=1``) or :func:`beam_search` (with length
     penalty ``alpha``); returns one detokenized string per sentence.
 
@@ -460,7 +461,7 @@ class TranslationReport:
 def evaluate_translator(model: EncoderDecoder, pairs: Sequence[Pair], src_vocab: Vocab, tgt_vocab: Vocab, *,
                         edges: Sequence[int] = DEFAULT_LENGTH_EDGES, lowercase_bleu: bool = False,
                         batch_size: int = 128, beam_size: int = 1, alpha: float = 0.6,
-                        tokenizer: WordTokenizer | None = None) -> TranslationReport:
+                        tokenizer: Tokenizer | None = None) -> TranslationReport:
     """Translate the sources of ``pairs`` (greedily, or with beam search when ``beam_size > 1``;
     see :func:`translate`) and score them against the references: corpus
     BLEU, exact matches, and both by source length (tokens, as :func:`~tfmlib.data.tokenize`
