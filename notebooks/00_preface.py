@@ -207,20 +207,31 @@ print(f"French test tokens missing from the training vocabulary: {oov:.3%}")
 # until you write it, and tells you what is wrong if the answer is wrong; it never stops the
 # notebook. Solutions: `notebooks/solutions/00_preface_solutions.ipynb`.
 #
-# **1.** Write `unknown_rate(sentences, vocab)`: the fraction of the *tokens* of the given
-# sentences (strings, tokenized as the book tokenizes them) that `vocab` does not contain, so
-# that they would be read as `<unk>`. Then compare `unknown_rate([fr for _, fr in splits["test"]], tgt_vocab)`
-# with the rate printed above.
+# **1. How much training text does a vocabulary need?** The section *From text to ids* measured
+# one number: the share of French test tokens that a vocabulary of the *whole* training split
+# lacks. Measure the curve instead. Write `unknown_rate_curve(train, test, sizes)`: for each `n` in `sizes`, build a
+# vocabulary from the first `n` training sentences, and return the share of the tokens of the
+# test sentences that it lacks (the ones the model would read as `<unk>`). Then run it on the
+# French side of the bundled corpus for sizes from 10 sentences to the whole split, and find the
+# smallest size at which no test token is unknown. Would the curve of a real corpus reach zero?
+# The checker's sentences are capitalised, as real text is.
 
 # %%
 from tfmlib import exercises
 
 
-def unknown_rate(sentences: list[str], vocab: Vocab) -> float:
+def unknown_rate_curve(train: list[str], test: list[str], sizes: list[int]) -> list[float]:
+    """The unknown-token rate of ``test`` against the size of the training text.
+
+    ``train`` and ``test`` are sentences (strings, tokenized as the book tokenizes them); for each
+    ``n`` in ``sizes`` (in that order) the vocabulary is built from ``train[:n]`` (``n = 0``: an empty
+    one). Returns a list of ``len(sizes)`` floats in [0, 1]: the fraction of all test tokens, every
+    occurrence counted, that the vocabulary does not contain.
+    """
     raise NotImplementedError  # your code here
 
 
-exercises.check("00.unknown_rate", unknown_rate)
+exercises.check("00.unknown_rate_curve", unknown_rate_curve)
 
 # %% [markdown]
 # ## References

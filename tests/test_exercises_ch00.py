@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from tfmlib import exercises
-from tfmlib.data import tokenize
+from tfmlib.data import Vocab, tokenize
 
 
 def right_mask(lengths, max_len):
@@ -37,43 +37,88 @@ def test_verdict_is_a_bool_that_displays_nothing(capsys):
     assert "correct!" in capsys.readouterr().out
 
 
-def right_unknown_rate(sentences, vocab):
-    tokens = [t for s in sentences for t in tokenize(s)]
-    return sum(t not in vocab for t in tokens) / len(tokens)
+def right_curve(train, test, sizes):
+    test_tokens = [t for s in test for t in tokenize(s)]
+    rates = []
+    for n in sizes:
+        vocab = Vocab.build(tokenize(s) for s in train[:n])
+        rates.append(sum(t not in vocab for t in test_tokens) / len(test_tokens))
+    return rates
 
 
-@pytest.mark.parametrize("wrong", [
-    lambda s, v: sum(t not in v for x in s for t in x.split()) / sum(len(x.split()) for x in s),  # spaces
-    lambda s, v: len({t for x in s for t in tokenize(x) if t not in v})
-    / sum(len(tokenize(x)) for x in s),                                                   # distinct words
-    lambda s, v: 1 - right_unknown_rate(s, v),                                            # known rate
-    lambda s, v: sum(t not in v for x in s for t in tokenize(x)),                         # a count
-    lambda s, v: str(right_unknown_rate(s, v)),                                           # not a number
-], ids=["whitespace-split", "distinct", "known-rate", "count", "string"])
-def test_unknown_rate_rejects_wrong_answers(wrong, capsys):
-    assert exercises.check("00.unknown_rate", right_unknown_rate)
-    assert not exercises.check("00.unknown_rate", wrong)
-    assert "not correct yet" in capsys.readouterr().out
+def curve_with(split=tokenize, first=lambda n: n, count=None, eos=0):
+    """A wrong curve: another tokenizer, another number of sentences, another count or denominator."""
+    def curve(train, test, sizes):
+        rates = []
+        for n in sizes:
+            vocab = Vocab.build(split(s) for s in train[: max(first(n), 0)])
+            tokens = [t for s in test for t in split(s)]
+            unknown = [t for t in tokens if t not in vocab]
+            rates.append((count(unknown) if count else len(unknown)) / (len(tokens) + eos * len(test)))
+        return rates
+    return curve
+
+
+def macro_average(train, test, sizes):
+    return [sum(right_curve(train, [s], [n])[0] for s in test) / len(test) for n in sizes]
+
+
+def leaky_curve(train, test, sizes):
+    test_tokens = [t for s in test for t in tokenize(s)]
+    vocabs = [Vocab.build([tokenize(s) for s in train[:n]] + [test_tokens]) for n in sizes]
+    return [sum(t not in vocab for t in test_tokens) / len(test_tokens) for vocab in vocabs]
+
+
+# each wrong answer, and the diagnosis it must get (a substring of the checker's message)
+WRONG_CURVES = {
+    "no-lowercase": (curve_with(split=lambda s: tokenize(s, lowercase=False)), "'Le' and 'le' are one token"),
+    "whitespace-split": (curve_with(split=str.split), "not on spaces"),
+    "lowercased-whitespace-split": (curve_with(split=lambda s: s.lower().split()), "l'ours is two tokens"),
+    "distinct-words": (curve_with(count=lambda u: len(set(u))), "count every occurrence"),
+    "macro-average": (macro_average, "pool the tokens"),
+    "eos-counted": (curve_with(eos=1), "<eos>"),
+    "one-sentence-too-many": (curve_with(first=lambda n: n + 1), "off by one"),
+    "one-sentence-too-few": (curve_with(first=lambda n: n - 1), "off by one"),
+    "whole-training-split": (curve_with(first=lambda n: 10**9), "does not depend on n"),
+    "test-in-vocabulary": (leaky_curve, "has seen the test sentences"),
+    "known-rate": (lambda *a: [1 - r for r in right_curve(*a)], "the fractions it lacks"),
+    "sorted-sizes": (lambda tr, te, sz: right_curve(tr, te, sorted(sz)), "in the order of sizes"),
+    "one-number": (lambda tr, te, sz: right_curve(tr, te, sz)[-1], "one rate per size"),
+    "strings": (lambda *a: [str(r) for r in right_curve(*a)], "finite number"),
+}
+
+
+def test_unknown_rate_curve_accepts_the_right_answer():
+    assert exercises.check("00.unknown_rate_curve", right_curve, must_pass=True)
+
+
+@pytest.mark.parametrize("name", WRONG_CURVES)
+def test_unknown_rate_curve_rejects_wrong_answers_with_a_diagnosis(name, capsys):
+    wrong, says = WRONG_CURVES[name]
+    assert not exercises.check("00.unknown_rate_curve", wrong)
+    out = capsys.readouterr().out
+    assert "not correct yet" in out and says in out, out
     with pytest.raises(exercises.ExerciseFailed):
-        exercises.check("00.unknown_rate", wrong, must_pass=True)
+        exercises.check("00.unknown_rate_curve", wrong, must_pass=True)
 
 
-def test_unknown_rate_names_the_usual_mistakes(capsys):
-    exercises.check("00.unknown_rate", lambda s, v: len({t for x in s for t in tokenize(x) if t not in v})
-                    / sum(len(tokenize(x)) for x in s))
-    assert "count every occurrence" in capsys.readouterr().out
-    exercises.check("00.unknown_rate", lambda s, v: sum(t not in v for x in s for t in x.split())
-                    / sum(len(x.split()) for x in s))
-    assert "tokenize" in capsys.readouterr().out
+def test_unknown_rate_curve_rejects_the_chapter_cell_as_a_one_point_answer(capsys):
+    """The preface measures one rate, with one vocabulary; that is not a curve."""
+    def one_rate(sentences, vocab):
+        tokens = [t for s in sentences for t in tokenize(s)]
+        return sum(t not in vocab for t in tokens) / len(tokens)
+
+    assert not exercises.check("00.unknown_rate_curve", one_rate)
+    assert "raised" in capsys.readouterr().out
 
 
 def test_registry():
-    assert exercises.names(0) == ["00.unknown_rate"]
+    assert exercises.names(0) == ["00.unknown_rate_curve"]
     assert {"02.padding_mask", "02.padding_fraction"} <= set(exercises.names(2))
     with pytest.raises(KeyError, match="no exercise named"):
         exercises.check("99.nope", right_mask)
     with pytest.raises(ValueError, match="registered twice"):
-        exercises.checker("00.unknown_rate", hint="")(right_mask)
+        exercises.checker("00.unknown_rate_curve", hint="")(right_mask)
     with pytest.raises(ValueError, match="must look like 'NN.short_name'"):
         exercises.checker("1.padding", hint="")  # names(1) could never find it
 

@@ -27,22 +27,92 @@ from tfmlib.synthetic import load_bundled
 # %% [markdown]
 # ## Coding exercise
 #
-# **1. `unknown_rate`.** Tokenize every sentence with the book's `tokenize` (so `l'oiseau` and
-# the final `.` are tokens of their own, as the vocabulary saw them), then count the tokens the
-# vocabulary does not contain: every occurrence, since the model reads `<unk>` at each one.
+# **1. `unknown_rate_curve`.** Three decisions make the answer, and each has a tempting wrong
+# version that the checker names:
+#
+# * **Read both sides as the vocabulary reads them.** The book's `tokenize` lowercases and splits
+#   elisions and punctuation off (`L'ours dort.` is `l'`, `ours`, `dort`, `.`). Splitting on
+#   spaces makes `l'ours` and `dort.` unknown words of their own; keeping the capitals makes
+#   `Le` a different word from `le`. The bundled corpus is lowercase, so neither mistake shows on
+#   it; on real, capitalised text both inflate the rate (the checker's sentences are capitalised
+#   for that reason).
+# * **Count tokens, not words.** The model reads `<unk>` at every occurrence of an unknown word,
+#   so an unknown word that occurs twice counts twice, and all test tokens are pooled before
+#   dividing: a mean of per-sentence rates lets a two-word sentence weigh as much as a long one.
+#   The `<eos>` that `encode` can append is not a token of the text, and counting it lowers the rate.
+# * **The first `n` sentences, for each `n`.** A fresh vocabulary per size, from exactly
+#   `train[:n]`; the vocabulary never sees the test sentences.
+#
+# Tokenizing every prefix again costs a pass over the training text per size; tokenizing once
+# and building each vocabulary from a prefix of the token lists gives the same numbers.
 
 # %%
-def unknown_rate(sentences: list[str], vocab: Vocab) -> float:
-    tokens = [token for sentence in sentences for token in tokenize(sentence)]
-    return sum(token not in vocab for token in tokens) / len(tokens)
+def unknown_rate_curve(train: list[str], test: list[str], sizes: list[int]) -> list[float]:
+    train_tokens = [tokenize(s) for s in train[: max(sizes, default=0)]]  # tokenized once
+    test_tokens = [t for s in test for t in tokenize(s)]                 # pooled, every occurrence
+    rates = []
+    for n in sizes:
+        vocab = Vocab.build(train_tokens[:n])
+        rates.append(sum(t not in vocab for t in test_tokens) / len(test_tokens))
+    return rates
 
 
-exercises.check("00.unknown_rate", unknown_rate, must_pass=True)
+exercises.check("00.unknown_rate_curve", unknown_rate_curve, must_pass=True)
+
+# %% [markdown]
+# On the bundled corpus (French side), from ten training sentences to all of them:
+
+# %%
 train, test = load_bundled("train"), load_bundled("test")
-tgt_vocab = Vocab.build(tokenize(fr) for _, fr in train)
-print(f"French test tokens missing from the training vocabulary: {unknown_rate([fr for _, fr in test], tgt_vocab):.3%}")
-print(f"with a vocabulary of the first 1,000 training pairs only: "
-      f"{unknown_rate([fr for _, fr in test], Vocab.build(tokenize(fr) for _, fr in train[:1000])):.3%}")
+train_fr, test_fr = [fr for _, fr in train], [fr for _, fr in test]
+sizes = [10, 30, 100, 300, 1_000, 3_000, 10_000, len(train_fr)]
+curve = unknown_rate_curve(train_fr, test_fr, sizes)
+for n, rate in zip(sizes, curve, strict=True):
+    print(f"first {n:6,} training sentences: {rate:8.3%} of the French test tokens unknown")
+
+# the smallest n with no unknown test token: the latest first appearance, in the training list,
+# of a word the test sentences use
+first_seen: dict[str, int] = {}
+for i, sentence in enumerate(train_fr):
+    for token in tokenize(sentence):
+        first_seen.setdefault(token, i)
+test_types = {t for s in test_fr for t in tokenize(s)}
+assert test_types <= first_seen.keys(), "every French test word should occur in the training split"
+enough = max(first_seen[t] for t in test_types) + 1
+before, at = unknown_rate_curve(train_fr, test_fr, [enough - 1, enough])
+print(f"\nsmallest training size with no unknown test token: {enough:,} sentences "
+      f"(with {enough - 1:,}: {before:.4%}); the training split has {len(train_fr):,}")
+assert at == 0 < before and curve[-1] == 0, "the curve should reach zero, and first at that size"
+
+# %% [markdown]
+# The rate falls fast and then *reaches zero*, some two thousand sentences into a split of fifty
+# thousand (the printed size): the generated language has a closed vocabulary (a fixed lexicon
+# of a few hundred French forms, printed in the preface), and once every form has occurred, more
+# text adds no new word. The last test word to be covered is a rare one, which is why the tail
+# of the curve is long compared with its start.
+#
+# Real text has no such end. Word frequencies follow Zipf's law (the $r$-th most frequent word
+# has a frequency roughly proportional to $1/r$), so a large share of the types are rare, and
+# the number of types keeps growing with the amount of text (Heaps' law). Every new slice of
+# training text still brings words the vocabulary lacks, and so does every test set: the curve
+# flattens but stays above zero. The cell below runs the same function on Tatoeba's French when
+# the corpus is on disk (the README says how to download it; if it is not there, the cell says
+# so). Chapter 11 measures the remedy: subword units, with which
+# every word is a sequence of known pieces.
+
+# %%
+from tfmlib.corpora import load_corpus
+
+try:
+    tatoeba = load_corpus("tatoeba")
+except FileNotFoundError:
+    print("Tatoeba is not on disk: set TFM_CORPORA_DIR or follow the README to download it")
+else:
+    real_train = [fr for _, fr in tatoeba["train"]]
+    real_sizes = [1_000, 10_000, 100_000, len(real_train)]
+    real_curve = unknown_rate_curve(real_train, [fr for _, fr in tatoeba["test"]], real_sizes)
+    for n, rate in zip(real_sizes, real_curve, strict=True):
+        print(f"Tatoeba, first {n:7,} training sentences: {rate:.3%} of the French test tokens unknown")
 
 # %% [markdown]
 # ## Questions
