@@ -1765,62 +1765,93 @@ assert reads.total < 3 * len(table_packed), "fit reads the losses together, not 
 # block by block, and merged. For one block, a query row's state is its running max
 # $m = \max_j s_j$, its sum $\ell = \sum_j e^{s_j - m}$ and its own attention output
 # $o = \sum_j e^{s_j - m} v_j / \ell$ (normalised). Given the states of two blocks, return the
-# state of both together, `(m, l, o)`; shapes `m, l` $(\dots, T)$, `o` $(\dots, T, d_v)$. This is
-# the step that lets FlashAttention and its split-key variants spread keys across blocks, or
-# devices.
+# state of both together, `(m, l, o)`; shapes `m, l` $(\dots, T)$, `o` $(\dots, T, d_v)$. A row
+# whose keys in a block are all masked has the state $m = -\infty$, $\ell = 0$, $o = 0$ there, and
+# a row masked in both blocks must come out with that state too. This is the step that lets
+# FlashAttention and its split-key variants spread keys across blocks, or devices.
 
 # %%
 def merge_softmax_states(m1, l1, o1, m2, l2, o2):
-    """The (m, l, o) of attention over the keys of both blocks."""
+    """The (m, l, o) of attention over the keys of both blocks.
+
+    m1, l1, m2, l2: (..., T); o1, o2: (..., T, d_v). Returns m, l (..., T) and o (..., T, d_v);
+    a row no key of either block may see gives m = -inf, l = 0, o = 0.
+    """
     raise NotImplementedError  # your code here
 
 
 exercises.check("10.merge_softmax_states", merge_softmax_states)
 
 # %% [markdown]
-# *Weights for gradient accumulation.* A group of micro-batches is to give the gradient of one
-# batch made of all of them. Each micro-batch's loss is the mean over its real (non-`PAD`)
-# target tokens. Given the micro-batches' target tensors (`(B_i, T_i)` ids; padding is `PAD_ID`
-# = 0), return one weight per micro-batch such that $\sum_i w_i \nabla L_i$ is the big batch's
-# gradient.
+# *Which tiles does a packed batch need?* This chapter packs sentences into blocks (section 0), and
+# its causal attention lets a token see the end of the previous sentence. A document mask forbids
+# that: a query sees a key only when the key is not after it *and* both belong to the same
+# document. With such a mask many of section 2's tiles hold no pair that may attend, and a kernel
+# can skip them as it skips the tiles above the diagonal. Given `doc_ids`, shape $(T,)$, the
+# document of each position of one packed sequence (non-decreasing: `[0, 0, 0, 1, 1, 2, ...]`), and
+# the tile sizes, return the map of the tiles that must be computed for self-attention:
+# a bool tensor of shape $(\lceil T / b_q \rceil, \lceil T / b_k \rceil)$, rows the query blocks,
+# columns the key blocks, true where at least one pair of the tile may attend. The solutions
+# count how much of a causal kernel's work this saves on the chapter's packed blocks.
 
 # %%
-def accumulation_weights(targets: list[torch.Tensor]) -> torch.Tensor:
-    """One weight per micro-batch of the group."""
+def document_tiles(doc_ids: torch.Tensor, block_q: int, block_k: int) -> torch.Tensor:
+    """The tiles to compute for causal attention within documents.
+
+    doc_ids: (T,) int64, non-decreasing. Returns a bool tensor (ceil(T / block_q), ceil(T / block_k)):
+    entry [a, b] is true when some query of block a may see some key of block b.
+    """
     raise NotImplementedError  # your code here
 
 
-exercises.check("10.accumulation_weights", accumulation_weights)
+exercises.check("10.document_tiles", document_tiles)
 
 # %% [markdown]
-# *FLOPs per token and MFU.* For a decoder-only model with `layers` layers of width `d_model`
-# (four $d \times d$ attention projections and a feed-forward $d \to$ `d_ff` $\to d$ per layer,
-# biases and norms neglected), a vocabulary of `vocab` with an output layer, trained on
-# `context`-token sequences, return the training FLOPs per token (section 6's convention, the
-# full $T \times T$ attention) and the MFU at `tokens_per_s` on a device of `peak` FLOP/s, as a
-# fraction.
+# *Accumulating in float16 without losing the small terms.* Section 3 keeps fp32 master weights
+# because a small update added to a large float16 number is rounded away: in float16,
+# $1 + 10^{-4}$ is $1$ again. Suppose a buffer must stay in float16 anyway (an fp16 gradient
+# buffer summed over many micro-batches, say). Write one step of a *compensated* sum:
+# `add(total, compensation, x)` takes the running total, a second float16 tensor that carries
+# what earlier additions lost (both start at zero), and the next value $x$, all float16 of the
+# same shape, and returns the new `(total, compensation)`, still float16. After all values have
+# been added, `total` must be within about one float16 rounding of the exact sum, where a plain
+# float16 running sum is off by tens or hundreds of them. Everything the sum remembers must be in
+# the two tensors it returns.
 
 # %%
-def flops_and_mfu(*, vocab: int, d_model: int, layers: int, d_ff: int, context: int, tokens_per_s: float,
-                  peak: float) -> tuple[float, float]:
-    """(training FLOPs per token, model FLOPs utilisation as a fraction)."""
+def compensated_add(total: torch.Tensor, compensation: torch.Tensor,
+                    x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step of a compensated float16 sum.
+
+    total, compensation, x: float16 tensors of one shape (D,). Returns the new (total, compensation),
+    float16 of shape (D,); total is the running sum.
+    """
     raise NotImplementedError  # your code here
 
 
-exercises.check("10.mfu", flops_and_mfu)
+exercises.check("10.compensated_sum", compensated_add)
 
 # %% [markdown]
-# *Which examples does each rank read?* Return the dataset indices, in order, that rank `rank` of
-# `world_size` processes reads in epoch `epoch` from a shuffling `DistributedSampler` with seed
-# `seed`, over a dataset of `n` examples (`drop_last=False`), without calling the sampler.
+# *Skipping a step without asking the host.* The gradient scaler skips a step whose gradients
+# overflowed (section 3), and to decide it reads a flag back to the host, one sync per step
+# (section 10's host reads). Write an SGD step that skips itself on the device instead:
+# `sgd_step_unless_nonfinite(params, lr)` updates every parameter in place to
+# $p - \mathrm{lr}\, \nabla p$ when every gradient is finite, leaves *every* parameter as it is
+# when any gradient holds an inf, a -inf or a NaN, skips parameters whose `grad` is `None`, reads
+# no value back to the host (no `if` on a tensor, no `.item()`), and returns a 0-d bool tensor,
+# true when the step was applied. The checker counts host reads with `count_host_reads`.
 
 # %%
-def rank_indices(*, n: int, world_size: int, rank: int, epoch: int, seed: int) -> list[int]:
-    """The indices rank `rank` reads in epoch `epoch`."""
+def sgd_step_unless_nonfinite(params: list[torch.Tensor], lr: float) -> torch.Tensor:
+    """One SGD step, skipped as a whole when a gradient is not finite, decided on the device.
+
+    params: leaf tensors of any shapes, with .grad of the same shape or None. Updates them in place
+    and returns a 0-d bool tensor: true when the step was applied.
+    """
     raise NotImplementedError  # your code here
 
 
-exercises.check("10.rank_indices", rank_indices)
+exercises.check("10.skip_nonfinite_step", sgd_step_unless_nonfinite)
 
 # %% [markdown]
 # ## References

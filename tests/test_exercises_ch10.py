@@ -6,12 +6,10 @@ import math
 import pytest
 import torch
 from test_exercises import _accepts, _hint_gives_no_code, _rejects, _stub
-from torch.utils.data.distributed import DistributedSampler
 
 from tfmlib import exercises
-from tfmlib.data import PAD_ID
 
-NAMES = ["10.accumulation_weights", "10.merge_softmax_states", "10.mfu", "10.rank_indices"]
+NAMES = ["10.compensated_sum", "10.document_tiles", "10.merge_softmax_states", "10.skip_nonfinite_step"]
 
 
 def _rejects_with(name, fn, *fragments):
@@ -25,29 +23,38 @@ def _rejects_with(name, fn, *fragments):
 def test_chapter_10_exercises_are_registered_and_never_raise(capsys):
     assert exercises.names(10) == NAMES
 
-    def keyword_stub(**kwargs):
-        raise NotImplementedError
-
     for name in NAMES:
-        stub = keyword_stub if name in ("10.mfu", "10.rank_indices") else _stub
-        assert not exercises.check(name, stub)
+        assert not exercises.check(name, _stub)
         out = capsys.readouterr().out
         assert "not solved yet" in out and "Hint" in out
         with pytest.raises(exercises.ExerciseFailed, match="not solved yet"):
-            exercises.check(name, stub, must_pass=True)
+            exercises.check(name, _stub, must_pass=True)
+        assert not exercises.check(name, lambda *a: 1 / 0)
+        assert "raised ZeroDivisionError" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_10_hints_point_the_way_without_the_code(name):
-    _hint_gives_no_code(name, ("torch.", "exp(", "maximum", "max(", "sum(", "6 *", "12 *", "* 6", "/ peak",
-                               "randperm", "manual_seed", "[rank", "::", "return ", "!=", "==", "numel",
-                               "set_epoch(", "lambda", "def "))
+    _hint_gives_no_code(name, ("torch.", "exp(", "maximum", "max(", "sum(", "return ", "!=", "==", "<=", ">=",
+                               "lambda", "def ", "where(", "isfinite", "any(", "all(", "- comp", "+ comp",
+                               "(t -", "// ", "ceil", "[i", "[:", "no_grad", "sub_", "* flag", ".item"))
 
 
 # ----------------------------------------------------------------------------- 10.merge_softmax_states
 
 
 def merge_ref(m1, l1, o1, m2, l2, o2):
+    m = torch.maximum(m1, m2)
+    shift = torch.where(m == -math.inf, torch.zeros_like(m), m)      # a row no key may see: no NaN
+    a1, a2 = l1 * torch.exp(m1 - shift), l2 * torch.exp(m2 - shift)
+    total = a1 + a2
+    o = (a1[..., None] * o1 + a2[..., None] * o2) / torch.where(total > 0, total, 1.0)[..., None]
+    return m, total, o
+
+
+def merge_textbook(m1, l1, o1, m2, l2, o2):
+    """Right wherever some key may be seen, NaN for a row masked in both blocks (the readers' answer
+    that passed the old checker, and the old solution)."""
     m = torch.maximum(m1, m2)
     a1, a2 = l1 * torch.exp(m1 - m), l2 * torch.exp(m2 - m)
     total = a1 + a2
@@ -100,130 +107,257 @@ def test_merge_checks_a_fully_masked_block():
     _rejects_with("10.merge_softmax_states", merge_nan_on_masked, "all masked for a row", "NaN")
 
 
-# ----------------------------------------------------------------------------- 10.accumulation_weights
+def test_merge_checks_a_row_masked_in_both_blocks():
+    _rejects_with("10.merge_softmax_states", merge_textbook, "no key of either block", "NaN")
+
+    def merge_zero_max(m1, l1, o1, m2, l2, o2):      # no NaN, but the empty row's max is made 0
+        m, total, o = merge_ref(m1, l1, o1, m2, l2, o2)
+        return torch.where(m == -math.inf, torch.zeros_like(m), m), total, o
+
+    _rejects_with("10.merge_softmax_states", merge_zero_max, "masked in both blocks", "m = -inf")
 
 
-def weights_ref(targets):
-    counts = torch.tensor([float((t != PAD_ID).sum()) for t in targets])
-    return counts / counts.sum()
 
 
-def test_accumulation_weights_accept_the_solution():
-    _accepts("10.accumulation_weights", weights_ref)
-    _accepts("10.accumulation_weights", lambda ts: weights_ref(ts).tolist())
+# ----------------------------------------------------------------------------- 10.document_tiles
 
 
-def test_accumulation_weights_give_the_big_batch_gradient():
-    """The solution's weights really do what the exercise says: the weighted micro-batch gradients equal
-    the gradient of one batch made of them (and 1/N does not)."""
-    torch.manual_seed(0)
-    emb = torch.nn.Embedding(20, 5).double()
-    head = torch.nn.Linear(5, 20).double()
-    params = list(emb.parameters()) + list(head.parameters())
-    micro = [torch.tensor([[5, 6, 7, 8], [9, PAD_ID, PAD_ID, PAD_ID]]),
-             torch.tensor([[4, 5, 6, 7], [8, 9, 10, 11]])]
-
-    def loss_of(t):
-        logits = head(emb(t.clamp_min(1)))
-        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), t.flatten(), ignore_index=PAD_ID)
-
-    def grads(loss):
-        return torch.autograd.grad(loss, params)
-
-    big = grads(loss_of(torch.cat(micro)))
-    for weights, should_match in ((weights_ref(micro), True), (torch.full((2,), 0.5), False)):
-        acc = [sum(w * g for w, g in zip(weights, gs, strict=True))
-               for gs in zip(*(grads(loss_of(t)) for t in micro), strict=True)]
-        same = all(torch.allclose(a, b) for a, b in zip(acc, big, strict=True))
-        assert same == should_match, f"weights {weights.tolist()}: match={same}, expected {should_match}"
+def _pairs(doc_ids):
+    T = doc_ids.numel()
+    return (doc_ids[:, None] == doc_ids[None, :]) & torch.ones(T, T, dtype=torch.bool).tril()
 
 
-def test_accumulation_weights_reject_wrong_answers_with_specific_messages():
-    _rejects_with("10.accumulation_weights", lambda ts: [1 / len(ts)] * len(ts), "1/N")
-    _rejects_with("10.accumulation_weights",
-                  lambda ts: torch.tensor([float(t.numel()) for t in ts]) / sum(t.numel() for t in ts),
-                  "padded slots")
-    _rejects_with("10.accumulation_weights", lambda ts: [float((t != PAD_ID).sum()) for t in ts],
-                  "add up to 1")
-    _rejects_with("10.accumulation_weights", lambda ts: (1 / weights_ref(ts)) / (1 / weights_ref(ts)).sum(),
-                  "other way round")
-    _rejects_with("10.accumulation_weights", lambda ts: weights_ref(ts)[:1], "need")
-    _rejects("10.accumulation_weights", lambda ts: "half")
+def _any_per_tile(need, block_q, block_k):
+    nq, nk = math.ceil(need.shape[0] / block_q), math.ceil(need.shape[1] / block_k)
+    return torch.tensor([[bool(need[a * block_q:(a + 1) * block_q, b * block_k:(b + 1) * block_k].any())
+                          for b in range(nk)] for a in range(nq)])
 
 
-# ----------------------------------------------------------------------------- 10.mfu
+def document_tiles_ref(doc_ids, block_q, block_k):
+    return _any_per_tile(_pairs(doc_ids), block_q, block_k)
 
 
-def mfu_ref(*, vocab, d_model, layers, d_ff, context, tokens_per_s, peak):
-    n = layers * (4 * d_model ** 2 + 2 * d_model * d_ff) + d_model * vocab
-    flops = 6 * n + 12 * layers * d_model * context
-    return flops, tokens_per_s * flops / peak
+def document_tiles_by_ranges(doc_ids, block_q, block_k):
+    """The solution's way: contiguous documents, so compare the tiles' ranges of document ids."""
+    T = doc_ids.numel()
+    q0 = torch.arange(0, T, block_q)
+    k0 = torch.arange(0, T, block_k)
+    q_last, k_last = (q0 + block_q).clamp_max(T) - 1, (k0 + block_k).clamp_max(T) - 1
+    meet = (doc_ids[q0][:, None] <= doc_ids[k_last][None, :]) \
+        & (doc_ids[k0][None, :] <= doc_ids[q_last][:, None])
+    return meet & (k0[None, :] <= q_last[:, None])
 
 
-def _mfu_variant(flops_fn):
-    def fn(*, vocab, d_model, layers, d_ff, context, tokens_per_s, peak):
-        f = flops_fn(vocab, d_model, layers, d_ff, context)
-        return f, tokens_per_s * f / peak
-    return fn
+def _tiles_from_corners(doc_ids, block_q, block_k, causal):
+    T = doc_ids.numel()
+    q0, k0 = torch.arange(0, T, block_q), torch.arange(0, T, block_k)
+    q_last = (q0 + block_q).clamp_max(T) - 1
+    return (doc_ids[q0][:, None] == doc_ids[k0][None, :]) & causal(q0[:, None], q_last[:, None], k0[None, :])
 
 
-def _weights(V, d, L, ff):
-    return L * (4 * d * d + 2 * d * ff)
+def test_document_tiles_accept_the_solutions():
+    _accepts("10.document_tiles", document_tiles_ref)
+    _accepts("10.document_tiles", document_tiles_by_ranges)
 
 
-def test_mfu_accepts_the_solution():
-    _accepts("10.mfu", mfu_ref)
+def test_document_tiles_skip_tiles_that_change_nothing():
+    """What the exercise claims: attention computed only on the needed tiles equals attention with the
+    document-and-causal mask, and a causal-only kernel computes strictly more tiles on packed documents."""
+    doc = torch.cat([torch.full((n,), i) for i, n in enumerate([9, 14, 3, 6])])
+    T, bq, bk = doc.numel(), 4, 8
+    tiles = document_tiles_ref(doc, bq, bk)
+    allowed = tiles.repeat_interleave(bq, 0)[:T].repeat_interleave(bk, 1)[:, :T]
+    assert bool((_pairs(doc) <= allowed).all()), "every pair that attends lies in a computed tile"
+    causal_tiles = _any_per_tile(torch.ones(T, T, dtype=torch.bool).tril(), bq, bk)
+    assert int(tiles.sum()) < int(causal_tiles.sum())
 
 
-def test_mfu_rejects_wrong_answers_with_specific_messages():
-    _rejects_with("10.mfu", _mfu_variant(lambda V, d, L, ff, T: 2 * (_weights(V, d, L, ff) + d * V)
-                                         + 4 * L * d * T),
-                  "forward pass only")
-    _rejects_with("10.mfu", _mfu_variant(lambda V, d, L, ff, T: 2 * (_weights(V, d, L, ff) + d * V)
-                                         + 12 * L * d * T), "backward adds 4")
-    _rejects_with("10.mfu", _mfu_variant(lambda V, d, L, ff, T: 6 * (_weights(V, d, L, ff) + 2 * d * V)
-                                         + 12 * L * d * T), "embedding")
-    _rejects_with("10.mfu", _mfu_variant(lambda V, d, L, ff, T: 6 * _weights(V, d, L, ff) + 12 * L * d * T),
-                  "output layer")
-    _rejects_with("10.mfu", _mfu_variant(lambda V, d, L, ff, T: 6 * (_weights(V, d, L, ff) + d * V)),
-                  "attention's score")
-    _rejects_with("10.mfu", _mfu_variant(lambda V, d, L, ff, T: 6 * (_weights(V, d, L, ff) + d * V)
-                                         + 6 * L * d * T), "half")
-    _rejects_with("10.mfu", lambda **c: (mfu_ref(**c)[0], 100 * mfu_ref(**c)[1]), "fraction")
-    _rejects_with("10.mfu", lambda **c: mfu_ref(**c)[1], "pair")
+@pytest.mark.parametrize("answer, fragments", [
+    (lambda d, bq, bk: _any_per_tile(torch.ones(d.numel(), d.numel(), dtype=torch.bool).tril(), bq, bk),
+     ("every tile on or below the diagonal",)),
+    (lambda d, bq, bk: _any_per_tile(d[:, None] == d[None, :], bq, bk), ("above the diagonal",)),
+    (lambda d, bq, bk: _tiles_from_corners(d, bq, bk, lambda i0, i_last, j0: j0 <= i_last),
+     ("first query and first key only",)),
+    (lambda d, bq, bk: document_tiles_by_ranges(d, bq, bk)
+     & (torch.arange(0, d.numel(), bk)[None, :] <= torch.arange(0, d.numel(), bq)[:, None]),
+     ("cross the diagonal",)),
+    (lambda d, bq, bk: _any_per_tile(_pairs(d), bq, bk).T, ("rows must be the query blocks",)),
+    (lambda d, bq, bk: _any_per_tile(_pairs(d), bq, bk)[: d.numel() // bq, : d.numel() // bk],
+     ("last, shorter block",)),
+    (lambda d, bq, bk: torch.tensor([[bool(_pairs(d)[a * bq:(a + 1) * bq, b * bk:(b + 1) * bk].all())
+                                      for b in range(math.ceil(d.numel() / bk))]
+                                     for a in range(math.ceil(d.numel() / bq))]),
+     ("every pair attends",)),
+    (lambda d, bq, bk: _pairs(d).tolist(), ("return a bool tensor",)),
+])
+def test_document_tiles_reject_wrong_answers_with_specific_messages(answer, fragments):
+    _rejects_with("10.document_tiles", answer, *fragments)
 
 
-# ----------------------------------------------------------------------------- 10.rank_indices
+def test_document_tiles_name_an_off_by_one_tile():
+    """A tile whose first key comes right after the block's last query holds no attending pair."""
+    def one_past(d, bq, bk):
+        T = d.numel()
+        q0, k0 = torch.arange(0, T, bq), torch.arange(0, T, bk)
+        q_last = (q0 + bq).clamp_max(T) - 1
+        return document_tiles_by_ranges(d, bq, bk) | (
+            (k0[None, :] == q_last[:, None] + 1) & (d[k0][None, :] == d[q_last][:, None]))
+
+    _rejects_with("10.document_tiles", one_past, "off by one", "above the diagonal")
 
 
-def rank_indices_ref(*, n, world_size, rank, epoch, seed):
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
-    total = math.ceil(n / world_size) * world_size
-    order = (order * math.ceil(total / n))[:total]
-    return order[rank:total:world_size]
+# ----------------------------------------------------------------------------- 10.compensated_sum
 
 
-def test_rank_indices_accept_the_solution_and_match_torch():
-    _accepts("10.rank_indices", rank_indices_ref)
-    sampler = DistributedSampler(range(9), num_replicas=2, rank=1, shuffle=True, seed=3)
-    sampler.set_epoch(4)
-    assert list(sampler) == rank_indices_ref(n=9, world_size=2, rank=1, epoch=4, seed=3)
+def kahan_add(total, comp, x):
+    y = x - comp                  # the value, corrected by what the last addition lost
+    t = total + y                 # rounded: the low part of y may be lost
+    return t, (t - total) - y     # what was added too much (exactly, in float16)
 
 
-def _contiguous(*, n, world_size, rank, epoch, seed):
-    order = rank_indices_ref(n=n, world_size=1, rank=0, epoch=epoch, seed=seed)
-    per = math.ceil(n / world_size)
-    order = (order * math.ceil(per * world_size / n))[:per * world_size]
-    return order[rank * per:(rank + 1) * per]
+def neumaier_add(total, comp, x):
+    """Neumaier's variant: the compensation is accumulated and added at the end; here the state's
+    total is kept as the compensated one, so it is also accepted."""
+    t = total + x
+    lost = torch.where(total.abs() >= x.abs(), (total - t) + x, (x - t) + total)
+    c = comp + lost
+    s = t + c
+    return s, c - (s - t)
 
 
-def _no_padding(*, n, world_size, rank, epoch, seed):
-    return torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist()[rank::world_size]
+def plain_add(total, comp, x):
+    return total + x, comp
 
 
-def test_rank_indices_reject_wrong_answers_with_specific_messages():
-    _rejects_with("10.rank_indices", _contiguous, "contiguous chunk")
-    _rejects_with("10.rank_indices", lambda **a: rank_indices_ref(**{**a, "epoch": 0}), "ignores the epoch")
-    _rejects_with("10.rank_indices", _no_padding, "same number")
-    _rejects_with("10.rank_indices", lambda **a: sorted(rank_indices_ref(**a)), "wrong order")
-    _rejects("10.rank_indices", lambda **a: list(range(a["rank"], a["n"], a["world_size"])))   # no shuffle
+def kahan_unused(total, comp, x):
+    t = total + x
+    return t, (t - total) - x
+
+
+def kahan_plus(total, comp, x):
+    y = x + comp
+    t = total + y
+    return t, (t - total) - y
+
+
+def kahan_flipped(total, comp, x):
+    y = x - comp
+    t = total + y
+    return t, y - (t - total)
+
+
+def float32_state(total, comp, x):
+    return total.float() + x.float(), comp
+
+
+_hidden = {"sum": None, "last": None}
+
+
+def hidden_float64(total, comp, x):
+    """Keeps the real sum in float64 outside the state, and returns it rounded: exact, and forbidden.
+    A call on a state it did not return starts a new sum."""
+    if total is not _hidden["last"]:
+        _hidden["sum"] = torch.zeros(x.shape, dtype=torch.float64)
+    _hidden["sum"] = _hidden["sum"] + x.double()
+    _hidden["last"] = _hidden["sum"].half()
+    return _hidden["last"], torch.zeros_like(comp)
+
+
+def test_compensated_sum_accepts_kahan_and_neumaier():
+    _accepts("10.compensated_sum", kahan_add)
+    _accepts("10.compensated_sum", neumaier_add)
+
+
+def test_kahan_in_float16_beats_the_plain_sum():
+    values = torch.full((3000,), 1e-4).half()
+    values[0] = 1.0
+    plain = torch.zeros((), dtype=torch.half)
+    state = (torch.zeros((), dtype=torch.half), torch.zeros((), dtype=torch.half))
+    for x in values:
+        plain = plain + x
+        state = kahan_add(*state, x)
+    exact = values.double().sum()
+    assert plain.item() == 1.0, "every 1e-4 is rounded away from 1.0 in float16"
+    assert abs(state[0].double() - exact) < 1e-3 < abs(plain.double() - exact)
+
+
+@pytest.mark.parametrize("answer, fragments", [
+    (plain_add, ("plain float16 running sum",)),
+    (kahan_unused, ("never used",)),
+    (kahan_plus, ("wrong sign",)),
+    (kahan_flipped, ("wrong sign",)),
+    (float32_state, ("float32", "float16")),
+    (hidden_float64, ("side by side", "besides (total, compensation)")),
+    (lambda total, comp, x: (total + x, comp, x), ("pair of tensors",)),
+    (lambda total, comp, x: (total[:1] + x[:1], comp[:1]), ("keep the shape",)),
+])
+def test_compensated_sum_rejects_wrong_answers_with_specific_messages(answer, fragments):
+    _rejects_with("10.compensated_sum", answer, *fragments)
+
+
+# ----------------------------------------------------------------------------- 10.skip_nonfinite_step
+
+
+def _finite_flag(params):
+    return torch.stack([torch.isfinite(p.grad).all() for p in params if p.grad is not None]).all()
+
+
+def sgd_step_unless_nonfinite(params, lr):
+    finite = _finite_flag(params)
+    with torch.no_grad():
+        for p in params:
+            if p.grad is not None:
+                p.copy_(torch.where(finite, p - lr * p.grad, p))
+    return finite
+
+
+def _any_grad(params, test):
+    return torch.stack([test(p.grad).any() for p in params if p.grad is not None]).any()
+
+
+def _step_variant(update, flag=_finite_flag):
+    def step(params, lr):
+        ok = flag(params)
+        with torch.no_grad():
+            for p in params:
+                if p.grad is not None:
+                    p.copy_(update(p, p.grad, lr, ok))
+        return ok
+    return step
+
+
+def step_with_if(params, lr):
+    finite = _finite_flag(params)
+    if finite:                              # a host read: on a GPU the host waits here
+        with torch.no_grad():
+            for p in params:
+                if p.grad is not None:
+                    p -= lr * p.grad
+    return finite
+
+
+def test_skip_nonfinite_step_accepts_the_solution():
+    _accepts("10.skip_nonfinite_step", sgd_step_unless_nonfinite)
+
+
+@pytest.mark.parametrize("answer, fragments", [
+    (step_with_if, ("read values back to the host", "__bool__")),
+    (_step_variant(lambda p, g, lr, ok: p - lr * g * ok), ("became NaN", "inf times 0")),
+    (_step_variant(lambda p, g, lr, ok: torch.where(torch.isfinite(g).all(), p - lr * g, p)),
+     ("only the parameter whose gradient",)),
+    (_step_variant(lambda p, g, lr, ok: torch.where(torch.isfinite(g), p - lr * g, p)),
+     ("only the non-finite entries",)),
+    (_step_variant(lambda p, g, lr, ok: torch.where(ok, p - lr * g, p),
+                   flag=lambda ps: ~_any_grad(ps, torch.isnan)),
+     ("infinite", "inf and -inf are not finite")),
+    (_step_variant(lambda p, g, lr, ok: torch.where(ok, p - lr * g, p),
+                   flag=lambda ps: ~_any_grad(ps, torch.isinf)),
+     ("NaN is not finite either",)),
+    (_step_variant(lambda p, g, lr, ok: p - lr * torch.nan_to_num(g)), ("replaced by finite ones",)),
+    (_step_variant(lambda p, g, lr, ok: torch.where(ok, p + lr * g, p)), ("stepped up the gradient",)),
+    (lambda params, lr: (sgd_step_unless_nonfinite(params, lr), True)[1], ("0-d bool tensor",)),
+    (lambda params, lr: ~sgd_step_unless_nonfinite(params, lr), ("your flag says the step was skipped",)),
+    (lambda params, lr: sgd_step_unless_nonfinite(params, lr)[None], ("0-d bool tensor",)),
+])
+def test_skip_nonfinite_step_rejects_wrong_answers_with_specific_messages(answer, fragments):
+    _rejects_with("10.skip_nonfinite_step", answer, *fragments)

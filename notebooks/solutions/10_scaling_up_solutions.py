@@ -26,14 +26,15 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch.utils.data.distributed import DistributedSampler
 
 from tfmlib import exercises
 from tfmlib.config import setup
-from tfmlib.data import PAD_ID
+from tfmlib.data import tokenize
 from tfmlib.lm import DecoderLM
+from tfmlib.profiling import count_host_reads
 from tfmlib.rnn import lm_loss
-from tfmlib.throughput import count_parameters, lm_flops_per_token
+from tfmlib.synthetic import load_bundled
+from tfmlib.throughput import count_parameters
 from tfmlib.timing import interleaved_medians
 
 run = setup(seed=0, smoke=dict(repeats=3, batch=8, length=32),
@@ -48,7 +49,14 @@ run = setup(seed=0, smoke=dict(repeats=3, batch=8, length=32),
 # the merged sum is $\ell = a_1 + a_2$. Each side's normalised output counts in proportion to its
 # share of the mass, $o = (a_1 o_1 + a_2 o_2) / \ell$. A side whose keys are all masked has
 # $m_k = -\infty$, $\ell_k = 0$: its factor $e^{-\infty} = 0$ makes it drop out, with no special
-# case (only when *both* sides are empty would $-\infty - (-\infty)$ give NaN).
+# case. A row masked in *both* blocks needs one: there $m = -\infty$, so $m_k - m$ is
+# $-\infty - (-\infty)$, NaN, and $\ell = 0$ makes the division $0/0$, NaN again. The textbook
+# formula is right everywhere else, which is why it looks finished; but such rows are common
+# (a padded query, or with a document mask a query whose document lies in other key blocks: see
+# the next exercise), and a NaN in one row of a forward pass becomes NaN gradients for every
+# weight. The fix is the chapter's own `_safe_max`: shift by 0 where the merged max is $-\infty$
+# (then $e^{-\infty - 0} = 0$), and divide only where $\ell > 0$. The state of such a row is the
+# state of no key at all, $(-\infty, 0, 0)$, which merges with any later block correctly.
 #
 # ![FlashAttention's tiling: one tile of scores at a time, the running max, sum and output kept per query row](../figures/10_flash_tiling.svg)
 #
@@ -57,21 +65,25 @@ run = setup(seed=0, smoke=dict(repeats=3, batch=8, length=32),
 # %%
 def merge_softmax_states(m1, l1, o1, m2, l2, o2):
     m = torch.maximum(m1, m2)
-    a1, a2 = l1 * torch.exp(m1 - m), l2 * torch.exp(m2 - m)
+    shift = torch.where(m == -math.inf, torch.zeros_like(m), m)      # finite, so no -inf - (-inf)
+    a1, a2 = l1 * torch.exp(m1 - shift), l2 * torch.exp(m2 - shift)
     total = a1 + a2
-    o = (a1[..., None] * o1 + a2[..., None] * o2) / total[..., None]
+    o = (a1[..., None] * o1 + a2[..., None] * o2) / torch.where(total > 0, total, torch.ones_like(total))[..., None]
     return m, total, o
 
 
 exercises.check("10.merge_softmax_states", merge_softmax_states, must_pass=True)
 
 
-def block_state(q, k, v):
-    """(m, l, o) of attention of q over one block of keys (scaled scores, no mask)."""
+def block_state(q, k, v, keep=None):
+    """(m, l, o) of attention of q over one block of keys (scaled scores; keep: (T, S) bool or None)."""
     s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if keep is not None:
+        s = s.masked_fill(~keep, -math.inf)
     m = s.amax(-1)
-    e = torch.exp(s - m[..., None])
-    return m, e.sum(-1), (e @ v) / e.sum(-1)[..., None]
+    e = torch.exp(s - torch.where(m == -math.inf, torch.zeros_like(m), m)[..., None])
+    total = e.sum(-1)
+    return m, total, (e @ v) / torch.where(total > 0, total, torch.ones_like(total))[..., None]
 
 
 # attention over 100 keys, read in blocks of 16 and merged one block at a time, is SDPA's answer
@@ -85,106 +97,234 @@ err = (state[2] - want).abs().max().item()
 print(f"7 blocks merged one after the other vs F.scaled_dot_product_attention: max abs difference {err:.2e}")
 assert err < 1e-5, "merging block states must give attention over all the keys"
 
-# %% [markdown]
-# **10.accumulation_weights.** The big batch's loss is the mean over all its real target tokens,
-# $L = \sum_i n_i L_i / \sum_i n_i$ where $L_i$ is micro-batch $i$'s mean over its $n_i$ real
-# tokens; so $w_i = n_i / \sum_j n_j$, with $n_i$ counted without the padding. Below, a small
-# language model shows it: the weighted micro-batch gradients equal the gradient of the one
-# concatenated batch, and equal weights $1/N$ do not (unless every micro-batch has the same
-# number of real tokens).
-
-# %%
-def accumulation_weights(targets: list[torch.Tensor]) -> torch.Tensor:
-    counts = torch.tensor([float((t != PAD_ID).sum()) for t in targets], dtype=torch.float64)
-    return counts / counts.sum()
-
-
-exercises.check("10.accumulation_weights", accumulation_weights, must_pass=True)
-
-torch.manual_seed(1)
-model = DecoderLM(40, d_model=32, heads=2, layers=1, context=16).double()
-inputs = torch.randint(4, 40, (6, 12))
-targets = torch.randint(4, 40, (6, 12))
-targets[0, 3:] = PAD_ID                              # micro-batch 1 has short sentences
-targets[1, 5:] = PAD_ID
-micro = [(inputs[:2], targets[:2]), (inputs[2:], targets[2:])]
-
-
-def gradient(weights):
-    model.zero_grad()
-    for w, batch in zip(weights, micro, strict=True):
-        (w * lm_loss(model, batch)[0]).backward()
-    return torch.cat([p.grad.flatten() for p in model.parameters()])
-
-
-model.zero_grad()
-lm_loss(model, (inputs, targets))[0].backward()
-big = torch.cat([p.grad.flatten() for p in model.parameters()])
-w = accumulation_weights([t for _, t in micro])
-print("real tokens per micro-batch:", [int((t != PAD_ID).sum()) for _, t in micro], " weights:",
-      [round(float(x), 4) for x in w])
-for name, weights in (("token-weighted", w), ("1/N each", [0.5, 0.5])):
-    diff = (gradient(weights) - big).abs().max().item()
-    print(f"{name:15s} max |grad - big-batch grad| = {diff:.2e}")
-assert (gradient(w) - big).abs().max() < 1e-12, "token weights give the big batch's gradient"
-assert (gradient([0.5, 0.5]) - big).abs().max() > 1e-6, "1/N does not, with unequal token counts"
+# a query that may see no key in the first two blocks (masked there) keeps the empty state, then
+# takes its whole attention from the third block: no NaN on the way
+keep = torch.ones(10, 48, dtype=torch.bool)
+keep[0, :32] = False
+states = [block_state(q, k[:, :, j:j + 16], v[:, :, j:j + 16], keep[:, j:j + 16]) for j in (0, 16, 32)]
+first_two = merge_softmax_states(*states[0], *states[1])
+print(f"query 0 after two fully masked blocks: m = {first_two[0][0, 0, 0].item()}, l = "
+      f"{first_two[1][0, 0, 0].item()}, o all zero: {bool((first_two[2][0, 0, 0] == 0).all())}")
+merged = merge_softmax_states(*first_two, *states[2])
+want = F.scaled_dot_product_attention(q, k[:, :, :48], v[:, :, :48], attn_mask=keep)
+assert torch.isfinite(merged[2]).all() and (merged[2] - want).abs().max() < 1e-5, "no NaN, and the right answer"
 
 # %% [markdown]
-# **10.mfu.** Each of the $N = L(4d^2 + 2 d\, d_{ff}) + d V$ weights costs 2 FLOPs per token
-# forward and 4 backward; attention's scores and weighted sum add $2 \cdot 2 d T$ per layer
-# forward, times 3 with the backward: $6N + 12 L d T$. MFU divides the FLOP/s the model needs by
-# the peak. The package's `lm_flops_per_token` counts the same, plus the biases and norms of a
-# real `DecoderLM` (a fraction of a percent more, printed below).
+# **10.document_tiles.** A pair (query $t$, key $s$) may attend when $s \le t$ and both lie in
+# the same document. The brute-force answer builds that $T \times T$ mask and asks, tile by tile,
+# whether any entry is true; correct, but it builds exactly the matrix a tiled kernel exists to
+# avoid. Because documents are contiguous, each tile only needs its corners: the queries of block
+# $a$ span the documents $[d(i_0), d(i_1 - 1)]$, the keys of block $b$ span $[d(j_0), d(j_1 - 1)]$,
+# and the tile holds an attending pair exactly when these two ranges meet *and* the first key is
+# not after the last query, $j_0 \le i_1 - 1$. (Why that suffices: if document $e$ is in both
+# ranges and $j_0 \le i_1 - 1$, the document's positions form one interval, and either the key
+# block contains a position of $e$ at or before a query of $e$, or the two blocks overlap on a
+# position of $e$, which is then both a query and a key.) The typical mistakes each break one
+# part: comparing only the first query's and first key's documents misses a tile where a document
+# starts inside the block; testing causality with the first query ($j_0 \le i_0$) skips the tiles
+# that cross the diagonal, whose lower part attends; keeping only tiles in which *every* pair
+# attends loses every tile that the kernel would compute with a mask inside it. Each skipped tile
+# that holds a pair is a wrong answer, not a slower one.
 
 # %%
-def flops_and_mfu(*, vocab: int, d_model: int, layers: int, d_ff: int, context: int, tokens_per_s: float,
-                  peak: float) -> tuple[float, float]:
-    n = layers * (4 * d_model * d_model + 2 * d_model * d_ff) + d_model * vocab
-    flops_per_token = 6 * n + 12 * layers * d_model * context
-    return flops_per_token, tokens_per_s * flops_per_token / peak
+def document_tiles(doc_ids: torch.Tensor, block_q: int, block_k: int) -> torch.Tensor:
+    T = doc_ids.numel()
+    q0, k0 = torch.arange(0, T, block_q), torch.arange(0, T, block_k)       # first position of each block
+    q_last, k_last = (q0 + block_q).clamp_max(T) - 1, (k0 + block_k).clamp_max(T) - 1
+    meet = (doc_ids[q0][:, None] <= doc_ids[k_last][None, :]) & (doc_ids[k0][None, :] <= doc_ids[q_last][:, None])
+    return meet & (k0[None, :] <= q_last[:, None])
 
 
-exercises.check("10.mfu", flops_and_mfu, must_pass=True)
-
-gpt2 = dict(vocab=50304, d_model=768, layers=12, d_ff=3072, context=1024)
-mine, _ = flops_and_mfu(**gpt2, tokens_per_s=1.0, peak=1.0)
-with torch.device("meta"):
-    lm = DecoderLM(gpt2["vocab"], d_model=768, heads=12, layers=12, d_ff=3072, context=1024)
-package = lm_flops_per_token(lm, 1024)
-print(f"GPT-2 small: {mine / 1e9:.3f} GFLOP per training token (exercise), {package / 1e9:.3f} (package, "
-      f"with biases and norms: {100 * (package / mine - 1):+.2f}%)")
-print(f"non-embedding parameters of that DecoderLM: {count_parameters(lm) / 1e6:.1f} M")
-h100 = 989e12
-print(f"35% MFU on an H100 (989 TFLOP/s bf16) needs {0.35 * h100 / mine:,.0f} tokens/s")
-assert abs(package / mine - 1) < 0.01, "the two counts differ only by biases and norms"
+exercises.check("10.document_tiles", document_tiles, must_pass=True)
 
 # %% [markdown]
-# **10.rank_indices.** Every rank draws the *same* permutation from `seed + epoch` (that is what
-# `set_epoch` is for: without it every epoch repeats the same order), pads it by repeating its
-# start until its length divides by the world size (so every rank runs the same number of steps;
-# DDP's all-reduce needs all ranks at every step), and rank $r$ takes positions
-# $r, r + W, r + 2W, \dots$
+# How much work does it save on the chapter's data? The packed blocks join the bundled corpus's
+# sentences, each followed by its end token. Below, the sentences are packed into streams of
+# 1024 tokens (the `gpu` profile's block length) and of 64 (the `cpu` one), and the tiles a causal
+# kernel computes are compared with those the document mask needs. The check at the end computes
+# attention on the needed tiles only, block by block with the merge above, and compares it with
+# SDPA under the full document-and-causal mask.
 
 # %%
-def rank_indices(*, n: int, world_size: int, rank: int, epoch: int, seed: int) -> list[int]:
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
-    total = math.ceil(n / world_size) * world_size
-    order = (order * math.ceil(total / n))[:total]
-    return order[rank:total:world_size]
+lengths = [len(tokenize(en)) + 1 for en, _ in load_bundled("train")[:4000]]     # + 1: the end token
+stream_doc = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)])
+print(f"{len(lengths)} sentences, {stream_doc.numel()} tokens, {stream_doc.numel() / len(lengths):.1f} tokens "
+      "per sentence on average")
+for block_len, tile in ((1024, 64), (1024, 128), (64, 16)):
+    blocks = stream_doc[: stream_doc.numel() // block_len * block_len].reshape(-1, block_len)
+    need = sum(int(document_tiles(b - b[0], tile, tile).sum()) for b in blocks)
+    n = block_len // tile
+    causal = len(blocks) * n * (n + 1) // 2
+    print(f"blocks of {block_len} tokens, tiles of {tile} x {tile}: a causal kernel computes {causal} tiles, "
+          f"the document mask needs {need} ({need / causal:.0%}), a saving of {1 - need / causal:.0%}")
+
+# attention on the needed tiles only equals SDPA with the document-and-causal mask
+doc = stream_doc[:96] - stream_doc[0]
+T, tile = doc.numel(), 16
+mask = (doc[:, None] == doc[None, :]) & torch.ones(T, T, dtype=torch.bool).tril()
+tiles = document_tiles(doc, tile, tile)
+q, k, v = torch.randn(1, 2, T, 8), torch.randn(1, 2, T, 8), torch.randn(1, 2, T, 8)
+out = torch.empty_like(q)
+for a in range(tiles.shape[0]):
+    rows = slice(a * tile, (a + 1) * tile)
+    state = None
+    for b in tiles[a].nonzero().flatten().tolist():
+        cols = slice(b * tile, (b + 1) * tile)
+        part = block_state(q[:, :, rows], k[:, :, cols], v[:, :, cols], mask[rows, cols])
+        state = part if state is None else merge_softmax_states(*state, *part)
+    out[:, :, rows] = state[2]
+want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+print(f"{int(tiles.sum())} of {tiles.numel()} tiles computed; max |tiled with skipping - SDPA| = "
+      f"{(out - want).abs().max().item():.1e}")
+assert (out - want).abs().max() < 1e-5, "skipping the tiles that hold no attending pair changes nothing"
+
+# %% [markdown]
+# The saving depends on the ratio of sentence length to tile size and block length. These
+# sentences are shorter than a tile (the average is printed above), so in a 1024-token block most
+# of the causal triangle lies between documents and most of its tiles are skipped; bigger tiles
+# save less, since a bigger tile is more likely to hold some pair from one sentence. In a 64-token
+# block with 16-token tiles the diagonal tiles, which always hold pairs, are a large share of the
+# triangle, so the least is saved. Real
+# pretraining documents are hundreds or thousands of tokens, and the saving there is smaller
+# again: a document mask matters most when many short documents share a long block.
+#
+# **10.compensated_sum.** Float16 has 10 fraction bits: near 1, consecutive numbers are $2^{-10}
+# \approx 0.001$ apart, so adding $10^{-4}$ to 1 rounds back to 1, every time. Kahan's
+# compensated summation (Higham 2002, section 4.3) keeps, next to the total, the part of the last
+# addition that rounding lost. With $y = x - c$ (the new value corrected by what was lost before)
+# and $t = \mathrm{total} + y$ (rounded), the difference $(t - \mathrm{total}) - y$ is *exactly*
+# the rounding error of that addition, computed in float16 without error of its own (the two
+# subtractions are exact when the total is larger than $y$, by Sterbenz's lemma and the
+# properties of round-to-nearest). That error becomes the new $c$, subtracted from the next value.
+# The order of the operations is the algorithm: written $y - (t - \mathrm{total})$ the sign
+# flips and the error is added twice; a compensation computed but not subtracted from the next
+# value leaves the plain sum. The total stays a float16 number: what the compensation buys is that
+# the *sum of all the values* is exact to about one rounding, not that each total is wider.
+
+# %%
+def compensated_add(total: torch.Tensor, compensation: torch.Tensor,
+                    x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    y = x - compensation                 # the new value, less what the previous addition added too much
+    t = total + y                        # rounded to float16: the low part of y may be lost
+    return t, (t - total) - y            # exactly what this addition added too much
 
 
-exercises.check("10.rank_indices", rank_indices, must_pass=True)
+exercises.check("10.compensated_sum", compensated_add, must_pass=True)
 
-n, world = 11, 2
-for epoch in (0, 1):
-    per_rank = [rank_indices(n=n, world_size=world, rank=r, epoch=epoch, seed=0) for r in range(world)]
-    for r, idx in enumerate(per_rank):
-        sampler = DistributedSampler(range(n), num_replicas=world, rank=r, shuffle=True, seed=0)
-        sampler.set_epoch(epoch)
-        assert idx == list(sampler), "the solution must read what DistributedSampler reads"
-    print(f"epoch {epoch}: rank 0 reads {per_rank[0]}, rank 1 reads {per_rank[1]}")
-    assert sorted(set(per_rank[0]) | set(per_rank[1])) == list(range(n)), "together the ranks cover the data"
-print("11 examples over 2 ranks: 12 slots, one example read twice per epoch (the padding)")
+# %% [markdown]
+# The gradient-accumulation case: 256 micro-batch gradients of a few thousand entries, each small
+# next to the sum, summed into a float16 buffer three ways, against the exact float64 sum. The
+# errors are in units of float16's epsilon times $\sum_i |x_i|$, the scale that rounding errors of a
+# sum are measured against (Higham 2002, section 4.2): a plain running sum of $n$ values may be off
+# by up to about $n$ of these units, a compensated one by about 2.
+
+# %%
+g = torch.Generator().manual_seed(0)
+micro_grads = (torch.randn(256, 4096, generator=g) * 1e-3 + 1e-4).half()
+exact = micro_grads.double().sum(0)
+plain = torch.zeros(4096, dtype=torch.half)
+state = (torch.zeros(4096, dtype=torch.half), torch.zeros(4096, dtype=torch.half))
+for grad_i in micro_grads:
+    plain = plain + grad_i
+    state = compensated_add(*state, grad_i)
+eps = torch.finfo(torch.half).eps
+
+
+def rel_err(total: torch.Tensor) -> torch.Tensor:
+    return (total.double() - exact).abs() / (eps * micro_grads.double().abs().sum(0))
+
+
+for name, total in (("plain float16 sum", plain), ("compensated float16 sum", state[0]),
+                    ("float32 sum, rounded to float16", micro_grads.float().sum(0).half())):
+    e = rel_err(total)
+    print(f"{name:32s} median error {e.median().item():6.2f}, worst {e.max().item():8.2f} (float16 epsilons)")
+assert rel_err(state[0]).max() < 0.5 < rel_err(plain).max(), "compensation removes the drift"
+assert rel_err(state[0]).median() < rel_err(plain).median() / 3, "on a typical entry too"
+
+# %% [markdown]
+# The plain float16 sum drifts: each of the 256 additions rounds, and its errors add up (the
+# median and worst entries above). The compensated one ends close to a float32 accumulator
+# rounded once at the end, the best a float16 result can be. Two float16 numbers do the work of one float32:
+# that is the trade of fp32 master weights (section 3) made the other way, memory for two extra
+# subtractions per addition. Neumaier's variant, which also handles a value larger than the
+# running total, passes the checker too.
+#
+# **10.skip_nonfinite_step.** A GPU step should never wait for the device, so the decision to
+# skip cannot be a Python `if`: `if finite:` calls `bool()` on a tensor, a host read (the
+# checker's `count_host_reads` sees it; on a GPU it is a sync). Instead the flag stays a 0-d
+# tensor on the device, and `torch.where(flag, p - lr * grad, p)` picks, entry by entry, the
+# updated or the old value; both are computed, which costs one extra elementwise pass and no
+# wait. Three details decide whether it works:
+#
+# * *One flag for the step*, from every gradient: a step skipped for one tensor and applied to
+#   the others leaves parameters that never existed together (and with Adam, moments that drift).
+# * *Select, do not multiply.* `p - lr * grad * flag` looks equivalent, but when the gradient
+#   holds an inf, $\infty \times 0$ is NaN and the parameter is destroyed precisely in the case
+#   the flag was meant to protect; `torch.where` takes the other branch and never touches the NaN.
+# * *Finite, not "not NaN".* inf, -inf and NaN all mean the step overflowed; a test for NaN only
+#   lets an inf gradient turn a weight into -inf.
+#
+# PyTorch's `GradScaler` does the first two (its `found_inf` is a tensor per device) and then
+# reads it back to decide in Python whether to call `optimizer.step()` at all; fused optimizers
+# take `found_inf` as a tensor argument and skip on the device, as here.
+
+# %%
+def sgd_step_unless_nonfinite(params: list[torch.Tensor], lr: float) -> torch.Tensor:
+    grads = [p.grad for p in params if p.grad is not None]
+    finite = torch.stack([torch.isfinite(gr).all() for gr in grads]).all()     # 0-d bool, on the device
+    with torch.no_grad():
+        for p in params:
+            if p.grad is not None:
+                p.copy_(torch.where(finite, p - lr * p.grad, p))
+    return finite
+
+
+exercises.check("10.skip_nonfinite_step", sgd_step_unless_nonfinite, must_pass=True)
+
+# %% [markdown]
+# Measured with the chapter's counter: the same skipping decided with a Python `if` reads one
+# value per step, the version above none; and the multiplied flag turns a parameter into NaN on
+# an overflowing step.
+
+# %%
+def step_with_if(params: list[torch.Tensor], lr: float) -> bool:
+    if all(torch.isfinite(p.grad).all() for p in params if p.grad is not None):   # bool(): a host read
+        with torch.no_grad():
+            for p in params:
+                p -= lr * p.grad
+        return True
+    return False
+
+
+def step_multiplied(params: list[torch.Tensor], lr: float) -> torch.Tensor:
+    finite = torch.stack([torch.isfinite(p.grad).all() for p in params]).all()
+    with torch.no_grad():
+        for p in params:
+            p -= lr * p.grad * finite
+    return finite
+
+
+def fresh_params(overflow: bool) -> list[torch.Tensor]:
+    ps = [torch.randn(4, 4, requires_grad=True), torch.randn(4, requires_grad=True)]
+    for p in ps:
+        p.grad = torch.randn(p.shape)
+    if overflow:
+        ps[1].grad[0] = math.inf
+    return ps
+
+
+for name, fn in (("Python if", step_with_if), ("torch.where (solution)", sgd_step_unless_nonfinite),
+                 ("multiplied by the flag", step_multiplied)):
+    reads_total, nan_after = 0, False
+    for overflow in (False, True, False):
+        ps = fresh_params(overflow)
+        with count_host_reads() as reads:
+            fn(ps, 0.1)
+        reads_total += reads.total
+        nan_after |= any(bool(torch.isnan(p).any()) for p in ps)
+    print(f"{name:24s} host reads over 3 steps: {reads_total}   a parameter became NaN: {nan_after}")
+    if fn is sgd_step_unless_nonfinite:
+        assert reads_total == 0 and not nan_after
 
 # %% [markdown]
 # ## Questions

@@ -1,4 +1,4 @@
-"""Checkers for chapter 10 (scaling up: fused attention, mixed precision, compile, data parallel).
+"""Checkers for chapter 10 (scaling up: fused attention, mixed precision, compile, data parallel, profiling).
 
 Registered on import by ``tfmlib.exercises``; a reader calls ``exercises.check("10.name", answer)``.
 """
@@ -6,13 +6,12 @@ Registered on import by ``tfmlib.exercises``; a reader calls ``exercises.check("
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils.data.distributed import DistributedSampler
 
-from tfmlib.data import PAD_ID
+from tfmlib.profiling import count_host_reads
 
 from .core import Wrong, checker, expect_close
 
@@ -43,7 +42,8 @@ def _as_triple(out: Any) -> Triple:
 @checker("10.merge_softmax_states", hint="section 2: each side's sum l and output were computed relative to "
          "its own max, so they cannot simply be added; the online softmax's update shows how a sum moves "
          "to a larger max, and the output of both blocks is a weighted mean of the two sides' outputs "
-         "(ask what each side's weight must be); try a block whose keys are all masked")
+         "(ask what each side's weight must be); try a block whose keys are all masked for a row, and a row "
+         "that no key of either block may see: section 2's helpers say what such a row must give")
 def _check_merge_softmax_states(merge: Callable[..., Triple]) -> None:
     g = torch.Generator().manual_seed(10)
     cases = [(1, 3, 4, 5, 2, 1.0), (2, 5, 7, 3, 4, 4.0), (3, 4, 6, 6, 3, 12.0), (1, 2, 1, 1, 5, 30.0)]
@@ -100,174 +100,349 @@ def _check_merge_softmax_states(merge: Callable[..., Triple]) -> None:
                     "e to the power of -inf minus a finite max is 0, so that side must simply drop out")
     expect_close(o, _softmax_state(s, v)[2], "the merged output when one block is fully masked for a row",
                  atol=1e-9)
+    # a row masked in BOTH blocks (a padded query, a query whose document lies in other blocks) is the
+    # state of no key at all: m = -inf, l = 0, o = 0, as the chapter's online_softmax and tiled_attention give
+    s[1, 2, :] = -math.inf
+    state1, state2 = _softmax_state(s[..., :3], v[:, :3]), _softmax_state(s[..., 3:], v[:, 3:])
+    m_want, l_want, o_want = _softmax_state(s, v)
+    m, total, o = _as_triple(merge(*state1, *state2))
+    if not (isinstance(m, torch.Tensor) and isinstance(total, torch.Tensor) and isinstance(o, torch.Tensor)) \
+            or m.shape != m_want.shape or total.shape != l_want.shape or o.shape != o_want.shape:
+        raise Wrong("with a row masked in both blocks, m, l and o must keep their shapes")
+    if not bool(torch.isfinite(o).all()) or bool(torch.isnan(total).any()) or bool(torch.isnan(m).any()):
+        raise Wrong("a row that no key of either block may see (m1 = m2 = -inf, l1 = l2 = 0) gave NaN: "
+                    "-inf - (-inf) is NaN, and so is 0 / 0; such a row must come out as the state of no "
+                    "key at all, m = -inf, l = 0, o = 0 (shift by a finite number where the merged max is "
+                    "-inf, and divide only where l > 0), as the chapter's online softmax and tiled attention "
+                    "do")
+    if bool((total[1, 2] != 0).any()) or bool((o[1, 2] != 0).any()) or bool(m[1, 2] != -math.inf):
+        raise Wrong(f"a row masked in both blocks gave m = {m[1, 2].item()}, l = {total[1, 2].item()}, "
+                    f"o = {o[1, 2].tolist()}: it is the state of no key at all, m = -inf, l = 0, o = 0")
+    expect_close(m, m_want, "the merged max when a row is masked in both blocks", atol=1e-9)
+    expect_close(total, l_want, "the merged sum when a row is masked in both blocks", atol=1e-9)
+    expect_close(o, o_want, "the merged output when a row is masked in both blocks", atol=1e-9)
 
 
-# ----------------------------------------------------------------------------- 10.accumulation_weights
 
 
-def _targets(g: torch.Generator, rows: int, length: int, real_lengths: Sequence[int]) -> torch.Tensor:
-    t = torch.randint(4, 50, (rows, length), generator=g)
-    for i, n in enumerate(real_lengths):
-        t[i, n:] = PAD_ID
-    return t
+# ----------------------------------------------------------------------------- 10.document_tiles
 
 
-@checker("10.accumulation_weights", hint="section 8: write the big batch's loss out as a mean over what it "
-         "averages, then write each micro-batch's mean loss the same way, and compare; mind what the "
-         "padding contributes")
-def _check_accumulation_weights(weights_fn: Callable[[list[torch.Tensor]], Any]) -> None:
-    g = torch.Generator().manual_seed(3)
-    groups = [
-        [_targets(g, 2, 6, [6, 2]), _targets(g, 2, 6, [6, 6]), _targets(g, 2, 3, [1, 1])],
-        [_targets(g, 3, 8, [8, 3, 2]), _targets(g, 1, 5, [5])],
-        [_targets(g, 2, 4, [4, 4]), _targets(g, 2, 4, [4, 4])],
-        [_targets(g, 4, 10, [10, 9, 1, 1])],
+def _tiles_of(need: torch.Tensor, block_q: int, block_k: int) -> torch.Tensor:
+    """A (T, S) bool matrix of the (query, key) pairs to compute -> the (ceil(T / block_q),
+    ceil(S / block_k)) map of the tiles holding at least one of them."""
+    T, S = need.shape
+    nq, nk = -(-T // block_q), -(-S // block_k)
+    padded = torch.zeros(nq * block_q, nk * block_k, dtype=torch.bool)
+    padded[:T, :S] = need
+    return padded.reshape(nq, block_q, nk, block_k).any(3).any(1)
+
+
+def _document_tile_variants(doc: torch.Tensor, block_q: int, block_k: int) -> dict[str, torch.Tensor]:
+    """The right map ("right") and the maps of the typical mistakes, for one packed sequence."""
+    T = doc.numel()
+    same = doc[:, None] == doc[None, :]
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    nq, nk = -(-T // block_q), -(-T // block_k)
+    i0 = torch.arange(nq)[:, None] * block_q
+    j0 = torch.arange(nk)[None, :] * block_k
+    i_last = (i0 + block_q).clamp_max(T) - 1
+    j_last = (j0 + block_k).clamp_max(T) - 1
+    overlap = (doc[i0] <= doc[j_last]) & (doc[j0] <= doc[i_last])     # the tiles' document ranges meet
+    whole = torch.zeros(nq, nk, dtype=torch.bool)                     # every pair of the tile attends
+    for a in range(nq):
+        for b in range(nk):
+            tile = (same & causal)[a * block_q:(a + 1) * block_q, b * block_k:(b + 1) * block_k]
+            whole[a, b] = bool(tile.all())
+    return {
+        "right": _tiles_of(same & causal, block_q, block_k),
+        "causal only": _tiles_of(causal, block_q, block_k),
+        "documents only": _tiles_of(same, block_q, block_k),
+        "first corner": (doc[i0] == doc[j0]) & (j0 <= i_last),
+        "causal from the first query": overlap & (j0 <= i0),
+        "causal one past the last query": overlap & (j0 <= i_last + 1),
+        "whole tile": whole,
+    }
+
+
+_DOCUMENT_TILE_DIAGNOSES = {
+    "causal only": "you kept every tile on or below the diagonal: the tiles in which no query shares a "
+                   "document with any key are all masked, so they can be skipped",
+    "documents only": "you kept tiles above the diagonal: a query may not see a later key even in its own "
+                      "document",
+    "first corner": "you compared the documents of the tile's first query and first key only: a tile is "
+                    "needed when ANY of its queries shares a document with one of its keys at or before it",
+    "causal from the first query": "you skipped tiles that cross the diagonal (their first key comes after "
+                                   "their first query, but not after their last): some of their pairs attend",
+    "causal one past the last query": "off by one: you kept a tile whose first key comes right after the "
+                                      "block's last query; every pair of it lies above the diagonal",
+    "whole tile": "you kept only the tiles in which every pair attends: a tile that mixes documents, or "
+                  "crosses the diagonal, still holds pairs that attend (masked inside the tile, as the "
+                  "chapter's tile keep-mask does)",
+}
+
+
+def _packed(lengths: list[int]) -> torch.Tensor:
+    return torch.cat([torch.full((n,), i, dtype=torch.long) for i, n in enumerate(lengths)])
+
+
+@checker("10.document_tiles", hint="section 2's tiled loops: a tile of queries and keys is computed when "
+         "at least one of its (query, key) pairs may attend; with documents packed in one sequence a pair "
+         "attends when the key is not after the query and both belong to the same document; since the "
+         "documents are contiguous, the ranges of document ids of the tile's queries and of its keys tell "
+         "you; mind the last, shorter block")
+def _check_document_tiles(tiles_fn: Callable[..., Any]) -> None:
+    cases = [([10, 6, 12, 4], 4, 4), ([10, 6, 12, 4], 8, 4), ([5, 5, 5, 5, 5, 5, 2], 6, 4),
+             ([1, 1, 1, 1, 1, 1, 1, 1, 1], 2, 3), ([24], 8, 8), ([3, 17, 2, 9, 1, 30], 8, 16),
+             ([7, 7, 7, 7], 7, 7), ([2, 40, 3, 3, 20], 16, 8)]
+    for lengths, block_q, block_k in cases:
+        doc = _packed(lengths)
+        T = doc.numel()
+        variants = _document_tile_variants(doc, block_q, block_k)
+        want = variants["right"]
+        where = f"documents of lengths {lengths} (T={T}), block_q={block_q}, block_k={block_k}"
+        got = tiles_fn(doc.clone(), block_q, block_k)
+        if not isinstance(got, torch.Tensor):
+            raise Wrong(f"{where}: return a bool tensor of shape {tuple(want.shape)} (query blocks x key "
+                        f"blocks), got {type(got).__name__}")
+        if got.shape != want.shape:
+            if got.shape == want.shape[::-1] and want.shape[0] != want.shape[1]:
+                raise Wrong(f"{where}: your map has shape {tuple(got.shape)}: its rows must be the query "
+                            f"blocks and its columns the key blocks, {tuple(want.shape)}")
+            floor = (T // block_q, T // block_k)
+            if tuple(got.shape) == floor:
+                raise Wrong(f"{where}: your map has shape {tuple(got.shape)}, expected {tuple(want.shape)}: "
+                            "the last, shorter block of queries or keys is a block too")
+            raise Wrong(f"{where}: your map has shape {tuple(got.shape)}, expected {tuple(want.shape)} "
+                        "(one row per block of block_q queries, one column per block of block_k keys)")
+        got = got.bool()
+        if torch.equal(got, want):
+            continue
+        for name, why in _DOCUMENT_TILE_DIAGNOSES.items():
+            if torch.equal(got, variants[name]):
+                raise Wrong(f"{where}: {why}")
+        if torch.equal(got, want.T):
+            raise Wrong(f"{where}: your map is transposed: its rows must be the query blocks and its columns "
+                        "the key blocks")
+        missing = (want & ~got).nonzero().tolist()
+        extra = (got & ~want).nonzero().tolist()
+        a, b = (missing or extra)[0]
+        tile = f"the tile of queries {a * block_q}..{min((a + 1) * block_q, T) - 1} and keys " \
+               f"{b * block_k}..{min((b + 1) * block_k, T) - 1}"
+        if missing:
+            raise Wrong(f"{where}: you skip {tile}, but some of its queries may see some of its keys (same "
+                        "document, key not after the query): skipping it changes the attention")
+        raise Wrong(f"{where}: you compute {tile}, in which no pair may attend: it can be skipped")
+
+
+# ----------------------------------------------------------------------------- 10.compensated_sum
+
+
+Pair = tuple[torch.Tensor, torch.Tensor]
+
+
+def _fold(add: Callable[..., Any], values: torch.Tensor) -> Pair:
+    state: Any = tuple(torch.zeros(values.shape[1], dtype=torch.half) for _ in range(2))
+    for x in values:
+        state = add(state[0], state[1], x.clone())
+        if not isinstance(state, tuple) or len(state) != 2 or \
+                not all(isinstance(t, torch.Tensor) for t in state):
+            raise Wrong("return a pair of tensors (total, compensation) from every call")
+        if any(t.dtype != torch.float16 for t in state):
+            raise Wrong(f"your state holds {state[0].dtype} and {state[1].dtype}: the exercise keeps every "
+                        "accumulator in float16 (what an fp16 gradient buffer has); a wider type solves "
+                        "another problem")
+        if any(t.shape != values.shape[1:] for t in state):
+            raise Wrong(f"the total and the compensation must keep the shape {tuple(values.shape[1:])} of "
+                        f"one value, got {tuple(state[0].shape)} and {tuple(state[1].shape)}")
+    return state
+
+
+def _plain(total: torch.Tensor, comp: torch.Tensor, x: torch.Tensor) -> Pair:
+    return total + x, comp
+
+
+def _kahan(total: torch.Tensor, comp: torch.Tensor, x: torch.Tensor) -> Pair:
+    y = x - comp
+    t = total + y
+    return t, (t - total) - y
+
+
+def _kahan_unused(total: torch.Tensor, comp: torch.Tensor, x: torch.Tensor) -> Pair:
+    t = total + x
+    return t, (t - total) - x
+
+
+def _kahan_added(total: torch.Tensor, comp: torch.Tensor, x: torch.Tensor) -> Pair:
+    y = x + comp
+    t = total + y
+    return t, (t - total) - y
+
+
+def _kahan_reversed(total: torch.Tensor, comp: torch.Tensor, x: torch.Tensor) -> Pair:
+    y = x - comp
+    t = total + y
+    return t, y - (t - total)
+
+
+def _sum_cases() -> list[tuple[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(16)
+    one_then_small = torch.full((1200, 4), 1e-4)
+    one_then_small[0] = 1.0
+    return [
+        ("1.0 followed by 1199 values of 1e-4", one_then_small.half()),
+        ("800 gradient-like values (mean 2e-4, spread 1e-3)",
+         (torch.randn(800, 8, generator=g) * 1e-3 + 2e-4).half()),
+        ("1000 uniform values in [0, 0.01)", (torch.rand(1000, 8, generator=g) * 0.01).half()),
+        ("400 values of scales 1e-4 to 1 with both signs",
+         (torch.randn(400, 8, generator=g) * torch.logspace(-4, 0, 8)).half()),
+        ("300 values of 0.1 (not exact in binary)", torch.full((300, 3), 0.1).half()),
     ]
-    for group in groups:
-        real = torch.tensor([float((t != PAD_ID).sum()) for t in group], dtype=torch.double)
-        slots = torch.tensor([float(t.numel()) for t in group], dtype=torch.double)
-        want = real / real.sum()
-        got = weights_fn([t.clone() for t in group])
-        try:
-            got = torch.as_tensor(got, dtype=torch.double).flatten()
-        except (TypeError, ValueError, RuntimeError):
-            raise Wrong("return one weight per micro-batch (a list or a 1-d tensor), "
-                        f"got {type(got).__name__}") from None
-        counts = ", ".join(str(int(n)) for n in real)
-        if got.numel() != len(group):
-            raise Wrong(f"{len(group)} micro-batches need {len(group)} weights, got {got.numel()}")
-        if torch.allclose(got, want):
+
+
+def _ulps(got: torch.Tensor, exact: torch.Tensor) -> float:
+    """The largest error of ``got`` in units of float16's epsilon relative to ``exact``."""
+    eps = torch.finfo(torch.float16).eps
+    return float(((got.double() - exact).abs() / (eps * exact.abs().clamp_min(1e-4))).max())
+
+
+@checker("10.compensated_sum", hint="section 3 keeps fp32 master weights because a small update added to a "
+         "large float16 number is rounded away; look up Kahan's compensated summation (Higham, Accuracy and "
+         "Stability of Numerical Algorithms, section 4.3): the second number of the state remembers what the "
+         "last addition lost, and the next value is corrected by it before it is added; mind the sign, and "
+         "keep the order of the operations, since rounding happens after each one")
+def _check_compensated_sum(add: Callable[..., Any]) -> None:
+    cases = _sum_cases()
+    states = [_fold(add, values) for _, values in cases]
+    errors = [_ulps(state[0], values.double().sum(0))
+              for state, (_, values) in zip(states, cases, strict=True)]
+    if max(errors) > 1.5:
+        k = max(range(len(cases)), key=errors.__getitem__)
+        where = f"{cases[k][0]}: your total is {errors[k]:.1f} float16 epsilons away from the exact sum"
+
+        def same(variant: Callable[..., Pair]) -> bool:
+            """The answer's states are the variant's on every case."""
+            return all(torch.equal(state[0], want[0]) and torch.equal(state[1], want[1])
+                       for state, want in zip(states, (_fold(variant, v) for _, v in cases), strict=True))
+
+        if same(_kahan_added) or same(_kahan_reversed):
+            raise Wrong(f"{where}: the compensation has the wrong sign: it holds what the rounded addition "
+                        "added too much, so it is subtracted from the next value (or computed the other way "
+                        "round and added, not both)")
+        if same(_kahan_unused):
+            raise Wrong(f"{where}, the same as the plain float16 running sum: your compensation is "
+                        "computed but never used; subtract it from the next value before adding")
+        if torch.equal(states[k][0], _fold(_plain, cases[k][1])[0]):
+            raise Wrong(f"{where}: that is the plain float16 running sum, whose small values are rounded "
+                        "away once the total is large; keep the lost low part in the second number and feed "
+                        "it back")
+        raise Wrong(where)
+    # the state is all there is: two sums carried on side by side, a call for one then a call for the
+    # other, must each come out as when carried on alone (a running sum kept elsewhere, in a Python float or
+    # a global tensor, mixes them up)
+    (_, first), (_, second) = _sum_cases()[:2]
+    second = second[:, :first.shape[1]]
+    alone = [_fold(add, first)[0], _fold(add, second)[0]]
+    states: list[Any] = [tuple(torch.zeros(v.shape[1], dtype=torch.half) for _ in range(2))
+                         for v in (first, second)]
+    for i in range(max(len(first), len(second))):
+        for k, values in enumerate((first, second)):
+            if i < len(values):
+                states[k] = add(states[k][0], states[k][1], values[i].clone())
+    if not all(torch.equal(states[k][0], alone[k]) for k in range(2)):
+        raise Wrong("two sums carried on side by side (one call for each in turn) did not give what each "
+                    "gives alone: your function keeps something besides (total, compensation), e.g. a "
+                    "running sum in a wider type; everything it remembers must be in the two float16 "
+                    "tensors it returns")
+
+
+# ----------------------------------------------------------------------------- 10.skip_nonfinite_step
+
+
+def _params(g: torch.Generator) -> list[torch.Tensor]:
+    ps = [torch.randn(3, 4, generator=g), torch.randn(5, generator=g), torch.randn(2, 2, 2, generator=g),
+          torch.randn(4, generator=g)]
+    params = [p.requires_grad_() for p in ps]
+    for p in params[:3]:
+        p.grad = torch.randn(p.shape, generator=g)
+    return params                                   # the last parameter has no gradient (unused this step)
+
+
+@checker("10.skip_nonfinite_step", hint="section 3 on how the gradient scaler skips a step whose "
+         "gradients overflowed, and section 10 on host reads: every Python if on a tensor's value waits for "
+         "the device; compute one flag for the whole step on the device, and let it choose between the "
+         "update and no update, tensor by tensor, without multiplying anything by it (think of what "
+         "infinity times zero is); a step is all or nothing")
+def _check_skip_nonfinite_step(step: Callable[..., Any]) -> None:
+    g = torch.Generator().manual_seed(31)
+    lr = 0.1
+    cases: list[tuple[str, Callable[[list[torch.Tensor]], None]]] = [
+        ("finite gradients", lambda ps: None),
+        ("one entry of the second gradient is inf", lambda ps: ps[1].grad.__setitem__(2, math.inf)),
+        ("one entry of the first gradient is NaN", lambda ps: ps[0].grad.__setitem__((1, 2), math.nan)),
+        ("one entry of the third gradient is -inf", lambda ps: ps[2].grad.__setitem__((0, 1, 1), -math.inf)),
+        ("the second gradient is all NaN", lambda ps: ps[1].grad.fill_(math.nan)),
+        ("finite gradients again", lambda ps: None),
+    ]
+    for what, spoil in cases:
+        params = _params(g)
+        spoil(params)
+        before = [p.detach().clone() for p in params]
+        grads = [None if p.grad is None else p.grad.clone() for p in params]
+        finite = all(gr is None or bool(torch.isfinite(gr).all()) for gr in grads)
+        with count_host_reads() as reads:
+            applied = step(params, lr)
+        if reads.total:
+            raise Wrong(f"{what}: your step read values back to the host ({reads}): on a GPU each read waits "
+                        "for every queued kernel; decide on the device instead")
+        after = [p.detach() for p in params]
+        if not isinstance(applied, torch.Tensor) or applied.dim() != 0 or applied.dtype != torch.bool:
+            raise Wrong(f"{what}: return a 0-d bool tensor, true when the step was applied (a Python bool "
+                        f"would need a host read), got {type(applied).__name__}"
+                        + (f" of shape {tuple(applied.shape)} and dtype {applied.dtype}"
+                           if isinstance(applied, torch.Tensor) else ""))
+        if finite:
+            want = [b if gr is None else b - lr * gr for b, gr in zip(before, grads, strict=True)]
+            if all(torch.equal(a, b) for a, b in zip(after, before, strict=True)):
+                raise Wrong(f"{what}: the parameters did not change; update them in place (p - lr * grad)")
+            if any(gr is not None and torch.allclose(a, b + lr * gr)
+                   for a, b, gr in zip(after, before, grads, strict=True)):
+                raise Wrong(f"{what}: you stepped up the gradient; SGD steps against it")
+            if not torch.equal(after[3], before[3]):
+                raise Wrong(f"{what}: the last parameter has no gradient (grad is None): leave it as it is")
+            for i, (a, w) in enumerate(zip(after, want, strict=True)):
+                if not torch.allclose(a, w, atol=1e-6):
+                    raise Wrong(f"{what}: parameter {i} is not p - lr * grad (max error "
+                                f"{(a - w).abs().max().item():.3g})")
+            if not bool(applied):
+                raise Wrong(f"{what}: your flag says the step was skipped, but it was applied")
             continue
-        if torch.allclose(got, torch.full_like(want, 1 / len(group))):
-            raise Wrong(f"micro-batches with {counts} real tokens each got the same weight 1/N: that is the "
-                        "mean of the micro-batch means, not the mean over all tokens; bigger micro-batches "
-                        "must count more")
-        if torch.allclose(got, slots / slots.sum()):
-            raise Wrong(f"your weights count the padded slots too (micro-batches of {counts} real tokens): "
-                        "the loss ignores padding targets, so count only the real ones")
-        if torch.allclose(got, real):
-            raise Wrong("those are the token counts themselves: the weights of one mean must add up to 1")
-        if torch.allclose(got, (1 / real) / (1 / real).sum()):
-            raise Wrong("your weights are largest for the smallest micro-batches: it is the other way round")
-        raise Wrong(f"micro-batches with {counts} real tokens: expected weights "
-                    f"{[round(float(w), 4) for w in want]}, got {[round(float(w), 4) for w in got]}")
-
-
-# ----------------------------------------------------------------------------- 10.mfu
-
-
-def _flops_per_token(vocab: int, d_model: int, layers: int, d_ff: int, context: int) -> float:
-    n = layers * (4 * d_model * d_model + 2 * d_model * d_ff) + d_model * vocab
-    return 6.0 * n + 12.0 * layers * d_model * context
-
-
-@checker("10.mfu", hint="section 6: each weight costs a multiply and an add per token in the forward "
-         "pass and twice that in the backward pass; the embedding is a lookup, the output layer is a real "
-         "product; attention's scores and weighted sum add a term that grows with the context; divide the "
-         "model FLOP/s by the peak and give a fraction")
-def _check_mfu(mfu_fn: Callable[..., Any]) -> None:
-    cases = [dict(vocab=50304, d_model=768, layers=12, d_ff=3072, context=1024, tokens_per_s=3.0e5,
-                  peak=989e12),
-             dict(vocab=1000, d_model=128, layers=2, d_ff=512, context=64, tokens_per_s=2.5e4, peak=1.0e12),
-             dict(vocab=32000, d_model=4096, layers=32, d_ff=11008, context=4096, tokens_per_s=3.0e3,
-                  peak=312e12)]
-    for c in cases:
-        sizes = {k: c[k] for k in ("vocab", "d_model", "layers", "d_ff", "context")}
-        want_f = _flops_per_token(**sizes)
-        want_u = c["tokens_per_s"] * want_f / c["peak"]
-        out = mfu_fn(**c)
-        if not isinstance(out, tuple) or len(out) != 2:
-            raise Wrong("return a pair (training FLOPs per token, MFU as a fraction)")
-        f, u = (float(x.item()) if isinstance(x, torch.Tensor) else x for x in out)
-        if not isinstance(f, (int, float)) or not isinstance(u, (int, float)):
-            raise Wrong("return two numbers: (training FLOPs per token, MFU as a fraction)")
-        where = ", ".join(f"{k}={v}" for k, v in sizes.items())
-        d, L, V, T = c["d_model"], c["layers"], c["vocab"], c["context"]
-        n_layers = L * (4 * d * d + 2 * d * c["d_ff"])
-        if not math.isclose(f, want_f, rel_tol=1e-6):
-            diagnoses = [
-                (want_f / 3, "that is the forward pass only: a training step also runs the backward "
-                             "pass, which costs twice the forward"),
-                (2.0 * (n_layers + d * V) + 12.0 * L * d * T,
-                 "the weights are counted for the forward pass only (2 per weight): the backward adds 4"),
-                (want_f + 6.0 * V * d, "you counted the embedding table as a matrix product: it is a "
-                                       "lookup (no FLOPs); only the output layer multiplies"),
-                (want_f - 6.0 * V * d, "the output layer (d_model x vocab) is missing: it is a real matrix "
-                                       "product for every token"),
-                (6.0 * (n_layers + d * V), "attention's score and weighted-sum products are missing (they "
-                                           "have no weights but cost FLOPs that grow with the context)"),
-                (want_f - 6.0 * L * d * T, "the attention term is half of the convention's: count the full "
-                                           "T x T scores forward and backward (12 per layer, d_model and "
-                                           "context token)"),
-                (want_f / 2, "count 2 FLOPs per multiply-add (a multiply and an add)"),
-            ]
-            for value, why in diagnoses:
-                if math.isclose(f, value, rel_tol=1e-6):
-                    raise Wrong(f"{where}: {why}")
-            raise Wrong(f"{where}: expected {want_f:.6g} training FLOPs per token, got {f:.6g}")
-        if math.isclose(u, 100 * want_u, rel_tol=1e-6):
-            raise Wrong("MFU should be a fraction (0.4 for 40%), not a percentage")
-        if math.isclose(u, want_u / 3, rel_tol=1e-6):
-            raise Wrong("your FLOPs per token are right but the MFU uses a third of them")
-        if not math.isclose(u, want_u, rel_tol=1e-6):
-            raise Wrong(f"{where}, {c['tokens_per_s']:g} tokens/s, peak {c['peak']:g} FLOP/s: expected MFU "
-                        f"{want_u:.4g}, got {u:.4g}")
-
-
-# ----------------------------------------------------------------------------- 10.rank_indices
-
-
-class _Sized:
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-
-def _sampler_indices(n: int, world_size: int, rank: int, epoch: int, seed: int) -> list[int]:
-    sampler = DistributedSampler(_Sized(n), num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
-    sampler.set_epoch(epoch)
-    return list(sampler)
-
-
-@checker("10.rank_indices", hint="section 7: all ranks draw the same permutation (from the seed and "
-         "the epoch), pad it by wrapping around until it divides by the world size, and each rank then "
-         "takes every world_size-th index starting at its rank; DistributedSampler's documentation and "
-         "source say how")
-def _check_rank_indices(rank_indices: Callable[..., Any]) -> None:
-    cases = [(10, 2, 0, 0, 0), (10, 2, 1, 0, 0), (10, 2, 1, 3, 0), (11, 2, 1, 0, 0), (7, 3, 2, 1, 5),
-             (2, 4, 3, 0, 1), (13, 4, 0, 2, 42)]
-    for n, world, rank, epoch, seed in cases:
-        want = _sampler_indices(n, world, rank, epoch, seed)
-        where = f"n={n}, world_size={world}, rank={rank}, epoch={epoch}, seed={seed}"
-        got = rank_indices(n=n, world_size=world, rank=rank, epoch=epoch, seed=seed)
-        if isinstance(got, torch.Tensor):
-            got = got.tolist()
-        try:
-            got = [int(i) for i in got]
-        except (TypeError, ValueError):
-            raise Wrong(f"return a list of dataset indices, got {type(got).__name__}") from None
-        if got == want:
-            continue
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
-        per_rank = math.ceil(n / world)
-        padded = (perm * math.ceil(world * per_rank / n))[:world * per_rank]
-        if len(got) != len(want):
-            if len(got) == len(perm[rank::world]):
-                raise Wrong(f"{where}: rank {rank} gets {len(got)} indices, expected {len(want)}: every rank "
-                            "must get the same number (DDP steps in lockstep), so the permutation is padded "
-                            "by repeating its start until it divides by the world size")
-            raise Wrong(f"{where}: expected {len(want)} indices, got {len(got)}")
-        if got == padded[rank * per_rank:(rank + 1) * per_rank]:
-            raise Wrong(f"{where}: you gave each rank a contiguous chunk; DistributedSampler interleaves: "
-                        "rank r takes positions r, r + world_size, r + 2 world_size, ...")
-        if epoch != 0:
-            same_every_epoch = _sampler_indices(n, world, rank, 0, seed)
-            if got == same_every_epoch:
-                raise Wrong(f"{where}: your order ignores the epoch; set_epoch(epoch) reseeds the "
-                            "permutation with seed + epoch, so every epoch is shuffled differently")
-        if sorted(got) == sorted(want):
-            raise Wrong(f"{where}: the right indices in the wrong order: the rank reads them in the "
-                        "order of the permutation")
-        raise Wrong(f"{where}: expected {want}, got {got}")
+        changed = [not torch.equal(a, b) for a, b in zip(after, before, strict=True)]
+        bad = next(i for i, gr in enumerate(grads)
+                   if gr is not None and not bool(torch.isfinite(gr).all()))
+        others_changed = any(changed[i] for i, gr in enumerate(grads) if gr is not None and i != bad)
+        nan_after = any(bool(torch.isnan(a).any()) for a in after)
+        kept = torch.isfinite(grads[bad])
+        if others_changed and not changed[bad]:
+            raise Wrong(f"{what}: you skipped only the parameter whose gradient is not finite and updated "
+                        "the others: the step is all or nothing (GradScaler skips the whole step), or the "
+                        "parameters would drift apart")
+        if others_changed and torch.equal(after[bad][~kept], before[bad][~kept]):
+            raise Wrong(f"{what}: you skipped only the non-finite entries: the whole step must be skipped")
+        if not others_changed and nan_after:
+            raise Wrong(f"{what}: a parameter became NaN: multiplying the update by a 0/1 flag does not "
+                        "remove inf or NaN (inf times 0 is NaN); select between the updated and the old "
+                        "value instead")
+        if others_changed and nan_after:
+            raise Wrong(f"{what}: the step went ahead and a parameter is NaN: NaN is not finite either "
+                        "(test for finiteness, which catches inf, -inf and NaN)")
+        if others_changed and any(bool(torch.isinf(a).any()) for a in after):
+            raise Wrong(f"{what}: the step went ahead and a parameter is infinite: inf and -inf are not "
+                        "finite either (test for finiteness, which catches inf, -inf and NaN)")
+        if others_changed:
+            raise Wrong(f"{what}: the step went ahead with the non-finite values replaced by finite ones: a "
+                        "step whose gradients overflowed is skipped, not repaired")
+        if any(changed):
+            raise Wrong(f"{what}: the parameters changed although the step must be skipped")
+        if bool(applied):
+            raise Wrong(f"{what}: the parameters were left alone, but your flag says the step was applied")
