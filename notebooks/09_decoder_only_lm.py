@@ -825,31 +825,67 @@ assert same_greedy and same_beam and score_diff < 1e-4, "the cache must not chan
 #    when it is unsure (a flat distribution over 50 tokens)? Why is that the point of top-p?
 #
 # **Coding exercises**
+#
+# Fill in each function and run its cell: the checker says "correct!", tells you what is wrong,
+# or, while the stub still raises `NotImplementedError`, gives a hint. Solutions are in
+# `notebooks/solutions/09_decoder_only_lm_solutions.ipynb`.
+#
+# **1. A grouped-query cache step.** Question 3's grouped-query attention (Ainslie et al. 2023)
+# keeps $G$ key-value heads for $H$ query heads ($G$ divides $H$); query heads $0 \dots H/G - 1$
+# share key-value head 0, the next $H/G$ share head 1, and so on. Write one cached decoding step:
+# `q` is `(B, H, 1, d)`, the new key and value `k`, `v` are `(B, G, 1, d)`, and the buffers `K`,
+# `V` are `(B, G, capacity, d)` holding `length` positions. Write `k`, `v` into the buffers at
+# position `length` (in place: the buffers are the cache), attend with each query head over its
+# group's `length + 1` keys, and return `(output (B, H, 1, d), length + 1)`.
 
 # %%
-def top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
-    """Set to -inf every logit outside the nucleus of mass p; return the filtered logits."""
+def gqa_step(q: Tensor, k: Tensor, v: Tensor, K: Tensor, V: Tensor, length: int) -> tuple[Tensor, int]:
+    """q (B, H, 1, d); k, v (B, G, 1, d); K, V (B, G, capacity, d) with `length` positions filled.
+    Returns (output (B, H, 1, d), length + 1); K and V hold the new position afterwards."""
     raise NotImplementedError  # your code here
 
 
-exercises.check("09.top_p", top_p)
+exercises.check("09.gqa_step", gqa_step)
+
+# %% [markdown]
+# **2. A sliding-window cache in a ring buffer.** Section 5's cache grows with every token. Models
+# with sliding-window attention (Longformer; Mistral 7B, window 4,096) let each token attend only
+# to itself and the $W - 1$ tokens before it, so a cache of $W$ slots is enough: token `pos`
+# (counted from 0) goes into slot `pos % W`, overwriting the token that just left the window. The
+# keys already carry their rotary positions, so their order in the buffer does not matter. `q`,
+# `k`, `v` are `(B, h, 1, d)` for the token at position `pos`; `K`, `V` are `(B, h, W, d)` ring
+# buffers (slots never written hold garbage). Write `k` and `v` into their slot, in place, and
+# return the output `(B, h, 1, d)` of attention over the tokens in the window.
 
 # %%
-def cached_step(q, k, v, K, V, length):
-    """One cached attention step: q, k, v (B, h, 1, d); K, V (B, h, capacity, d) buffers holding
-    `length` positions. Write k, v at position `length`, attend, return (output, length + 1)."""
+def window_step(q: Tensor, k: Tensor, v: Tensor, K: Tensor, V: Tensor, pos: int) -> Tensor:
+    """q, k, v (B, h, 1, d) for token `pos`; K, V (B, h, W, d) ring buffers. Returns (B, h, 1, d)."""
     raise NotImplementedError  # your code here
 
 
-exercises.check("09.cached_step", cached_step)
+exercises.check("09.window_step", window_step)
+
+# %% [markdown]
+# **3. Batched generation from prompts of different lengths.** `generate` reads a batch of
+# prompts of one length; it refuses `<pad>` in a prompt, since its model gives every row the same
+# positions and masks no key. Do it properly, as libraries do: pad the prompts *on the left* with
+# `PAD_ID` (0) to the longest, so that every row's newest token is in the last column; give each
+# real token the position it has in its own prompt (0 for the first); and let each real query
+# attend to itself and the real tokens before it, never to padding. The `model` the checker gives
+# you takes `(ids (B, T), positions (B, T), mask (B, T, T))`, all three built by you (`mask[b, i,
+# j]` True where query $i$ may attend to key $j$; padding may have any position from 0 up), and
+# returns logits `(B, T, V)`; it has no cache, so each step re-reads the whole batch. `prompts` is
+# a list of token-id lists. Return the `steps` greedily chosen new tokens of each prompt as a
+# `(B, steps)` tensor: the same tokens as generating from each prompt alone.
 
 # %%
-def cache_bytes(*, layers: int, d_model: int, tokens: int, batch: int, dtype: torch.dtype) -> int:
-    """The bytes of a KV cache holding `tokens` tokens for each of `batch` sequences."""
+def left_padded_generate(model, prompts: list[list[int]], steps: int) -> Tensor:
+    """Greedy continuations (B, steps) of `prompts`, run as one left-padded batch with per-row
+    positions and a padding-aware causal mask, equal to generating from each prompt alone."""
     raise NotImplementedError  # your code here
 
 
-exercises.check("09.cache_bytes", cache_bytes)
+exercises.check("09.left_padded_generate", left_padded_generate)
 
 # %% [markdown]
 # ## References
@@ -870,3 +906,7 @@ exercises.check("09.cache_bytes", cache_bytes)
 # * Ainslie et al. (2023). *GQA: training generalized multi-query Transformer models from
 #   multi-head checkpoints.* EMNLP. Section 2: sharing key-value heads to shrink the cache.
 # * Vaswani et al. (2017). *Attention is all you need.* Section 3.2.3: masking in the decoder.
+# * Beltagy, Peters & Cohan (2020). *Longformer: the long-document Transformer.* Section 3.1:
+#   sliding-window attention.
+# * Jiang et al. (2023). *Mistral 7B.* Section 2: sliding-window attention and its rolling
+#   (ring) buffer cache.

@@ -1,123 +1,363 @@
-"""Chapter 09 exercise checkers accept the reference solutions and reject typical wrong answers."""
+"""Chapter 09 exercise checkers accept the reference solutions and reject typical wrong answers,
+each with the diagnosis it must get."""
 
 import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from test_exercises import _accepts, _hint_gives_no_code, _rejects, _stub
 
 from tfmlib import exercises
-from tfmlib.sampling import top_p_filter
+from tfmlib.exercises.ch09 import _TinyLM
 
-NAMES = ["09.cache_bytes", "09.cached_step", "09.top_p"]
+NAMES = ["09.gqa_step", "09.left_padded_generate", "09.window_step"]
 
 
 def test_chapter_09_exercises_are_registered_and_never_raise(capsys):
     assert exercises.names(9) == NAMES
-    def keyword_stub(**kwargs):
-        raise NotImplementedError
-
     for name in NAMES:
-        assert not exercises.check(name, keyword_stub if name == "09.cache_bytes" else _stub)
+        assert not exercises.check(name, _stub)
         out = capsys.readouterr().out
         assert "not solved yet" in out and "Hint" in out
+        assert not exercises.check(name, lambda *a: 1 / 0)
+        assert "ZeroDivisionError" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_09_hints_point_the_way_without_the_code(name):
     _hint_gives_no_code(name, ("cumsum", "sort(", "softmax(", "@", "transpose", "element_size", "2 *",
-                               "return ", "torch.", "masked_fill", "scatter"))
+                               "return ", "torch.", "masked_fill", "scatter", "repeat_interleave", "expand",
+                               "% ", " // ", "tril", "is_causal", "argmax", "[:, ", " - 1", " / "))
+    assert "section" in exercises.hint(name), f"{name}'s hint should say where in the chapter to look"
 
 
-# ----------------------------------------------------------------------------- 09.top_p
+def _diagnosed(name, wrong, message, capsys):
+    _rejects(name, wrong)
+    capsys.readouterr()
+    exercises.check(name, wrong)
+    out = capsys.readouterr().out
+    assert message in out, out
 
 
-def top_p_ref(logits, p):
-    probs = torch.softmax(logits, -1)
-    sorted_p, order = probs.sort(-1, descending=True)
-    drop = (sorted_p.cumsum(-1) - sorted_p) >= p
-    return logits.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), -math.inf)
+# ----------------------------------------------------------------------------- 09.gqa_step
 
 
-def top_p_inclusive(logits, p):   # keeps while the mass *including* the token is below p: one too few
-    probs = torch.softmax(logits, -1)
-    sorted_p, order = probs.sort(-1, descending=True)
-    drop = sorted_p.cumsum(-1) >= p
-    return logits.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), -math.inf)
+def _widen(x, heads):
+    return x.repeat_interleave(heads // x.shape[1], dim=1)
 
 
-def top_p_unsorted_back(logits, p):  # forgets to put the pattern back in token order
-    probs = torch.softmax(logits, -1)
-    sorted_p, _ = probs.sort(-1, descending=True)
-    return logits.masked_fill((sorted_p.cumsum(-1) - sorted_p) >= p, -math.inf)
-
-
-def test_top_p_accepts_the_solution_and_the_package():
-    _accepts("09.top_p", top_p_ref)
-    _accepts("09.top_p", top_p_filter)
-
-
-@pytest.mark.parametrize("wrong", [top_p_inclusive, top_p_unsorted_back,
-                                   lambda lg, p: lg,                                          # no filtering
-                                   lambda lg, p: torch.softmax(lg, -1),                        # returns probs
-                                   lambda lg, p: lg.masked_fill(torch.softmax(lg, -1) < 1 - p, -math.inf)])
-def test_top_p_rejects_wrong_answers(wrong):
-    _rejects("09.top_p", wrong)
-
-
-# ----------------------------------------------------------------------------- 09.cached_step
-
-
-def cached_step_ref(q, k, v, K, V, length):
+def gqa_step_ref(q, k, v, K, V, length):
     K[:, :, length] = k[:, :, 0]
     V[:, :, length] = v[:, :, 0]
-    keys, values = K[:, :, :length + 1], V[:, :, :length + 1]
-    scores = q @ keys.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    return torch.softmax(scores, -1) @ values, length + 1
-
-
-def cached_step_whole_buffer(q, k, v, K, V, length):
-    K[:, :, length] = k[:, :, 0]
-    V[:, :, length] = v[:, :, 0]
-    return torch.softmax(q @ K.transpose(-2, -1) / math.sqrt(q.shape[-1]), -1) @ V, length + 1
-
-
-def cached_step_no_write(q, k, v, K, V, length):
-    keys, values = torch.cat([K[:, :, :length], k], 2), torch.cat([V[:, :, :length], v], 2)
+    H = q.shape[1]
+    keys, values = _widen(K[:, :, :length + 1], H), _widen(V[:, :, :length + 1], H)
     return torch.softmax(q @ keys.transpose(-2, -1) / math.sqrt(q.shape[-1]), -1) @ values, length + 1
 
 
-def cached_step_unscaled(q, k, v, K, V, length):
-    out, n = cached_step_ref(q, k, v, K, V, length)
-    keys, values = K[:, :, :n], V[:, :, :n]
-    return torch.softmax(q @ keys.transpose(-2, -1), -1) @ values, n
+def gqa_step_sdpa(q, k, v, K, V, length):         # the fused kernel, no causal mask: also right
+    K[:, :, length] = k[:, :, 0]
+    V[:, :, length] = v[:, :, 0]
+    H = q.shape[1]
+    keys, values = _widen(K[:, :, :length + 1], H), _widen(V[:, :, :length + 1], H)
+    return F.scaled_dot_product_attention(q, keys, values), length + 1
 
 
-def test_cached_step_accepts_the_solution():
-    _accepts("09.cached_step", cached_step_ref)
+def gqa_tiled(q, k, v, K, V, length):             # head h reads key-value head h % G
+    K[:, :, length] = k[:, :, 0]
+    V[:, :, length] = v[:, :, 0]
+    r = q.shape[1] // K.shape[1]
+    keys, values = K[:, :, :length + 1].repeat(1, r, 1, 1), V[:, :, :length + 1].repeat(1, r, 1, 1)
+    return F.scaled_dot_product_attention(q, keys, values), length + 1
 
 
-@pytest.mark.parametrize("wrong", [cached_step_whole_buffer, cached_step_no_write, cached_step_unscaled,
-                                   lambda q, k, v, K, V, n: cached_step_ref(q, k, v, K, V, n)[0]])
-def test_cached_step_rejects_wrong_answers(wrong):
-    _rejects("09.cached_step", wrong)
+def gqa_is_causal(q, k, v, K, V, length):         # the chapter's pitfall: a top-left causal mask
+    K[:, :, length] = k[:, :, 0]
+    V[:, :, length] = v[:, :, 0]
+    H = q.shape[1]
+    return F.scaled_dot_product_attention(q, _widen(K[:, :, :length + 1], H), _widen(V[:, :, :length + 1], H),
+                                          is_causal=True), length + 1
 
 
-# ----------------------------------------------------------------------------- 09.cache_bytes
+def gqa_whole_buffer(q, k, v, K, V, length):
+    K[:, :, length] = k[:, :, 0]
+    V[:, :, length] = v[:, :, 0]
+    H = q.shape[1]
+    return F.scaled_dot_product_attention(q, _widen(K, H), _widen(V, H)), length + 1
 
 
-def cache_bytes_ref(*, layers, d_model, tokens, batch, dtype):
-    return 2 * layers * d_model * tokens * batch * torch.empty((), dtype=dtype).element_size()
+def gqa_widened_copy(q, k, v, K, V, length):      # widens the cache first, then writes into the copy
+    H = q.shape[1]
+    Kw, Vw = _widen(K, H), _widen(V, H)
+    Kw[:, :, length] = _widen(k, H)[:, :, 0]
+    Vw[:, :, length] = _widen(v, H)[:, :, 0]
+    return F.scaled_dot_product_attention(q, Kw[:, :, :length + 1], Vw[:, :, :length + 1]), length + 1
 
 
-def test_cache_bytes_accepts_the_solution():
-    _accepts("09.cache_bytes", cache_bytes_ref)
+def gqa_unscaled(q, k, v, K, V, length):
+    K[:, :, length] = k[:, :, 0]
+    V[:, :, length] = v[:, :, 0]
+    H = q.shape[1]
+    keys, values = _widen(K[:, :, :length + 1], H), _widen(V[:, :, :length + 1], H)
+    return torch.softmax(q @ keys.transpose(-2, -1), -1) @ values, length + 1
 
 
-@pytest.mark.parametrize("wrong", [
-    lambda **a: cache_bytes_ref(**a) // 2,                                           # keys only
-    lambda **a: cache_bytes_ref(**a) // torch.empty((), dtype=a["dtype"]).element_size(),  # numbers
-    lambda **a: 2 * a["layers"] * a["d_model"] * a["tokens"] * 4,                    # no batch, no dtype
-])
-def test_cache_bytes_rejects_wrong_answers(wrong):
-    _rejects("09.cache_bytes", wrong)
+def gqa_per_kv_head(q, k, v, K, V, length):      # one output per key-value head
+    K[:, :, length] = k[:, :, 0]
+    V[:, :, length] = v[:, :, 0]
+    G = K.shape[1]
+    return F.scaled_dot_product_attention(q[:, :G], K[:, :, :length + 1], V[:, :, :length + 1]), length + 1
+
+
+def test_09_gqa_step_accepts_the_solutions():
+    _accepts("09.gqa_step", gqa_step_ref)
+    _accepts("09.gqa_step", gqa_step_sdpa)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (gqa_tiled, "h mod G"),
+    (gqa_is_causal, "is_causal=True"),
+    (gqa_whole_buffer, "whole buffer"),
+    (gqa_widened_copy, "in place"),
+    (gqa_unscaled, "not scaled"),
+    (gqa_per_kv_head, "one row per *query* head"),
+    (lambda q, k, v, K, V, n: gqa_step_ref(q, k, v, K, V, n)[0], "return a pair"),
+    (lambda q, k, v, K, V, n: (gqa_step_ref(q, k, v, K, V, n)[0], n), "the length is"),
+], ids=["tiled-groups", "is-causal", "whole-buffer", "widened-copy", "unscaled", "per-kv-head", "no-length",
+        "length-unchanged"])
+def test_09_gqa_step_rejects_with_a_diagnosis(wrong, message, capsys):
+    _diagnosed("09.gqa_step", wrong, message, capsys)
+
+
+# ----------------------------------------------------------------------------- 09.window_step
+
+
+def window_step_ref(q, k, v, K, V, pos):
+    W = K.shape[2]
+    K[:, :, pos % W] = k[:, :, 0]
+    V[:, :, pos % W] = v[:, :, 0]
+    n = min(pos + 1, W)                         # slots 0..pos before the buffer fills, all W after
+    scores = q @ K[:, :, :n].transpose(-2, -1) / math.sqrt(q.shape[-1])
+    return torch.softmax(scores, -1) @ V[:, :, :n]
+
+
+def window_linear_index(q, k, v, K, V, pos):     # writes at pos: runs off the buffer once it is full
+    K[:, :, pos] = k[:, :, 0]
+    V[:, :, pos] = v[:, :, 0]
+    return F.scaled_dot_product_attention(q, K[:, :, :pos + 1], V[:, :, :pos + 1])
+
+
+def window_next_slot(q, k, v, K, V, pos):        # off by one: overwrites the slot after the oldest
+    W = K.shape[2]
+    K[:, :, (pos + 1) % W] = k[:, :, 0]
+    V[:, :, (pos + 1) % W] = v[:, :, 0]
+    return F.scaled_dot_product_attention(q, K, V)
+
+
+def window_whole_buffer(q, k, v, K, V, pos):     # reads unwritten slots before the buffer fills
+    W = K.shape[2]
+    K[:, :, pos % W] = k[:, :, 0]
+    V[:, :, pos % W] = v[:, :, 0]
+    return F.scaled_dot_product_attention(q, K, V)
+
+
+def window_up_to_slot(q, k, v, K, V, pos):       # treats the ring as a line: slots 0..pos % W only
+    W = K.shape[2]
+    K[:, :, pos % W] = k[:, :, 0]
+    V[:, :, pos % W] = v[:, :, 0]
+    return F.scaled_dot_product_attention(q, K[:, :, :pos % W + 1], V[:, :, :pos % W + 1])
+
+
+def window_attend_then_write(q, k, v, K, V, pos):
+    W = K.shape[2]
+    if pos < W:  # before the buffer fills there is nothing to evict: this answer goes wrong after
+        K[:, :, pos] = k[:, :, 0]
+        V[:, :, pos] = v[:, :, 0]
+        return F.scaled_dot_product_attention(q, K[:, :, :pos + 1], V[:, :, :pos + 1])
+    out = F.scaled_dot_product_attention(q, K, V)
+    K[:, :, pos % W] = k[:, :, 0]
+    V[:, :, pos % W] = v[:, :, 0]
+    return out
+
+
+def window_too_small(q, k, v, K, V, pos):        # leaves out the oldest token of a full window
+    W = K.shape[2]
+    K[:, :, pos % W] = k[:, :, 0]
+    V[:, :, pos % W] = v[:, :, 0]
+    keep = torch.arange(W) != (pos + 1) % W if pos >= W - 1 else torch.arange(W) <= pos
+    return F.scaled_dot_product_attention(q, K[:, :, keep], V[:, :, keep])
+
+
+def window_is_causal(q, k, v, K, V, pos):
+    W = K.shape[2]
+    K[:, :, pos % W] = k[:, :, 0]
+    V[:, :, pos % W] = v[:, :, 0]
+    n = min(pos + 1, W)
+    return F.scaled_dot_product_attention(q, K[:, :, :n], V[:, :, :n], is_causal=True)
+
+
+def window_unscaled(q, k, v, K, V, pos):
+    W = K.shape[2]
+    K[:, :, pos % W] = k[:, :, 0]
+    V[:, :, pos % W] = v[:, :, 0]
+    n = min(pos + 1, W)
+    return torch.softmax(q @ K[:, :, :n].transpose(-2, -1), -1) @ V[:, :, :n]
+
+
+def test_09_window_step_accepts_the_solution():
+    _accepts("09.window_step", window_step_ref)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (window_linear_index, "slot pos mod W"),
+    (window_next_slot, "must be written, in place, into slot"),
+    (window_whole_buffer, "only slots 0.."),
+    (window_up_to_slot, "wrapped around"),
+    (window_attend_then_write, "write first, then attend"),
+    (window_too_small, "the new one included"),
+    (window_is_causal, "is_causal=True"),
+    (window_unscaled, "not scaled"),
+], ids=["linear-index", "next-slot", "whole-buffer", "up-to-slot", "attend-then-write", "too-small",
+        "is-causal", "unscaled"])
+def test_09_window_step_rejects_with_a_diagnosis(wrong, message, capsys):
+    _diagnosed("09.window_step", wrong, message, capsys)
+
+
+# ----------------------------------------------------------------------------- 09.left_padded_generate
+
+
+def _padded(prompts, left=True):
+    P = max(len(p) for p in prompts)
+    rows = [[0] * (P - len(p)) + p if left else p + [0] * (P - len(p)) for p in prompts]
+    return torch.tensor(rows)
+
+
+def _generate(model, ids, keep, positions, steps, mask_of):
+    new = []
+    for _ in range(steps):
+        logits = model(ids, positions, mask_of(keep))
+        token = logits[:, -1].argmax(-1)
+        new.append(token)
+        ids = torch.cat([ids, token[:, None]], 1)
+        keep = torch.cat([keep, torch.ones_like(keep[:, :1])], 1)
+        positions = torch.cat([positions, positions[:, -1:] + 1], 1)
+    return torch.stack(new, 1)
+
+
+def _causal_and_keys(keep):
+    T = keep.shape[1]
+    return torch.ones(T, T, dtype=torch.bool).tril()[None] & keep[:, None, :]
+
+
+def left_padded_generate_ref(model, prompts, steps):
+    ids = _padded(prompts)
+    keep = ids != 0
+    positions = (keep.long().cumsum(1) - 1).clamp(min=0)
+    return _generate(model, ids, keep, positions, steps, _causal_and_keys)
+
+
+def lp_right_padded(model, prompts, steps):
+    ids = _padded(prompts, left=False)
+    keep = ids != 0
+    positions = (keep.long().cumsum(1) - 1).clamp(min=0)
+    return _generate(model, ids, keep, positions, steps, _causal_and_keys)
+
+
+def lp_shared_positions(model, prompts, steps):        # what tfmlib's generate would do: arange for every row
+    ids = _padded(prompts)
+    keep = ids != 0
+    positions = torch.arange(ids.shape[1]).expand_as(ids).clone()
+    return _generate(model, ids, keep, positions, steps, _causal_and_keys)
+
+
+def lp_positions_from_one(model, prompts, steps):
+    ids = _padded(prompts)
+    keep = ids != 0
+    return _generate(model, ids, keep, keep.long().cumsum(1), steps, _causal_and_keys)
+
+
+def lp_pads_attended(model, prompts, steps):
+    ids = _padded(prompts)
+    keep = ids != 0
+    positions = (keep.long().cumsum(1) - 1).clamp(min=0)
+    return _generate(model, ids, keep, positions, steps,
+                     lambda kp: torch.ones(kp.shape[1], kp.shape[1], dtype=torch.bool).tril().expand(
+                         kp.shape[0], -1, -1))
+
+
+def lp_not_causal(model, prompts, steps):
+    ids = _padded(prompts)
+    keep = ids != 0
+    positions = (keep.long().cumsum(1) - 1).clamp(min=0)
+    return _generate(model, ids, keep, positions, steps,
+                     lambda kp: kp[:, None, :].expand(-1, kp.shape[1], -1))
+
+
+def lp_transposed(model, prompts, steps):
+    ids = _padded(prompts)
+    keep = ids != 0
+    positions = (keep.long().cumsum(1) - 1).clamp(min=0)
+    return _generate(model, ids, keep, positions, steps,
+                     lambda kp: torch.ones(kp.shape[1], kp.shape[1], dtype=torch.bool).triu()[None]
+                     & kp[:, None])
+
+
+def lp_one_row_at_a_time(model, prompts, steps):        # the shortcut: no batch at all
+    return torch.cat([left_padded_generate_ref(model, [p], steps) for p in prompts])
+
+
+def lp_negative_pad_positions(model, prompts, steps):
+    ids = _padded(prompts)
+    keep = ids != 0
+    return _generate(model, ids, keep, keep.long().cumsum(1) - 1, steps, _causal_and_keys)
+
+
+def lp_with_prompt(model, prompts, steps):
+    ids = _padded(prompts)
+    return torch.cat([ids, left_padded_generate_ref(model, prompts, steps)], 1)
+
+
+def lp_pads_never_unmasked_new(model, prompts, steps):  # the new column joins the mask as padding
+    ids = _padded(prompts)
+    keep = ids != 0
+    positions = (keep.long().cumsum(1) - 1).clamp(min=0)
+    new = []
+    for _ in range(steps):
+        token = model(ids, positions, _causal_and_keys(keep))[:, -1].argmax(-1)
+        new.append(token)
+        ids = torch.cat([ids, token[:, None]], 1)
+        keep = torch.cat([keep, torch.zeros_like(keep[:, :1])], 1)
+        positions = torch.cat([positions, positions[:, -1:] + 1], 1)
+    return torch.stack(new, 1)
+
+
+def test_09_left_padded_generate_accepts_the_solution():
+    _accepts("09.left_padded_generate", left_padded_generate_ref)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (lp_right_padded, "padded on the right"),
+    (lp_shared_positions, "count from the batch's first column"),
+    (lp_positions_from_one, "off by one"),
+    (lp_pads_attended, "attend to the padding"),
+    (lp_not_causal, "later tokens"),
+    (lp_transposed, "transposed"),
+    (lp_one_row_at_a_time, "as one batch"),
+    (lp_negative_pad_positions, "positions must be in"),
+    (lp_with_prompt, "without the prompt"),
+    (lp_pads_never_unmasked_new, "step 1 differs"),
+], ids=["right-padded", "shared-positions", "positions-from-one", "pads-attended", "not-causal", "transposed",
+        "one-row-at-a-time", "negative-pad-positions", "with-prompt", "new-tokens-masked"])
+def test_09_left_padded_generate_rejects_with_a_diagnosis(wrong, message, capsys):
+    _diagnosed("09.left_padded_generate", wrong, message, capsys)
+
+
+def test_09_tiny_model_sees_positions_and_padding():
+    """The checker's model must be able to tell the mistakes apart by their outputs too: shifting the
+    positions or unmasking the padding changes its greedy continuation of the checker's prompts."""
+    model = _TinyLM(0)
+    prompts = [[4, 7, 2, 9, 5], [6], [3, 3, 8]]
+    want = torch.tensor([model.alone(p, 5) for p in prompts])
+    assert torch.equal(left_padded_generate_ref(model, prompts, 5), want)
+    for wrong in (lp_shared_positions, lp_pads_attended, lp_not_causal):
+        assert not torch.equal(wrong(_TinyLM(0), prompts, 5), want), wrong.__name__

@@ -16,20 +16,21 @@
 # %% [markdown]
 # # 09 · Solutions: a decoder-only language model, sampling, and the KV cache
 #
-# Worked solutions to the coding exercises of chapter 09, each followed by its checker with
-# `must_pass=True`, so this notebook fails loudly if a solution (or a checker) breaks, and each
-# compared with what the package computes. Then an answer to every question. Try the exercises
-# in the chapter first.
+# Worked solutions to the coding exercises of chapter 09, each with the reasoning behind it and the
+# wrong answers its checker names, followed by the checker with `must_pass=True`, so this notebook
+# fails loudly if a solution (or a checker) breaks; each is then checked against a computation the
+# chapter already trusts. Then an answer to every question. Try the exercises in the chapter first.
 
 # %%
-import math
-
 import torch
+import torch.nn.functional as F
+from torch import Tensor
 
 from tfmlib import exercises
-from tfmlib.attention import MultiHeadAttention
+from tfmlib.attention import causal_mask
 from tfmlib.config import setup
-from tfmlib.kv_cache import KVCache, kv_bytes_per_token
+from tfmlib.data import PAD_ID
+from tfmlib.lm import DecoderLM, generate
 from tfmlib.sampling import top_p_filter
 
 run = setup(seed=0, smoke=dict(), cpu=dict(), gpu=dict())
@@ -37,66 +38,176 @@ run = setup(seed=0, smoke=dict(), cpu=dict(), gpu=dict())
 # %% [markdown]
 # ## Coding exercises
 #
-# **09.top_p.** Sort the probabilities, and keep a token while the mass of the tokens ranked
-# *before* it is below $p$ (so the first token is always kept); scatter the pattern back to the
-# original order.
+# **1. A grouped-query cache step.** The cache is the point of grouped-query attention: only the
+# $G$ key-value heads are stored, so the new key and value are written into the small
+# `(B, G, capacity, d)` buffers, in place. Only for the attention itself is each key-value head
+# widened to the $H/G$ query heads of its group, with `repeat_interleave` (head 0, 0, 1, 1, ...),
+# not `repeat` (head 0, 1, 0, 1, ...): the second pairs query head $h$ with key-value head
+# $h \bmod G$, which a model trained with consecutive groups never did. The one new query is the
+# newest position and may see every cached key, so no causal mask is passed: `is_causal=True`
+# aligns its mask top-left and would let the query see key 0 only (section 5's pitfall). Two more
+# wrong answers the checker names: widening the cache first and writing into that copy (the
+# write is lost when the step returns), and attending over the whole buffer, whose tail holds
+# positions not written yet.
 
 # %%
-def top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
-    probs = torch.softmax(logits.double(), dim=-1)
-    sorted_p, order = probs.sort(dim=-1, descending=True)
-    drop_sorted = (sorted_p.cumsum(dim=-1) - sorted_p) >= p
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-    return logits.masked_fill(drop, -math.inf)
-
-
-exercises.check("09.top_p", top_p, must_pass=True)
-z = torch.randn(4, 30) * 2
-assert torch.equal(top_p(z, 0.8), top_p_filter(z, 0.8)), "the solution should agree with tfmlib.sampling"
-
-# %% [markdown]
-# **09.cached_step.** Write the new key and value in place at position `length`, attend with the
-# one query over the first `length + 1` positions only.
-
-# %%
-def cached_step(q, k, v, K, V, length):
-    K[:, :, length] = k[:, :, 0]
+def gqa_step(q: Tensor, k: Tensor, v: Tensor, K: Tensor, V: Tensor, length: int) -> tuple[Tensor, int]:
+    K[:, :, length] = k[:, :, 0]                                    # write into the small cache
     V[:, :, length] = v[:, :, 0]
-    keys, values = K[:, :, :length + 1], V[:, :, :length + 1]
-    scores = q @ keys.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    return torch.softmax(scores, dim=-1) @ values, length + 1
+    group = q.shape[1] // K.shape[1]                                # query heads per key-value head
+    keys = K[:, :, :length + 1].repeat_interleave(group, dim=1)     # (B, H, length + 1, d)
+    values = V[:, :, :length + 1].repeat_interleave(group, dim=1)
+    return F.scaled_dot_product_attention(q, keys, values), length + 1   # no causal mask: see above
 
 
-exercises.check("09.cached_step", cached_step, must_pass=True)
-
-# the same step through the package: one head's projections set to the identity
-attn = MultiHeadAttention(8, 1, bias=False).double().eval()
-for proj in (attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj):
-    torch.nn.init.eye_(proj.weight)
-xs = torch.randn(1, 6, 8, dtype=torch.double)
-cache, K, V, n = KVCache(6), torch.zeros(1, 1, 6, 8, dtype=torch.double), torch.zeros(1, 1, 6, 8,
-                                                                                      dtype=torch.double), 0
-for t in range(6):
-    x = xs[:, t:t + 1]
-    mine, n = cached_step(x[:, None], x[:, None], x[:, None], K, V, n)
-    theirs, _ = attn(x, causal=True, cache=cache)  # the package's step: the new token's attention
-    assert torch.allclose(mine[:, 0], theirs), "the exercise's step is the package's, with identity projections"
-print("cached_step agrees with MultiHeadAttention(x, causal=True, cache=KVCache(6)) over 6 steps")
+exercises.check("09.gqa_step", gqa_step, must_pass=True)
 
 # %% [markdown]
-# **09.cache_bytes.** Keys and values, in every layer, $d$ numbers each, for every token of every
-# sequence.
+# Run step by step over a sequence, the cached steps must give what one causal pass over the
+# whole sequence gives, with the key-value heads widened once; and the cache is $H/G$ times
+# smaller than a full multi-head cache of the same model:
 
 # %%
-def cache_bytes(*, layers: int, d_model: int, tokens: int, batch: int, dtype: torch.dtype) -> int:
-    return 2 * layers * d_model * tokens * batch * torch.empty((), dtype=dtype).element_size()
+B, H, G, d, T = 2, 8, 2, 16, 10
+qs, ks, vs = torch.randn(B, H, T, d), torch.randn(B, G, T, d), torch.randn(B, G, T, d)
+K, V, n = torch.zeros(B, G, T, d), torch.zeros(B, G, T, d), 0
+steps = []
+for t in range(T):
+    out, n = gqa_step(qs[:, :, t:t + 1], ks[:, :, t:t + 1], vs[:, :, t:t + 1], K, V, n)
+    steps.append(out)
+full = F.scaled_dot_product_attention(qs, ks.repeat_interleave(H // G, 1), vs.repeat_interleave(H // G, 1),
+                                      is_causal=True)   # T queries, T keys: top-left is right here
+gap = (torch.cat(steps, 2) - full).abs().max().item()
+print(f"{T} cached GQA steps vs one causal pass: max |diff| = {gap:.1e}")
+assert gap < 1e-5, "the cached steps must reproduce the full causal pass"
+mha_bytes = 2 * B * H * T * d * K.element_size()
+gqa_bytes = K.nbytes + V.nbytes
+print(f"cache for {T} tokens: {gqa_bytes:,} bytes with G = {G} key-value heads, {mha_bytes:,} with "
+      f"H = {H}: {mha_bytes // gqa_bytes} times smaller")
+assert mha_bytes == (H // G) * gqa_bytes
+
+# %% [markdown]
+# **2. A sliding-window cache in a ring buffer.** Token `pos` goes into slot `pos % W`: that slot
+# held token `pos - W`, the one that has just left the window, so the buffer always holds the
+# last $\min(\text{pos} + 1, W)$ tokens. Attention is a weighted sum over a *set* of keys (their
+# rotary positions are already inside them), so their order in the buffer does not matter: before
+# the buffer has filled, the real tokens are slots $0 \dots \text{pos}$; afterwards, all $W$ slots.
+# Write first, then attend: attending first would let the query see the evicted token and not
+# itself. The wrong answers the checker names: writing at `pos` (it runs off the buffer),
+# overwriting the wrong slot, reading unwritten slots before the buffer fills, reading only slots
+# $0 \dots \text{pos} \bmod W$ once it has wrapped (treating the ring as a line), a window of
+# $W - 1$, the top-left causal mask, and unscaled scores.
+
+# %%
+def window_step(q: Tensor, k: Tensor, v: Tensor, K: Tensor, V: Tensor, pos: int) -> Tensor:
+    W = K.shape[2]
+    K[:, :, pos % W] = k[:, :, 0]                                   # evict the token that left the window
+    V[:, :, pos % W] = v[:, :, 0]
+    filled = min(pos + 1, W)                                        # slots that hold real tokens
+    return F.scaled_dot_product_attention(q, K[:, :, :filled], V[:, :, :filled])
 
 
-exercises.check("09.cache_bytes", cache_bytes, must_pass=True)
-assert cache_bytes(layers=4, d_model=256, tokens=1, batch=1, dtype=torch.float32) == kv_bytes_per_token(4, 256)
-for name, (L, d) in {"GPT-2 small": (12, 768), "a 7B model (32 layers, d = 4096)": (32, 4096)}.items():
-    gib = cache_bytes(layers=L, d_model=d, tokens=4096, batch=1, dtype=torch.float16) / 2 ** 30
-    print(f"{name}: {gib:.2f} GiB for 4096 tokens in float16")
+exercises.check("09.window_step", window_step, must_pass=True)
+
+# %% [markdown]
+# Checked against attention over the whole sequence with a *banded* causal mask (query $i$ sees
+# keys $i - W + 1 \dots i$), built from chapter 05's causal mask: the ring buffer of $W$ slots
+# gives the same outputs as a cache that keeps everything and masks all but the window:
+
+# %%
+B, h, d, T, W = 1, 2, 8, 13, 4
+qs, ks, vs = (torch.randn(B, h, T, d) for _ in range(3))
+far_past = torch.ones(T, T, dtype=torch.bool).tril(-W)             # keys W or more positions back
+band = causal_mask(T) & ~far_past
+full = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=band)
+K, V = torch.randn(B, h, W, d), torch.randn(B, h, W, d)            # garbage before the first writes
+ring = torch.cat([window_step(qs[:, :, t:t + 1], ks[:, :, t:t + 1], vs[:, :, t:t + 1], K, V, t)
+                  for t in range(T)], dim=2)
+gap = (ring - full).abs().max().item()
+print(f"ring buffer of {W} slots vs banded mask over {T} tokens: max |diff| = {gap:.1e}; the cache "
+      f"holds {W} tokens however long the text")
+assert gap < 1e-5
+
+# %% [markdown]
+# **3. Batched generation from prompts of different lengths.** Three things make a left-padded
+# batch equal to each prompt alone. (a) *Left* padding: each step predicts from the last column,
+# so every row's newest token must be there; right padding would ask the short rows to continue
+# from `<pad>`. (b) Per-row positions: a real token's position is the number of real tokens
+# before it, the running count of the keep-mask minus one (padding gets 0, any valid index will
+# do); giving every row `0 .. T-1` would shift a short prompt's positions by its padding.
+# (c) A mask that is causal *and* hides padded keys. A padded query may see nothing at all; the
+# checker's model turns such a fully masked row into zeros, while PyTorch's fused kernel returns
+# NaN for it, which then leaks into every row of the next layer (zero weight times NaN is NaN),
+# so the demonstration below lets a padded query see itself. Each step appends one column: the
+# new tokens, one more position per row, and a mask row and column.
+
+# %%
+def left_padded_generate(model, prompts: list[list[int]], steps: int) -> Tensor:
+    P = max(len(p) for p in prompts)
+    ids = torch.tensor([[PAD_ID] * (P - len(p)) + list(p) for p in prompts])     # (B, P), left-padded
+    keep = ids != PAD_ID                                                           # real tokens
+    positions = (keep.long().cumsum(dim=1) - 1).clamp(min=0)                        # 0 at each row's first
+    new = []
+    for _ in range(steps):
+        T = ids.shape[1]
+        mask = torch.ones(T, T, dtype=torch.bool).tril()[None] & keep[:, None, :]  # causal, no pad keys
+        token = model(ids, positions, mask)[:, -1].argmax(dim=-1)                  # (B,)
+        new.append(token)
+        ids = torch.cat([ids, token[:, None]], dim=1)
+        keep = torch.cat([keep, torch.ones_like(keep[:, :1])], dim=1)
+        positions = torch.cat([positions, positions[:, -1:] + 1], dim=1)
+    return torch.stack(new, dim=1)
+
+
+exercises.check("09.left_padded_generate", left_padded_generate, must_pass=True)
+
+# %% [markdown]
+# The same function drives the chapter's `DecoderLM`. Its positions are rotary: a query-key
+# score depends only on the *offset* between their positions, and left padding shifts all of a
+# row's real tokens by the same amount, so `DecoderLM`'s `0 .. T-1` positions do no harm and the
+# `positions` argument can be ignored (with a learned position table, like the checker's model,
+# it could not). What the model lacks is the mask; its `attention` attribute takes a kernel
+# `(q, k, v, mask, causal, dropout_p)`, so an adapter can hand it ours. An untrained model
+# (seeded) is enough to compare tokens: left-padded batch against each prompt alone through the
+# package's `generate`, and against the batch with the padding *unmasked*:
+
+# %%
+class MaskedLM:
+    """`model(ids, positions, mask)` for a DecoderLM: the mask reaches every block's attention."""
+
+    def __init__(self, lm: DecoderLM, mask_padding: bool = True):
+        self.lm, self.mask_padding = lm, mask_padding
+
+    def __call__(self, ids: Tensor, positions: Tensor, mask: Tensor) -> Tensor:
+        allowed = mask if self.mask_padding else torch.ones_like(mask).tril()
+        allowed = allowed | torch.eye(ids.shape[1], dtype=torch.bool)   # a padded query sees itself: no NaN
+
+        def kernel(q, k, v, _mask, _causal, dropout_p):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None], dropout_p=dropout_p)
+        self.lm.attention = kernel
+        try:
+            with torch.no_grad():
+                return self.lm(ids)
+        finally:
+            self.lm.attention = "fused"
+
+
+torch.manual_seed(0)
+lm = DecoderLM(40, d_model=32, heads=2, layers=2, context=32).eval()
+prompts = [[5, 17, 9, 22, 31, 8], [12, 4], [7, 7, 19]]
+alone = torch.stack([generate(lm, torch.tensor([p]), 8)[0, len(p):] for p in prompts])
+batched = left_padded_generate(MaskedLM(lm), prompts, 8)
+unmasked = left_padded_generate(MaskedLM(lm, mask_padding=False), prompts, 8)
+for p, a, b, u in zip(prompts, alone.tolist(), batched.tolist(), unmasked.tolist(), strict=True):
+    print(f"prompt {str(p):22s} alone {a}\n{'':29s}batched {b}\n{'':29s}padding unmasked {u}")
+assert torch.equal(batched, alone), "the left-padded batch must generate what each prompt alone does"
+assert not torch.equal(unmasked, alone), "attending to <pad> changes the short prompts' continuations"
+
+# %% [markdown]
+# The batch reproduces every prompt alone, token for token. With the padding unmasked, the
+# continuation of at least one padded prompt changes (the rows above show which): the silent error
+# that the package's `generate` avoids by refusing `<pad>` in a prompt. The longest prompt has no
+# padding and is never affected.
 
 # %% [markdown]
 # ## Questions
