@@ -9,6 +9,7 @@ import gzip
 import hashlib
 import http.server
 import io
+import os
 import socket
 import subprocess
 import sys
@@ -267,6 +268,19 @@ def test_sha256sum_matches_hashlib(tmp_path):
     big = tmp_path / "big.bin"
     big.write_bytes(bytes(range(256)) * 10_000)  # more than one read block
     assert sha256sum(big) == hashlib.sha256(big.read_bytes()).hexdigest()
+
+
+def test_sha256sum_refuses_a_file_descriptor(tmp_path):
+    """open() takes an int as a file descriptor and closes it: the exercise sweep closed pytest's
+    capture file that way; sha256sum must refuse anything but a path."""
+    read_fd, write_fd = os.pipe()
+    try:
+        with pytest.raises(TypeError, match="path must be"):
+            sha256sum(read_fd)
+        os.fstat(read_fd)  # still open
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
 
 
 def test_known_digests_look_like_sha256():

@@ -133,7 +133,13 @@ class ChecksumError(ValueError):
 
 
 def sha256sum(path: str | Path) -> str:
-    """The SHA-256 digest of a file as 64 lowercase hex digits (what ``sha256sum FILE`` prints)."""
+    """The SHA-256 digest of a file as 64 lowercase hex digits (what ``sha256sum FILE`` prints).
+
+    ``path`` must be a path: ``open`` would also take an integer as a file descriptor and close
+    it afterwards, so an integer raises ``TypeError`` here instead.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"sha256sum: path must be a str or a path, got {type(path).__name__}")
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
