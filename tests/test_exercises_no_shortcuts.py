@@ -240,3 +240,18 @@ def test_chapter_functions_are_really_tried(chapter):
     assert not errors, f"chapter {chapter:02d}: definitions the sweep could not execute: {errors}"
     assert defined, f"chapter {chapter:02d}: no function or class found before the exercises"
     assert all(callable(fn) for fn in defined.values())
+
+
+# ----------------------------------------------------------------------------- hints, in every chapter
+
+
+@pytest.mark.parametrize("name", exercises.names())
+def test_every_hint_points_the_way_without_code(name):
+    """Chapter 00's rule for hints (where to look, and no code), applied to every chapter's."""
+    from test_exercises_ch00 import CODE_IN_HINTS  # tests/ is on the path under pytest
+
+    hint = exercises.hint(name)
+    given_away = [code for code in CODE_IN_HINTS if code in hint]
+    assert not given_away, f"{name}'s hint gives away code: {given_away} in {hint!r}"
+    assert re.search(r"\bsection|\bquestion|\bfigure|\bcell", hint, re.I), (
+        f"{name}'s hint should say where in the chapter to look (a section, question or figure): {hint!r}")
