@@ -88,7 +88,6 @@ from tqdm.auto import tqdm
 from tfmlib import exercises
 from tfmlib.config import setup
 from tfmlib.data import BOS_ID, EOS_ID, PAD_ID, UNK_ID, BucketBatchSampler, Vocab, detokenize, tokenize
-from tfmlib.exercises.ch01 import reset_before_step
 from tfmlib.plot import plot_curves, plot_heatmap, plot_over_seeds
 from tfmlib.rnn import (
     GRUGates,
@@ -420,8 +419,9 @@ assert rho_W < 1e-6 < 0.4 < rho_DW, "a diagonal factor <= 1 should be able to ra
 #   choice: Keras's `GRU(reset_after=True)` (its default, "cuDNN compatible") versus `False`, ONNX's
 #   `linear_before_reset=1` versus `0`. Textbooks mix them: d2l.ai's GRU from scratch is
 #   reset-before while its "concise" `nn.GRU` version is reset-after. The two are different
-#   functions (measured after the `nn.GRU` check below), so weights do not carry over between
-#   them; exercise 2 asks when they can.
+#   functions, so weights do not carry over between them: exercise 1 writes Cho et al.'s step
+#   (its solution measures the difference on the same weights), and exercise 2 asks when
+#   weights can carry over.
 #
 # The cell, as `tfmlib.rnn` defines it. Each $W$ is an `nn.Linear` holding its bias, so
 # `self.W_ir(x)` reads $W_{ir} x + b_{ir}$. `step` also returns the gates (a named tuple
@@ -575,20 +575,6 @@ assert max(errors.values()) < 1e-12, "the scratch GRU should equal nn.GRU (float
 # They agree to rounding error in float64. From here on, wherever speed matters we use
 # `nn.GRU` (a fused kernel, much faster than a Python loop), and we know exactly what it computes.
 #
-# The same weights read in Cho et al.'s reset-before form give another function. One step from the
-# same random state, both ways. (Writing the reset-before step is coding exercise 1; here the
-# exercise checker's reference, `reset_before_step`, computes it.)
-
-# %%
-gru_weights = tuple(t.detach() for t in (ref_gru.weight_ih_l0, ref_gru.weight_hh_l0,
-                                         ref_gru.bias_ih_l0, ref_gru.bias_hh_l0))
-step_after = out_ref[:, 0].detach()                                # nn.GRU: reset-after
-step_before = reset_before_step(x[:, 0].detach(), h0, gru_weights)  # Cho et al., eq. 8
-gap = (step_after - step_before).abs().max().item()
-print(f"reset-after (nn.GRU) vs reset-before with the same weights, first step: max |difference| {gap:.3f}")
-assert gap > 1e-2, "reset-before and reset-after should be different functions"
-
-# %% [markdown]
 # ### Does the gate fix the vanishing gradient?
 #
 # Back to the measurement of section 2, now with two GRU cells beside the two RNNs:
@@ -1324,7 +1310,7 @@ if run.profile == "cpu":  # measured at these sizes over the seeds; other sizes 
 #   when $z \approx 1$: measured, a GRU whose update gates start near one keeps its gradient,
 #   one at default initialisation does not. Ours equals `nn.GRU` in outputs and gradients;
 #   `nn.GRU` (like cuDNN) resets after the hidden-side product, Cho et al.'s published form
-#   before it, and the two are different functions.
+#   before it, and the two are different functions (exercise 1).
 # * Unrolled, $h_T = \big(\prod_{j=1}^T z_j\big) h_0 + \sum_{i=1}^T (1 - z_i) \prod_{j=i+1}^T z_j\,
 #   n_i$: a convex combination of the candidates, per hidden unit, with weights that sum to one.
 #   This is the shape of attention (Levy et al., 2018, made the same point for the LSTM), but the
@@ -1381,6 +1367,8 @@ if run.profile == "cpu":  # measured at these sizes over the seeds; other sizes 
 # %%
 def gru_step_reset_before(x: Tensor, h: Tensor, W_ih: Tensor, W_hh: Tensor, b_ih: Tensor,
                           b_hh: Tensor) -> Tensor:
+    """One reset-before GRU step: ``x`` (B, I), ``h`` (B, H); ``W_ih`` (3H, I), ``W_hh`` (3H, H),
+    ``b_ih`` and ``b_hh`` (3H,), stacked as reset, update, candidate. Returns ``h'`` of shape (B, H)."""
     raise NotImplementedError  # your code here
 
 
@@ -1396,6 +1384,8 @@ exercises.check("01.gru_step_reset_before", gru_step_reset_before)
 # %%
 def reset_before_as_nn_gru(W_ih: Tensor, W_hh: Tensor, b_ih: Tensor, b_hh: Tensor
                            ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """A reset-before cell's weights (exercise 1's shapes: (3H, I), (3H, H), (3H,), (3H,)) -> weights of
+    the same shapes for which ``nn.GRUCell`` computes the same function; ``ValueError`` where none do."""
     raise NotImplementedError  # your code here
 
 
@@ -1409,10 +1399,31 @@ exercises.check("01.reset_before_as_nn_gru", reset_before_as_nn_gru)
 
 # %%
 def gates_for_weights(w: Tensor) -> Tensor:
+    """Unrolled weights ``w`` (T + 1, H), non-negative, each column summing to one (row 0 weighs h_0)
+    -> update gates ``z`` (T, H) in [0, 1] (row t - 1 is step t) whose unrolled weights are ``w``."""
     raise NotImplementedError  # your code here
 
 
 exercises.check("01.gates_for_weights", gates_for_weights)
+
+# %% [markdown]
+# **4. The LSTM's memory, unrolled.** Levy et al. (2018) read the LSTM's memory the way section
+# 4 reads the GRU's state. The LSTM (Hochreiter & Schmidhuber, 1997, with the forget gate of Gers
+# et al., 2000) keeps a memory $c_t = f_t \odot c_{t-1} + i_t \odot g_t$: a candidate $g_t$, and
+# two gates in $(0, 1)$, the forget gate $f_t$ and the input gate $i_t$, computed separately
+# where the GRU ties them as $z_t$ and $1 - z_t$. Given the gates of a run, return the weights
+# with which $c_T = w_0 \odot c_0 + \sum_{k=1}^{T} w_k \odot g_k$. Then compare with section 4:
+# do these weights sum to one, and what does that let the LSTM's memory do that the GRU's state
+# cannot? (The solutions measure it on `nn.LSTM`.)
+
+# %%
+def lstm_memory_weights(f: Tensor, i: Tensor) -> Tensor:
+    """Forget gates ``f`` and input gates ``i``, both (T, H) (row t - 1 is step t), values in [0, 1]
+    -> the weights ``w`` (T + 1, H) of c_T: row 0 weighs c_0, row k the candidate g_k."""
+    raise NotImplementedError  # your code here
+
+
+exercises.check("01.lstm_memory_weights", lstm_memory_weights)
 
 # %% [markdown]
 # ## References
@@ -1434,6 +1445,8 @@ exercises.check("01.gates_for_weights", gates_for_weights)
 # * J. Chung, C. Gulcehre, K. Cho, Y. Bengio (2014). *Empirical evaluation of gated recurrent
 #   neural networks on sequence modeling.* NIPS Deep Learning Workshop, arXiv:1412.3555. GRU vs
 #   LSTM vs tanh RNN (§3.2 for the GRU, §5 for results).
+# * F. A. Gers, J. Schmidhuber, F. Cummins (2000). *Learning to forget: continual prediction with
+#   LSTM.* Neural Computation 12(10), 2451–2471. The forget gate (§2), the LSTM of exercise 4.
 # * O. Levy, K. Lee, N. FitzGerald, L. Zettlemoyer (2018). *Long short-term memory as a dynamically
 #   computed element-wise weighted sum.* ACL. The LSTM's memory cell unrolled into an element-wise
 #   weighted sum of its inputs, and the comparison with attention: the argument of section 4, for

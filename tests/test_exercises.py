@@ -33,15 +33,19 @@ def test_unknown_exercise_is_a_key_error():
 
 def test_chapter_01_exercises_are_registered():
     assert exercises.names(1) == ["01.gates_for_weights", "01.gru_step_reset_before",
-                                  "01.reset_before_as_nn_gru"]
+                                  "01.lstm_memory_weights", "01.reset_before_as_nn_gru"]
 
 
 def _accepts(name, fn):
     assert exercises.check(name, fn, must_pass=True)
 
 
-def _rejects(name, fn):
-    assert not exercises.check(name, fn)
+def _rejects(name, fn, says=None):
+    """The checker rejects ``fn``; with ``says``, its message must contain that diagnosis."""
+    verdict = exercises.check(name, fn)
+    assert not verdict
+    if says is not None:
+        assert "not correct yet" in verdict.message and says in verdict.message, verdict.message
     with pytest.raises(exercises.ExerciseFailed):
         exercises.check(name, fn, must_pass=True)
 
@@ -105,13 +109,13 @@ def reset_before_untransposed(x, h, *w):
     return (1 - z) * torch.tanh(xn + (r * h) @ W_hn + b_hn) + z * h
 
 
-@pytest.mark.parametrize("wrong", [reset_after, reset_before_flipped_z, reset_before_gates_bias,
-                                   reset_before_no_reset, reset_before_swapped_gate_order,
-                                   reset_before_untransposed, lambda *a: reset_before_ref(*a)[0],
-                                   lambda *a: reset_before_ref(*a).tolist()])
-def test_01_gru_step_reset_before(wrong):
+def reset_before_returns_candidate(x, h, *w):
+    r, z, xn, W_hn, b_hn = _gru_parts(x, h, *w)
+    return torch.tanh(xn + (r * h) @ W_hn.T + b_hn)
+
+
+def test_01_gru_step_reset_before_accepts_cho_et_al():
     _accepts("01.gru_step_reset_before", reset_before_ref)
-    _rejects("01.gru_step_reset_before", wrong)
 
 
 @pytest.mark.parametrize(("wrong", "says"), [
@@ -119,10 +123,16 @@ def test_01_gru_step_reset_before(wrong):
     (reset_after, "linear_before_reset"),
     (reset_before_flipped_z, "swapped the roles of z"),
     (reset_before_gates_bias, "multiplies b_hn too"),
-])
-def test_01_gru_step_reset_before_names_the_mistake(capsys, wrong, says):
-    exercises.check("01.gru_step_reset_before", wrong)
-    assert says in capsys.readouterr().out
+    (reset_before_no_reset, "reset gate is missing"),
+    (reset_before_swapped_gate_order, "reset, update, candidate"),
+    (reset_before_untransposed, "untransposed"),
+    (reset_before_returns_candidate, "returned the candidate"),
+    (lambda *a: reset_before_ref(*a)[0], "has shape"),
+    (lambda *a: reset_before_ref(*a).tolist(), "should be a torch.Tensor"),
+], ids=["reset-after", "reset-after-names", "flipped-z", "reset-on-bias", "no-reset", "gate-order",
+        "untransposed", "candidate", "one-row", "list"])
+def test_01_gru_step_reset_before_names_the_mistake(wrong, says):
+    _rejects("01.gru_step_reset_before", wrong, says)
 
 
 def test_01_reset_before_differs_from_nn_gru():
@@ -134,14 +144,14 @@ def test_01_reset_before_differs_from_nn_gru():
                             (W_ih, W_hh, b_ih, b_hh), strict=True):
                 p.copy_(t)
             return cell(x, h)
-    _rejects("01.gru_step_reset_before", nn_gru_cell)
-
-
+    _rejects("01.gru_step_reset_before", nn_gru_cell, "reset-after form")
 
 def test_01_reset_before_step_is_cho_et_al():
-    """Chapter 01 shows reset-before vs nn.GRU with the checkers' reference: it must be Cho et al.'s form,
-    and differ from nn.GRUCell with the same weights unless W_hn is zero."""
-    from tfmlib.exercises.ch01 import reset_before_step
+    """The checkers' reference must be Cho et al.'s form, and differ from nn.GRUCell with the same weights
+    unless W_hn is zero. It is private: no chapter may import it (it would answer exercise 1)."""
+    from tfmlib.exercises import ch01
+    reset_before_step = ch01._reset_before_step
+    assert not hasattr(ch01, "reset_before_step")
 
     g = torch.Generator().manual_seed(3)
     x, h = torch.randn(4, 5, generator=g), torch.randn(4, 6, generator=g)
@@ -217,22 +227,38 @@ def convert_bias_to_wrong_block(W_ih, W_hh, b_ih, b_hh):
     return W_ih, W_hh, b_ih, b_hh
 
 
-@pytest.mark.parametrize("wrong", [convert_unchanged, convert_never_raises, convert_always_raises,
-                                   convert_drops_b_hn, convert_bias_to_wrong_block,
-                                   lambda *w: convert_ref(*w)[:3], lambda *w: list(convert_ref(*w)[::-1])])
-def test_01_reset_before_as_nn_gru(wrong):
+def convert_counts_b_hn_twice(W_ih, W_hh, b_ih, b_hh):
+    H = W_hh.shape[1]
+    if not _is_diagonal(W_hh[2 * H:]):
+        raise ValueError("not diagonal")
+    b_ih = b_ih.clone()
+    b_ih[2 * H:] += b_hh[2 * H:]  # moved, but also left where it was
+    return W_ih, W_hh, b_ih, b_hh
+
+
+def convert_returns_none_when_impossible(W_ih, W_hh, b_ih, b_hh):
+    H = W_hh.shape[1]
+    return convert_ref(W_ih, W_hh, b_ih, b_hh) if _is_diagonal(W_hh[2 * H:]) else None
+
+
+def test_01_reset_before_as_nn_gru_accepts_the_bias_move():
     _accepts("01.reset_before_as_nn_gru", convert_ref)
-    _rejects("01.reset_before_as_nn_gru", wrong)
 
 
 @pytest.mark.parametrize(("wrong", "says"), [
+    (convert_unchanged, "weights unchanged"),
+    (convert_drops_b_hn, "b_hn disappeared"),
+    (convert_counts_b_hn_twice, "counted twice"),
+    (convert_bias_to_wrong_block, "reset gate's block"),
     (convert_never_raises, "off-diagonal"),
+    (convert_returns_none_when_impossible, "raise ValueError"),
     (convert_always_raises, "exact nn.GRU equivalent"),
-    (convert_unchanged, "wrong values"),
-])
-def test_01_reset_before_as_nn_gru_messages(capsys, wrong, says):
-    exercises.check("01.reset_before_as_nn_gru", wrong)
-    assert says in capsys.readouterr().out
+    (lambda *w: convert_ref(*w)[:3], "tuple of four tensors"),
+    (lambda *w: list(convert_ref(*w)[::-1]), "has shape"),
+], ids=["unchanged", "dropped", "twice", "wrong-block", "never-raises", "none", "always-raises", "three",
+        "reversed"])
+def test_01_reset_before_as_nn_gru_names_the_mistake(wrong, says):
+    _rejects("01.reset_before_as_nn_gru", wrong, says)
 
 
 # ----------------------------------------------------------------------------- 01.gates_for_weights
@@ -267,12 +293,22 @@ def gates_are_the_products(w):
     return w.cumsum(0)[:-1]
 
 
-@pytest.mark.parametrize("wrong", [gates_nan_at_zero, gates_are_the_weights, gates_one_minus_weights,
-                                   gates_suffix_sums, gates_are_the_products, lambda w: gates_ref(w).T,
-                                   lambda w: gates_ref(w) * 2 - 0.5])
-def test_01_gates_for_weights(wrong):
+def test_01_gates_for_weights_accepts_the_ratios():
     _accepts("01.gates_for_weights", gates_ref)
-    _rejects("01.gates_for_weights", wrong)
+
+
+@pytest.mark.parametrize(("wrong", "says"), [
+    (gates_nan_at_zero, "0 / 0"),
+    (gates_are_the_weights, "weights w_1 ... w_T themselves"),
+    (gates_one_minus_weights, "1 - w_i is not the gate"),
+    (gates_suffix_sums, "wrong way in time"),
+    (gates_are_the_products, "products of the gates"),
+    (lambda w: gates_ref(w).T, "has shape"),
+    (lambda w: gates_ref(w) * 2 - 0.5, "outside [0, 1]"),
+    (lambda w: gates_ref(w).tolist(), "should return a torch.Tensor"),
+], ids=["nan", "weights", "one-minus", "suffix", "products", "transposed", "scaled", "list"])
+def test_01_gates_for_weights_names_the_mistake(wrong, says):
+    _rejects("01.gates_for_weights", wrong, says)
 
 
 def test_01_gates_for_weights_reproduce_with_the_package_formula():
@@ -281,12 +317,89 @@ def test_01_gates_for_weights_reproduce_with_the_package_formula():
     assert torch.allclose(unrolled_gru_weights(gates_ref(w)), w, atol=1e-12)
 
 
-def test_01_gates_for_weights_names_nan(capsys):
-    exercises.check("01.gates_for_weights", gates_nan_at_zero)
-    assert "0 / 0" in capsys.readouterr().out
+# ----------------------------------------------------------------------------- 01.lstm_memory_weights
+
+
+def lstm_weights_ref(f, i):
+    """w_0 = f_1 ... f_T and w_k = i_k f_(k+1) ... f_T, by the recurrence run backwards."""
+    T, H = f.shape
+    rows, survive = [], torch.ones(H, dtype=f.dtype)
+    for k in range(T, 0, -1):
+        rows.append(i[k - 1] * survive)
+        survive = survive * f[k - 1]
+    return torch.stack([survive] + rows[::-1])
+
+
+def lstm_as_gru(f, i):
+    from tfmlib.rnn import unrolled_gru_weights
+    return unrolled_gru_weights(f[None])[0]  # the GRU's weights with z = f: new content weighs 1 - f
+
+
+def lstm_own_gate_included(f, i):
+    T, H = f.shape
+    return torch.stack([f.prod(0)] + [i[k - 1] * f[k - 1:].prod(0) for k in range(1, T + 1)])
+
+
+def lstm_earlier_gates(f, i):
+    T, H = f.shape
+    return torch.stack([f.prod(0)] + [i[k - 1] * f[: k - 1].prod(0) for k in range(1, T + 1)])
+
+
+def lstm_normalised(f, i):
+    w = lstm_weights_ref(f, i)
+    return w / w.sum(0)
+
+
+def lstm_no_initial_memory(f, i):
+    return lstm_weights_ref(f, i)[1:]
+
+
+def lstm_initial_weight_zero(f, i):
+    w = lstm_weights_ref(f, i)
+    w[0] = 0
+    return w
+
+
+def test_01_lstm_memory_weights_accepts_the_products_of_later_forget_gates():
+    _accepts("01.lstm_memory_weights", lstm_weights_ref)
+
+
+@pytest.mark.parametrize(("wrong", "says"), [
+    (lstm_as_gru, "GRU's weights with z = f"),
+    (lstm_own_gate_included, "forget gate of step k itself"),
+    (lstm_earlier_gates, "steps before k"),
+    (lstm_normalised, "normalised"),
+    (lstm_no_initial_memory, "row 0"),
+    (lstm_initial_weight_zero, "initial memory c_0"),
+    (lambda f, i: lstm_weights_ref(f, i).T, "has shape"),
+    (lambda f, i: lstm_weights_ref(f, i).tolist(), "should be a torch.Tensor"),
+], ids=["gru", "own-gate", "earlier-gates", "normalised", "no-c0-row", "c0-zero", "transposed", "list"])
+def test_01_lstm_memory_weights_names_the_mistake(wrong, says):
+    _rejects("01.lstm_memory_weights", wrong, says)
+
+
+def test_01_lstm_memory_weights_reproduce_an_lstm_cell():
+    """The reference weights rebuild c_T of a real nn.LSTMCell run from its gates and candidates."""
+    torch.manual_seed(0)
+    cell = torch.nn.LSTMCell(3, 4).double()
+    xs, h, c0 = torch.randn(6, 1, 3, dtype=torch.double), torch.zeros(1, 4, dtype=torch.double), \
+        torch.randn(1, 4, dtype=torch.double)
+    c, fs, is_, gs = c0, [], [], []
+    with torch.no_grad():
+        for x in xs:
+            pre = x @ cell.weight_ih.T + cell.bias_ih + h @ cell.weight_hh.T + cell.bias_hh
+            i, f, g, _ = pre.chunk(4, 1)  # nn.LSTMCell's order: input, forget, candidate, output
+            fs.append(torch.sigmoid(f)[0])
+            is_.append(torch.sigmoid(i)[0])
+            gs.append(torch.tanh(g)[0])
+            h, c = cell(x, (h, c))
+    w = lstm_weights_ref(torch.stack(fs), torch.stack(is_))
+    rebuilt = w[0] * c0[0] + (w[1:] * torch.stack(gs)).sum(0)
+    assert torch.allclose(rebuilt, c[0], atol=1e-12)
 
 
 def test_01_hints_give_no_code():
     for name in exercises.names(1):
         _hint_gives_no_code(name, ["chunk", "sigmoid(", "tanh(", "cumsum", "cumprod", "@", ".T", "r * h",
-                                   "torch.", "diag(", "P[", "z_i =", "/ P"])
+                                   "torch.", "diag(", "P[", "z_i =", "/ P", "flip", "prod(", "f_j", "i_k *",
+                                   "w_k =", "w_0 ="])

@@ -53,6 +53,33 @@ def gru_step_reset_before(x: Tensor, h: Tensor, W_ih: Tensor, W_hh: Tensor, b_ih
 exercises.check("01.gru_step_reset_before", gru_step_reset_before, must_pass=True)
 
 # %% [markdown]
+# The wrong answers the checker names are the ways this step is usually miswritten: the
+# reset-after form (what `nn.GRU` computes, so copying the chapter's cell unchanged), $r$ applied
+# to $b_{hn}$ as well (half of each form), no reset at all, $z$ and $1 - z$ swapped (Chung et
+# al.'s convention), the blocks read in the order update, reset (Keras's order, not PyTorch's),
+# the weights used untransposed, and the candidate returned in place of the new state.
+#
+# How different are the two placements? One step of `nn.GRUCell` and of the reset-before step, on
+# the same weights and the same random batch (PyTorch's default initialisation, float64):
+
+# %%
+torch.manual_seed(0)
+cell = torch.nn.GRUCell(6, 9).double()
+x_step, h_step = torch.randn(4, 6, dtype=torch.double), torch.randn(4, 9, dtype=torch.double)
+with torch.no_grad():
+    after = cell(x_step, h_step)
+    before = gru_step_reset_before(x_step, h_step, cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh)
+gap = (after - before).abs()
+print(f"reset-after (nn.GRUCell) vs reset-before, same weights: max |difference| {gap.max():.3f}, "
+      f"mean {gap.mean():.3f} (the state itself has mean |h'| {after.abs().mean():.3f})")
+assert gap.max() > 1e-2, "the two placements should be different functions"
+
+# %% [markdown]
+# A difference of that size, on the first step from the same weights, is not rounding: the two
+# forms are different functions, and it compounds over a sequence. Exercise 2 asks when weights
+# can be converted between them.
+
+# %% [markdown]
 # **2. When `nn.GRU` can compute Cho et al.'s cell.** Compare the candidates unit by unit. In
 # `nn.GRU`, unit $k$ reads $r_k \big(\sum_j (W_{hn})_{kj} h_j + (b_{hn})_k\big)$: one gate value
 # scales its whole hidden-side term. In Cho et al.'s form it reads
@@ -79,6 +106,14 @@ def reset_before_as_nn_gru(W_ih: Tensor, W_hh: Tensor, b_ih: Tensor, b_hh: Tenso
 
 
 exercises.check("01.reset_before_as_nn_gru", reset_before_as_nn_gru, must_pass=True)
+
+# %% [markdown]
+# The answers the checker turns away each stop one step short. Returning the weights unchanged
+# gets the diagonal right but leaves $b_{hn}$ where `nn.GRUCell` multiplies it by $r$; zeroing
+# $b_{hn}$ without moving it loses a bias; adding it to $b_{in}$ without zeroing it counts it
+# twice; moving it into the first or second block changes a gate instead of the candidate.
+# Raising for every cell misses that the diagonal case has an exact equivalent, and never raising
+# (or returning `None`) claims a conversion that does not exist.
 
 # %% [markdown]
 # The argument says "no weights", which is stronger than "not these weights". A measurement makes
@@ -155,6 +190,14 @@ def gates_for_weights(w: Tensor) -> Tensor:
 exercises.check("01.gates_for_weights", gates_for_weights, must_pass=True)
 
 # %% [markdown]
+# The tempting wrong answers read the weights as if they were gates: $w_i$ itself, or $1 - w_i$,
+# which would be right only if $P_i$ were 1 at every step (it is 1 only at the last). Returning
+# the $P$'s instead of their ratios gives products of gates, not gates; summing the weights from
+# $i$ on, instead of up to $i$, runs the products the wrong way in time (the same index slip the
+# chapter shows for the forward formula). And dividing without deciding the $0/0$ case puts NaN
+# into exactly the gates that do not matter.
+
+# %% [markdown]
 # The example of question 4, all the weight on the third word of a five-word sentence: the gates
 # are 0 at step 3 (write) and 1 afterwards (keep); before step 3 they are the arbitrary 1s of the
 # $0/0$ case.
@@ -167,6 +210,79 @@ w_third[3] = 1.0
 z_third = gates_for_weights(w_third)
 print("gates z_1..z_5:", z_third[:, 0].tolist())
 assert torch.equal(unrolled_gru_weights(z_third), w_third), "the gates should give back the weights"
+
+# %% [markdown]
+# **4. The LSTM's memory, unrolled.** Substitute the memory line into itself, as section 4 does
+# for the GRU: $c_T = f_T c_{T-1} + i_T g_T = f_T f_{T-1} c_{T-2} + f_T i_{T-1} g_{T-1} + i_T g_T
+# = \dots$, so
+#
+# $$ w_0 = \prod_{j=1}^{T} f_j, \qquad w_k = i_k \prod_{j=k+1}^{T} f_j . $$
+#
+# A candidate written at step $k$ enters with its input gate $i_k$ and then passes the forget
+# gates of every *later* step; $f_k$ acts on what was there before $g_k$ arrived, so it is not
+# in $w_k$'s product (including it is the off-by-one the checker names). Running the products
+# backwards in time gives all of them in one pass. The telescoping sum of section 4 needed
+# $1 - z_k$ where $i_k$ stands now; with two independent gates it does not telescope, and the
+# weights need not sum to one: normalising them, or writing the GRU's weights with $z = f$, are
+# the answers that miss this.
+
+# %%
+def lstm_memory_weights(f: Tensor, i: Tensor) -> Tensor:
+    T, H = f.shape
+    rows, survive = [], torch.ones(H, dtype=f.dtype)   # survive: product of the forget gates after k
+    for k in range(T, 0, -1):
+        rows.append(i[k - 1] * survive)
+        survive = survive * f[k - 1]
+    return torch.stack([survive] + rows[::-1])          # row 0: c_0, through every forget gate
+
+
+exercises.check("01.lstm_memory_weights", lstm_memory_weights, must_pass=True)
+
+# %% [markdown]
+# On a real `nn.LSTMCell` (PyTorch's default initialisation, random inputs): compute its gates
+# step by step (`nn.LSTMCell` stacks them as input, forget, candidate, output), rebuild $c_T$ from
+# the weights, and look at their sum per hidden unit.
+
+# %%
+torch.manual_seed(0)
+lstm, T_lstm, H_lstm = torch.nn.LSTMCell(8, 16).double(), 30, 16
+xs = torch.randn(T_lstm, 1, 8, dtype=torch.double)
+h_l, c_l = torch.zeros(1, H_lstm, dtype=torch.double), torch.randn(1, H_lstm, dtype=torch.double)
+c_start, forget, inputs, candidates = c_l[0], [], [], []
+with torch.no_grad():
+    for x_t in xs:
+        pre = x_t @ lstm.weight_ih.T + lstm.bias_ih + h_l @ lstm.weight_hh.T + lstm.bias_hh
+        i_t, f_t, g_t, _ = pre.chunk(4, dim=1)
+        inputs.append(torch.sigmoid(i_t)[0])
+        forget.append(torch.sigmoid(f_t)[0])
+        candidates.append(torch.tanh(g_t)[0])
+        h_l, c_l = lstm(x_t, (h_l, c_l))
+w_lstm = lstm_memory_weights(torch.stack(forget), torch.stack(inputs))
+rebuilt = w_lstm[0] * c_start + (w_lstm[1:] * torch.stack(candidates)).sum(0)
+print(f"c_T rebuilt from the weights vs nn.LSTMCell: max |error| {(rebuilt - c_l[0]).abs().max():.1e}")
+sums = w_lstm.sum(0)
+print(f"sum of the weights per hidden unit, at init: min {sums.min():.3f}, median {sums.median():.3f}, "
+      f"max {sums.max():.3f}")
+assert torch.allclose(rebuilt, c_l[0], atol=1e-12), "the unrolled weights should rebuild c_T"
+
+gated = {"f = i = 0.9 (both open)": (0.9, 0.9), "f = 0.5, i = 0.5 (GRU-like, sum 1)": (0.5, 0.5),
+         "f = 0.99, i = 0.9 (keep and add)": (0.99, 0.9)}
+for name, (f_val, i_val) in gated.items():
+    w_const = lstm_memory_weights(torch.full((T_lstm, 1), f_val, dtype=torch.double),
+                                  torch.full((T_lstm, 1), i_val, dtype=torch.double))
+    print(f"constant gates {name:36s}: weights sum to {w_const.sum().item():.3f} after {T_lstm} steps")
+
+# %% [markdown]
+# The weights rebuild the cell's memory to rounding error. At initialisation both gates sit near
+# $\sigma(0) = 0.5$, so the sums spread around one (the printed median and range): the untrained
+# LSTM behaves much like a GRU. But nothing ties them: with both gates open the weights sum to far more
+# than one (the printed constant-gate cases), so $c_t$ can *accumulate*: add a candidate to what
+# it keeps instead of averaging the two, and count (Gers & Schmidhuber, 2001, trained LSTMs to
+# count this way; Weiss, Goldberg & Yahav, 2018, showed that trained LSTMs do, and GRUs do not).
+# The price is a memory that is not bounded by 1, which is why the LSTM reads it out through
+# another $\tanh$ and an output gate, $h_t = o_t \odot \tanh(c_t)$, where the GRU's state is
+# its output directly. For attention (chapters 03 and 04) the GRU's reading is the closer one:
+# weights that sum to one, a convex combination.
 
 # %% [markdown]
 # ## Questions
@@ -287,5 +403,10 @@ print(f"Lyapunov estimate: factor per step {torch.tensor(log_growth / steps).exp
 # * R. Jozefowicz, W. Zaremba, I. Sutskever (2015). *An empirical exploration of recurrent
 #   network architectures.* ICML. Among other findings, that a forget-gate bias of 1 closes
 #   most of the gap between the LSTM and the GRU.
+# * F. A. Gers, J. Schmidhuber (2001). *LSTM recurrent networks learn simple context-free and
+#   context-sensitive languages.* IEEE Transactions on Neural Networks 12(6), 1333–1340. LSTMs that
+#   count with their memory cells.
+# * G. Weiss, Y. Goldberg, E. Yahav (2018). *On the practical computational power of finite
+#   precision RNNs for language recognition.* ACL. Trained LSTMs count ($a^n b^n$), GRUs do not.
 # * The chapter's references, in particular Pascanu, Mikolov & Bengio (2013, §2) for the
 #   spectral radius and the norm of $W_{hh}$.

@@ -44,8 +44,10 @@ def _gates(x: torch.Tensor, h: torch.Tensor, w: Weights) -> tuple[torch.Tensor, 
     return r, z, x @ W_in.T + b_in, W_hn, b_hn
 
 
-def reset_before_step(x: torch.Tensor, h: torch.Tensor, w: Weights) -> torch.Tensor:
-    """The checkers' reference: Cho et al.'s reset-before GRU step, ``n = tanh(.. + W_hn (r * h) + b_hn)``."""
+def _reset_before_step(x: torch.Tensor, h: torch.Tensor, w: Weights) -> torch.Tensor:
+    """The checkers' reference: Cho et al.'s reset-before GRU step, ``n = tanh(.. + W_hn (r * h) + b_hn)``.
+
+    Private: a chapter must not import it (it would answer exercise 1 for the reader)."""
     r, z, xn, W_hn, b_hn = _gates(x, h, w)
     n = torch.tanh(xn + (r * h) @ W_hn.T + b_hn)
     return (1 - z) * n + z * h
@@ -56,34 +58,85 @@ def _reset_after_step(x: torch.Tensor, h: torch.Tensor, w: Weights) -> torch.Ten
     return (1 - z) * torch.tanh(xn + r * (h @ W_hn.T + b_hn)) + z * h
 
 
+def _step_mistakes(x: torch.Tensor, h: torch.Tensor, w: Weights) -> list[tuple[str, torch.Tensor]]:
+    """(diagnosis, what a typical wrong answer computes) for one reset-before step."""
+    r, z, xn, W_hn, b_hn = _gates(x, h, w)
+    W_ih, W_hh, b_ih, b_hh = w
+
+    def swap_rz(t: torch.Tensor) -> torch.Tensor:
+        a, b, c = t.chunk(3)
+        return torch.cat([b, a, c])
+
+    n = torch.tanh(xn + (r * h) @ W_hn.T + b_hn)
+    mistakes = [
+        ("this is the reset-after form, r * (W_hn h + b_hn), which nn.GRU computes (and cuDNN; Keras "
+         "calls it reset_after=True, ONNX linear_before_reset=1). Cho et al. reset h before the product: "
+         "W_hn (r * h)",
+         _reset_after_step(x, h, w)),
+        ("you swapped the roles of z: in PyTorch's convention (and Cho et al.'s eq. 7) z keeps the old "
+         "state, h' = (1 - z) * n + z * h", z * n + (1 - z) * h),
+        ("the reset gate multiplies b_hn too: in the reset-before form it only resets h, and b_hn is added "
+         "after the product", (1 - z) * torch.tanh(xn + (r * h) @ W_hn.T + r * b_hn) + z * h),
+        ("the reset gate is missing: the candidate reads the whole of h; in Cho et al.'s form it reads r * h",
+         (1 - z) * torch.tanh(xn + h @ W_hn.T + b_hn) + z * h),
+        ("the gates are read in the wrong order: nn.GRUCell stacks its three blocks as reset, update, "
+         "candidate (rows 0 to H, H to 2H, 2H to 3H)",
+         _reset_before_step(x, h, (swap_rz(W_ih), swap_rz(W_hh), swap_rz(b_ih), swap_rz(b_hh)))),
+        ("you returned the candidate n; the new state mixes it with the old one through z", n),
+    ]
+    if W_hn.shape[0] == W_hn.shape[1]:
+        mistakes.append(("W_hn is used untransposed: nn.GRUCell's weights have one row per output unit, "
+                         "so a batch of rows h is multiplied by the transpose",
+                         (1 - z) * torch.tanh(xn + (r * h) @ W_hn + b_hn) + z * h))
+    return mistakes
+
+
 @checker("01.gru_step_reset_before",
          hint="Section 3 lists two places for the reset gate; this exercise asks for the one nn.GRU does not "
               "use (Cho et al., 2014, eq. 8). Keep nn.GRU's weight layout and its meaning of z, and ask "
               "yourself whether b_hn is inside or outside the part that the reset gate touches.")
 def _check_gru_step_reset_before(step: Callable[..., torch.Tensor]) -> None:
-    for seed in range(4):
+    for seed in range(5):
         B, D, H, g = _ch01_cases(seed)
+        if seed == 4:
+            D = H  # a square case, where weights used untransposed still compute something
         w = _gru_weights(D, H, g)
         x, h = torch.randn(B, D, generator=g), torch.randn(B, H, generator=g)
-        want = reset_before_step(x, h, w)
+        want = _reset_before_step(x, h, w)
         with torch.no_grad():
             got = step(x, h, *(t.clone() for t in w))
-        if isinstance(got, torch.Tensor) and got.shape == want.shape:
-            def close(other: torch.Tensor, got: torch.Tensor = got) -> bool:
-                return torch.allclose(got.double(), other.double(), atol=1e-5)
-
-            if close(_reset_after_step(x, h, w)):
-                raise Wrong("this is the reset-after form, r * (W_hn h + b_hn), which nn.GRU computes (and "
-                            "cuDNN; Keras calls it reset_after=True, ONNX linear_before_reset=1). Cho et al. "
-                            "reset h before the product: W_hn (r * h)")
-            r, z, xn, W_hn, b_hn = _gates(x, h, w)
-            if close(z * torch.tanh(xn + (r * h) @ W_hn.T + b_hn) + (1 - z) * h):
-                raise Wrong("you swapped the roles of z: in PyTorch's convention (and Cho et al.'s eq. 7) z "
-                            "keeps the old state, h' = (1 - z) * n + z * h")
-            if close((1 - z) * torch.tanh(xn + (r * h) @ W_hn.T + r * b_hn) + z * h):
-                raise Wrong("the reset gate multiplies b_hn too: in the reset-before form it only resets h, "
-                            "and b_hn is added after the product")
+        if isinstance(got, torch.Tensor) and got.shape == want.shape and not torch.allclose(
+                got.double(), want.double(), atol=1e-5):
+            for message, wrong in _step_mistakes(x, h, w):
+                if torch.allclose(got.double(), wrong.double(), atol=1e-5):
+                    raise Wrong(message)
         expect_close(got, want, f"gru_step_reset_before(x {tuple(x.shape)}, h {tuple(h.shape)}, ...)")
+
+
+def _conversion_mistakes(w: Weights) -> list[tuple[str, Weights]]:
+    """(diagnosis, the nn.GRUCell weights a typical wrong conversion returns) for a diagonal W_hn."""
+    W_ih, W_hh, b_ih, b_hh = w
+    H = W_hh.shape[1]
+
+    def biases(into: slice | None, keep_b_hn: bool) -> Weights:
+        new_ih, new_hh = b_ih.clone(), b_hh.clone()
+        if into is not None:
+            new_ih[into] += b_hh[2 * H:]
+        if not keep_b_hn:
+            new_hh[2 * H:] = 0
+        return W_ih, W_hh, new_ih, new_hh
+
+    return [
+        ("these are the weights unchanged: nn.GRUCell multiplies b_hn by r, and the reset-before cell does "
+         "not (with a diagonal W_hn the products agree; the bias is what differs)", w),
+        ("b_hn disappeared: it has to move out of the reset gate's reach, not vanish", biases(None, False)),
+        ("b_hn is counted twice: you added it to the candidate's input bias but left it inside the part "
+         "that nn.GRUCell multiplies by r", biases(slice(2 * H, 3 * H), True)),
+        ("b_hn went into the reset gate's block; it belongs to the candidate's block (the third)",
+         biases(slice(0, H), False)),
+        ("b_hn went into the update gate's block; it belongs to the candidate's block (the third)",
+         biases(slice(H, 2 * H), False)),
+    ]
 
 
 @checker("01.reset_before_as_nn_gru",
@@ -110,8 +163,13 @@ def _check_reset_before_as_nn_gru(convert: Callable[..., Weights]) -> None:
         with torch.no_grad():
             for p, t in zip((cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh), got, strict=True):
                 p.copy_(t)
-            expect_close(cell(x, h), reset_before_step(x, h, w),
-                         f"nn.GRUCell with your weights, on a reset-before cell with diagonal W_hn (H={H})")
+            out, want = cell(x, h), _reset_before_step(x, h, w)
+            if not torch.allclose(out.double(), want.double(), atol=1e-5):
+                for message, wrong in _conversion_mistakes(w):
+                    if torch.allclose(out.double(), _reset_after_step(x, h, wrong).double(), atol=1e-5):
+                        raise Wrong(message)
+            expect_close(out, want, "nn.GRUCell with your weights, on a reset-before cell with diagonal "
+                                    f"W_hn (H={H})")
         w = _gru_weights(D, H, g)
         try:
             convert(*(t.clone() for t in w))
@@ -124,7 +182,7 @@ def _check_reset_before_as_nn_gru(convert: Callable[..., Weights]) -> None:
 @checker("01.gates_for_weights",
          hint="Question 4 and section 4: write P_i, the product of the gates after step i, as a sum of "
               "weights (the telescoping sum); then each gate is a ratio of two consecutive P's. Decide "
-              "what a gate should be where that ratio is 0 / 0.")
+              "what a gate should be where that ratio is zero divided by zero.")
 def _check_gates_for_weights(gates_for: Callable[[torch.Tensor], torch.Tensor]) -> None:
     for seed in range(5):
         _, T, H, g = _ch01_cases(seed)
@@ -146,7 +204,37 @@ def _check_gates_for_weights(gates_for: Callable[[torch.Tensor], torch.Tensor]) 
         if (z < -1e-9).any() or (z > 1 + 1e-9).any():
             lo, hi = z.min().item(), z.max().item()
             raise Wrong(f"{what} has gates outside [0, 1] (min {lo:.3g}, max {hi:.3g})")
-        expect_close(_unrolled(z.double()), w, f"the unrolled weights of your gates, for {what}", atol=1e-6)
+        got_w = _unrolled(z.double())
+        if not torch.allclose(got_w, w, atol=1e-6):
+            for message, wrong in _gate_mistakes(w):
+                decided = w.cumsum(0)[1:] > 0  # where the gate is not free (not 0 / 0)
+                if wrong.shape == z.shape and torch.allclose(z.double()[decided], wrong[decided], atol=1e-6):
+                    raise Wrong(message)
+        expect_close(got_w, w, f"the unrolled weights of your gates, for {what}", atol=1e-6)
+
+
+def _gate_mistakes(w: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """(diagnosis, what a typical wrong answer returns) for weights ``w`` of shape ``(T + 1, H)``."""
+    prefix = w.cumsum(0)                # P_i = w_0 + ... + w_i
+    suffix = w.flip(0).cumsum(0).flip(0)  # w_i + ... + w_T
+
+    def ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+        return torch.where(den > 0, num / den.clamp_min(1e-300), torch.ones_like(den))
+
+    mistakes = [
+        ("these are the weights w_1 ... w_T themselves; a gate is the share of the state that a step "
+         "keeps, a ratio of two consecutive P's", w[1:]),
+        ("1 - w_i is not the gate: w_i = (1 - z_i) P_i, and P_i (the product of the later gates) is 1 only "
+         "at the last step", 1 - w[1:]),
+        ("these are the products of the gates (the P's), not the gates", prefix[:-1]),
+        ("these are the products of the gates (the P's), not the gates", prefix[1:]),
+        ("the P's run the wrong way in time: P_i, the product of the gates after step i, is the sum of the "
+         "weights up to i (w_0 to w_i), not from i on", ratio(suffix[1:], suffix[:-1])),
+    ]
+    if w.shape[0] - 1 == w.shape[1]:
+        mistakes.append(("your gates are transposed: one row per step, one column per hidden unit",
+                         ratio(prefix[:-1], prefix[1:]).T))
+    return mistakes
 
 
 def _unrolled(z: torch.Tensor) -> torch.Tensor:
@@ -159,3 +247,73 @@ def _unrolled(z: torch.Tensor) -> torch.Tensor:
             h = (1 - z[t - 1]) * (z.new_ones(H) if t == i else z.new_zeros(H)) + z[t - 1] * h
         w[i] = h
     return w
+
+
+def _lstm_weights(f: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+    """The reference, ``(T, H) -> (T + 1, H)``: ``w_0 = prod_{j=1..T} f_j``, ``w_k = i_k prod_{j>k} f_j``."""
+    later = torch.cat([f.flip(0).cumprod(0).flip(0), f.new_ones(1, f.shape[1])])  # row k: prod of f_{k+1..T}
+    return torch.cat([later[:1], i * later[1:]])
+
+
+def _lstm_unrolled(f: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+    """The weights by running ``c_t = f_t c_{t-1} + i_t g_t`` on one-hot candidates (and ``c_0``)."""
+    T, H = f.shape
+    w = f.new_empty(T + 1, H)
+    for k in range(T + 1):
+        c = f.new_ones(H) if k == 0 else f.new_zeros(H)
+        for t in range(1, T + 1):
+            c = f[t - 1] * c + i[t - 1] * (f.new_ones(H) if t == k else f.new_zeros(H))
+        w[k] = c
+    return w
+
+
+def _lstm_mistakes(f: torch.Tensor, i: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """(diagnosis, what a typical wrong answer returns) for gates ``f``, ``i`` of shape ``(T, H)``."""
+    T, H = f.shape
+    want = _lstm_weights(f, i)
+    from_step = f.flip(0).cumprod(0).flip(0)  # row k - 1: prod of f_k .. f_T, the gate of step k included
+    mistakes = [
+        ("these are the GRU's weights with z = f: the LSTM does not couple its gates, and a new candidate "
+         "g_k enters with its input gate i_k, not with 1 - f_k", _lstm_weights(f, 1 - f)),
+        ("off by one: the products include the forget gate of step k itself; the candidate g_k is added "
+         "after f_k has acted, so only the forget gates of the later steps act on it",
+         torch.cat([from_step[:1], i * from_step])),
+        ("the products run over the steps before k; a candidate has to survive the forget gates of the "
+         "steps after it", torch.cat([want[:1], i * torch.cat([f.new_ones(1, H), f.cumprod(0)[:-1]])])),
+        ("you normalised the weights to sum to one; the LSTM's do not (that is the difference from the "
+         "GRU): keep them as the recurrence makes them", want / want.sum(0, keepdim=True)),
+        ("row 0 weighs the initial memory c_0, which every forget gate acts on: the product of all of them",
+         torch.cat([f.new_zeros(1, H), want[1:]])),
+        ("row 0 weighs the initial memory c_0, which every forget gate acts on: the product of all of them",
+         torch.cat([f.new_ones(1, H), want[1:]])),
+    ]
+    if T + 1 == H:
+        mistakes.append(("your weights are transposed: one row per position (row 0 for c_0), one column "
+                         "per hidden unit", want.T))
+    return mistakes
+
+
+@checker("01.lstm_memory_weights",
+         hint="Section 4 unrolls the GRU's last line; do the same with the LSTM's memory line, where two "
+              "independent gates replace the update gate and its complement. Ask which forget gates a candidate written at step k "
+              "passes through before the end, and what happens to the telescoping sum.")
+def _check_lstm_memory_weights(weights_for: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+    for seed in range(5):
+        _, T, H, g = _ch01_cases(seed)
+        if seed == 4:
+            H = T + 1  # a square answer, where transposed weights keep the shape
+        f, i = (torch.rand(T, H, generator=g, dtype=torch.double) for _ in range(2))
+        if seed == 3:
+            f[0], i[-1] = 1.0, 0.0  # a gate that forgets nothing, and a step that writes nothing
+        want = _lstm_unrolled(f, i)
+        got = weights_for(f.clone(), i.clone())
+        what = f"lstm_memory_weights(f, i of shape {(T, H)})"
+        if isinstance(got, torch.Tensor) and got.shape == (T, H):
+            raise Wrong(f"{what} has shape {(T, H)}, expected {(T + 1, H)}: one row for the initial memory "
+                        "c_0 (row 0), then one per candidate g_1 ... g_T")
+        if (isinstance(got, torch.Tensor) and got.shape == want.shape
+                and not torch.allclose(got.double(), want, atol=1e-9)):
+            for message, wrong in _lstm_mistakes(f, i):
+                if wrong.shape == got.shape and torch.allclose(got.double(), wrong, atol=1e-9):
+                    raise Wrong(message)
+        expect_close(got, want, what, atol=1e-9, rtol=1e-7)
