@@ -716,8 +716,8 @@ except ValueError as error:
 # before the scores, pairs feature $i$ with feature $i + d_k/2$ instead of with its neighbour
 # (the layout of GPT-NeoX and of many later models); its $R_p$ is the same rotations with the
 # features reordered, so it is block-diagonal only after that reordering (printed below). Its
-# docstring calls this layout cheaper; the solutions to exercise 3 time the two layouts on the
-# run's device.
+# docstring calls this layout cheaper; the solution to coding exercise 3 times the two layouts on
+# the run's device.
 
 # %%
 # tfmlib-source: tfmlib.positional.RotaryEmbedding
@@ -835,8 +835,9 @@ assert complex_gap < 1e-9
 # The two layouts define the same family of models, since a fixed reordering of the features
 # is absorbed by the learned $W_Q$ and $W_K$; but a *trained* model's weights are not
 # interchangeable: moving a checkpoint from one layout to the other means permuting the
-# output rows of $W_Q$ and $W_K$ of every head the same way (the solutions to exercise 3, which
-# writes the paper's layout, measure how far apart the two are without it).
+# output rows of $W_Q$ and $W_K$ of every head the same way (coding exercise 3 asks you to tell,
+# from outside, which layout and which frequencies a rotary function uses; its solution measures
+# how far apart the two layouts are without the reordering).
 #
 # Three more things about rotary embeddings that the experiments below do not need but later
 # models use: the scores of a rotary head, with $q$ and $k$ fixed, shrink on average as the
@@ -1622,19 +1623,26 @@ if run.profile == "cpu":  # the text's reading of the cpu profile's four runs pe
 # or, while the stub still raises `NotImplementedError`, gives a hint. Solutions are in
 # `notebooks/solutions/06_positional_encoding_solutions.ipynb`.
 #
-# **1. Telling after from before (question 3, in code).** $PE_p \cdot PE_{p+k}$ is the same for
-# $+k$ and $-k$, but attention compares positions through a matrix, $PE_t^\top W PE_s$. Return
-# a `(d_model, d_model)` matrix $W$ (`d_model` even, `offset` any int) for which the score
-# $PE_p^\top W\, PE_{p+k}$ depends on the offset $k$ only (not on $p$) and, over $k = -40 \dots
-# 40$, is largest at $k = $ `offset`, so that it tells `offset` from `-offset`. The checker uses
-# the table of section 3 (base 10,000); you may use anything the chapter has built.
+# **1. "Three back" from a learned table.** Section 3 found, for the sinusoidal table, one
+# matrix $M_k$ that moves every row by $k$, so that a score $PE_t^\top W\, PE_s$ can single out
+# an offset wherever the pair sits. A learned table (section 4) has no $M_k$: its rows are
+# whatever training made of them. Section 2's position-position term $p_t^\top W p_s$ is still
+# there, though. Given a table `table` $P$ of shape `(n, d)` (float64, one row per position)
+# and `back` $b \ge 1$, return the `(d, d)` matrix $W$ whose scores $P W P^\top$ (an `(n, n)`
+# matrix: rows are queries $t$, columns keys $s$) come closest, in squared error summed over all
+# $n^2$ pairs, to the pattern that is 1 at $s = t - b$ and 0 everywhere else. The checker draws
+# random tables (a learned table as initialised), some with fewer rows than columns and some
+# with more. Then ask what your $W$ does to rows it was not fitted to: section 6's learned model
+# met such rows beyond position 31.
 
 # %%
-def direction_matrix(offset: int, d_model: int) -> Tensor:
+def offset_weights(table: Tensor, back: int) -> Tensor:
+    """table: (n, d) float64, back: int >= 1 -> W: (d, d), the least-squares fit of
+    table @ W @ table.T to the (n, n) pattern with 1 at [t, t - back] and 0 elsewhere."""
     raise NotImplementedError  # your code here
 
 
-exercises.check("06.direction_matrix", direction_matrix)
+exercises.check("06.offset_weights", offset_weights)
 
 # %% [markdown]
 # **2. A bias that can copy.** Section 6 found that ALiBi cannot learn "copy the token 3 back":
@@ -1647,24 +1655,34 @@ exercises.check("06.direction_matrix", direction_matrix)
 
 # %%
 def copy_bias(length: int, back: int) -> Tensor:
+    """length L, back b -> (L, L) float additive mask (rows queries t, columns keys s), a function
+    of s - t only, under which query t >= b puts 90% of its weight on key t - b."""
     raise NotImplementedError  # your code here
 
 
 exercises.check("06.copy_bias", copy_bias)
 
 # %% [markdown]
-# **3. Rotary rotation, the paper's layout.** Su et al. (2021, §3.2) pair neighbouring features:
-# pair $i$ is $(x_{2i}, x_{2i+1})$, rotated by the angle $p\,\theta_i$ with $\theta_i = \omega_i =
-# 10000^{-2i/d}$, so that $x'_{2i} = x_{2i}\cos p\theta_i - x_{2i+1}\sin p\theta_i$ and
-# $x'_{2i+1} = x_{2i}\sin p\theta_i + x_{2i+1}\cos p\theta_i$. `x` is `(..., L, d)` (`d` even),
-# `positions` is `(L,)`; return the rotated `x`, same shape.
+# **3. Which rotary is this?** Section 5 met two layouts of the same rotation (the paper pairs
+# neighbours, the package pairs $i$ with $i + d_k/2$), partial rotary (some features left
+# alone), and other bases than 10,000; a checkpoint works only with the rotary it was trained
+# with, and a model's code does not always say which one that is. You get only the function:
+# `rotate(x, positions)` takes a float `(..., L, d)` tensor and an integer `(L,)` tensor of
+# positions and returns the rotated `x`, as `RotaryEmbedding.rotate` does. Find out what it
+# does: return `(partner, omega)`, two `(d,)` tensors, where `partner[j]` (integer) is the
+# feature that feature $j$ turns with ($j$ itself if $j$ is not rotated) and `omega[j]` (float,
+# $\ge 0$) is the angle in radians per position by which that pair turns (0 for a feature that
+# does not turn). The checker hides four rotaries in its black boxes: both layouts, a larger
+# base, and a partial one.
 
 # %%
-def rotate_pairs(x: Tensor, positions: Tensor) -> Tensor:
+def probe_rotary(rotate, d: int) -> tuple[Tensor, Tensor]:
+    """rotate: (x (..., L, d) float, positions (L,) int) -> rotated x; d: the feature count ->
+    (partner (d,) int64, omega (d,) float): who turns with whom, and how fast."""
     raise NotImplementedError  # your code here
 
 
-exercises.check("06.rotate_pairs", rotate_pairs)
+exercises.check("06.rotary_probe", probe_rotary)
 
 # %% [markdown]
 # ## References

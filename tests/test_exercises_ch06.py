@@ -8,6 +8,7 @@ from test_exercises import _accepts, _hint_gives_no_code, _rejects, _stub  # cha
 
 from tfmlib import exercises
 from tfmlib.positional import RotaryEmbedding, sinusoidal_offset_matrix
+from tfmlib.relative_position import alibi_bias
 
 
 def test_check_api_never_raises_without_must_pass(capsys):
@@ -21,58 +22,156 @@ def test_check_api_never_raises_without_must_pass(capsys):
 
 
 def test_chapter_06_exercises_are_registered():
-    assert exercises.names(6) == ["06.copy_bias", "06.direction_matrix", "06.rotate_pairs"]
+    assert exercises.names(6) == ["06.copy_bias", "06.offset_weights", "06.rotary_probe"]
 
 
 def test_chapter_06_hints_give_no_code():
-    _hint_gives_no_code("06.direction_matrix", ["sinusoidal_offset_matrix(", ".T", "offset_matrix(-",
-                                               "M_(-offset)", "M_{-"])
+    _hint_gives_no_code("06.offset_weights", ["pinv", "linalg", "lstsq", "torch.", "@", ".T", "(table"])
     _hint_gives_no_code("06.copy_bias", ["arange", "torch.", "== -back", "-inf)", "masked_fill", "abs("])
-    _hint_gives_no_code("06.rotate_pairs", ["0::2", "1::2", "arange", "torch.", "a * cos", "stack("])
+    _hint_gives_no_code("06.rotary_probe", ["eye(", "atan2", "argmax", "torch.", "diagonal", "positions=",
+                                            "ones("])
 
 
-# ----------------------------------------------------------------------------- 06.direction_matrix
+# ----------------------------------------------------------------------------- 06.offset_weights
 
 
-def _omega(d):
-    return torch.tensor([10_000.0 ** (-2 * i / d) for i in range((d + 1) // 2)], dtype=torch.float64)
+def _pattern(n, back):
+    t = torch.arange(n)
+    return (t[None, :] == t[:, None] - back).to(torch.float64)
 
 
-def _rotation(a):
-    return torch.tensor([[math.cos(a), math.sin(a)], [-math.sin(a), math.cos(a)]], dtype=torch.float64)
+def offset_weights_ref(table, back):
+    """The least-squares W: P^+ B (P^+)^T, exact when the table has no more rows than columns."""
+    inverse = torch.linalg.pinv(table)
+    return inverse @ _pattern(table.shape[0], back) @ inverse.T
 
 
-def offset_ref(offset, d):
-    """M_offset: PE[p + offset] = M_offset @ PE[p]."""
-    return torch.block_diag(*[_rotation(offset * w) for w in _omega(d).tolist()])
-
-
-def direction_ref(offset, d):
-    # PE_p^T M_(-offset) PE_(p+k) = PE_(p+offset) . PE_(p+k) = sum_i cos((k - offset) w_i),
-    # largest at k = offset
-    return sinusoidal_offset_matrix(-offset, d)
-
-
-def _direction_scaled(offset, d):  # a positive multiple is as good
-    return 3.0 * offset_ref(offset, d).T.float()
+def _offset_weights_lstsq(table, back):  # the same W from two least-squares solves
+    right = torch.linalg.lstsq(table, _pattern(table.shape[0], back)).solution          # (d, n): P X = B
+    return torch.linalg.lstsq(table, right.T).solution.T                                 # W P^T = X
 
 
 @pytest.mark.parametrize("wrong, message", [
-    (lambda k, d: offset_ref(k, d), "direction is reversed"),                             # M_k: peaks at -k
-    (lambda k, d: torch.eye(d, dtype=torch.float64), "cannot tell after from before"),   # symmetric
-    (lambda k, d: offset_ref(k, d) + offset_ref(k, d).T, "cannot tell after from before"),
-    (lambda k, d: torch.randn(d, d, generator=torch.Generator().manual_seed(0), dtype=torch.float64),
-     "changes with the position p"),
-    (lambda k, d: offset_ref(2 * k, d).T, "largest at k = "),                             # wrong offset
-    (lambda k, d: offset_ref(k, d)[: d // 2], "should be"),                               # wrong shape
-    (lambda k, d: torch.eye(d, dtype=torch.long), "floating torch.Tensor"),
-], ids=["M_k", "identity", "symmetric", "random", "twice-the-offset", "shape", "integer"])
-def test_06_direction_matrix(wrong, message, capsys):
-    _accepts("06.direction_matrix", direction_ref)
-    _accepts("06.direction_matrix", _direction_scaled)
-    _rejects("06.direction_matrix", wrong)
-    exercises.check("06.direction_matrix", wrong)
+    (lambda P, b: P.T @ _pattern(P.shape[0], b) @ P, "(pseudo-)inverse belongs"),
+    (lambda P, b: offset_weights_ref(P, -b), "*ahead*"),
+    (lambda P, b: offset_weights_ref(P, b + 1), "off-by-one"),
+    (lambda P, b: 2.0 * offset_weights_ref(P, b), "times the right size"),
+    (lambda P, b: torch.zeros(P.shape[1], P.shape[1], dtype=torch.float64), "no better than W = 0"),
+    (lambda P, b: sinusoidal_offset_matrix(-b, P.shape[1]), "section 3's M_(-back)"),
+    (lambda P, b: torch.linalg.pinv(P) @ _pattern(P.shape[0], b) @ P, "no better than W = 0"),  # one side
+    (lambda P, b: _pattern(P.shape[0], b), "should be (d, d)"),
+    (lambda P, b: torch.eye(P.shape[1], dtype=torch.long), "floating torch.Tensor"),
+], ids=["table-not-inverse", "ahead", "off-by-one", "twice", "zero", "sinusoidal-M", "one-side", "shape",
+        "integer"])
+def test_06_offset_weights(wrong, message, capsys):
+    _accepts("06.offset_weights", offset_weights_ref)
+    _accepts("06.offset_weights", _offset_weights_lstsq)
+    capsys.readouterr()
+    _rejects("06.offset_weights", wrong)
     assert message in capsys.readouterr().out
+
+
+def test_06_offset_weights_reference_fits_trained_rows_only():
+    """What the exercise teaches: the fitted W makes 'three back' exact on the rows it was fitted to,
+    and says nothing about rows it never saw, unlike section 3's M_k on the sinusoidal table."""
+    g = torch.Generator().manual_seed(0)
+    table = torch.randn(64, 64, generator=g, dtype=torch.float64) * 2 ** -0.5
+    W = offset_weights_ref(table[:32], 3)
+    seen = table[:32] @ W @ table[:32].T
+    assert torch.allclose(seen, _pattern(32, 3), atol=1e-9)
+    unseen = table[32:] @ W @ table[32:].T
+    hits = (unseen[3:].argmax(-1) == torch.arange(32)[3:] - 3).float().mean()
+    assert hits < 0.3
+
+
+# ----------------------------------------------------------------------------- 06.rotary_probe
+
+
+def probe_ref(rotate, d):
+    turned = rotate(torch.eye(d, dtype=torch.float64), torch.ones(d, dtype=torch.long))   # row j: R_1 e_j
+    cos = turned.diagonal()
+    off = turned - torch.diag(cos)
+    sin, partner = off.abs().max(-1)
+    partner = torch.where(sin > 0, partner, torch.arange(d))
+    return partner, torch.atan2(sin, cos)
+
+
+def _probe_at(position, dtype=torch.float64, divide=True):
+    def probe(rotate, d):
+        turned = rotate(torch.eye(d, dtype=dtype), torch.full((d,), position))
+        cos = turned.diagonal().double()
+        off = (turned - torch.diag(turned.diagonal())).double()
+        sin, partner = off.abs().max(-1)
+        partner = torch.where(sin > 0, partner, torch.arange(d))
+        angle = torch.atan2(sin, cos)
+        return partner, angle / position if divide and position else angle
+    return probe
+
+
+def _probe_halves(rotate, d):  # assumes the package's layout
+    partner, omega = probe_ref(rotate, d)
+    return (torch.arange(d) + d // 2) % d, omega
+
+
+def _probe_largest_entry(rotate, d):  # the largest entry of R e_j: j itself for a slow pair
+    turned = rotate(torch.eye(d, dtype=torch.float64), torch.ones(d, dtype=torch.long))
+    return turned.abs().argmax(-1), probe_ref(rotate, d)[1]
+
+
+def _probe_acos_float32(rotate, d):  # the angle from the cosine, in float32
+    partner, _ = probe_ref(rotate, d)
+    turned = rotate(torch.eye(d), torch.ones(d, dtype=torch.long))
+    return partner, torch.acos(turned.diagonal().clamp(-1, 1)).double()
+
+
+def _probe_first_of_pair(rotate, d):  # omega only on the first feature of each pair
+    partner, omega = probe_ref(rotate, d)
+    return partner, torch.where(torch.arange(d) < partner, omega, torch.zeros_like(omega))
+
+
+def _probe_base_10k(rotate, d):  # the pairing measured, the frequencies assumed
+    partner, omega = probe_ref(rotate, d)
+    rotated = partner != torch.arange(d)
+    first = torch.arange(d)[rotated & (torch.arange(d) < partner)]
+    n = len(first)
+    assumed = torch.zeros(d, dtype=torch.float64)
+    for i, a in enumerate(first.tolist()):
+        assumed[a] = assumed[partner[a]] = 1e4 ** (-2 * i / (2 * n))
+    return partner, assumed
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (_probe_halves, "the package's layout"),
+    (_probe_largest_entry, "A slow pair's unit vector stays nearly where it was"),
+    (_probe_at(10), "turned by more than half a turn"),
+    (_probe_at(2, divide=False), "2 times too large"),
+    (_probe_acos_float32, "read it from the sine part"),
+    (_probe_at(0), "At position 0 nothing turns"),
+    (_probe_first_of_pair, "turn together"),
+    (_probe_base_10k, "frequencies of base 10,000"),
+    (lambda rotate, d: probe_ref(rotate, d)[0], "return a pair"),
+    (lambda rotate, d: (probe_ref(rotate, d)[0].float(), probe_ref(rotate, d)[1]), "integer tensor"),
+], ids=["halves", "largest-entry", "wrapped", "not-divided", "acos-float32", "position-0", "first-of-pair",
+        "base-10k", "one-output", "float-partner"])
+def test_06_rotary_probe(wrong, message, capsys):
+    _accepts("06.rotary_probe", probe_ref)
+    capsys.readouterr()
+    _rejects("06.rotary_probe", wrong)
+    assert message in capsys.readouterr().out
+
+
+def test_06_rotary_probe_reads_the_package():
+    """The accepted probe recovers RotaryEmbedding's pairing (i with i + d/2) and frequencies."""
+    d = 16
+    partner, omega = probe_ref(RotaryEmbedding(d).rotate, d)
+    assert torch.equal(partner, (torch.arange(d) + d // 2) % d)
+    want = 1e4 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    torch.testing.assert_close(omega, torch.cat([want, want]))
+
+
+def test_06_no_alibi_answer_for_copy_bias():
+    """The package's ALiBi bias is the thing exercise 2 improves on: it must not pass."""
+    _rejects("06.copy_bias", lambda L, b: alibi_bias(L, heads=1)[0, 0])
 
 
 # ----------------------------------------------------------------------------- 06.copy_bias
@@ -122,59 +221,3 @@ def test_06_copy_bias_reference_lets_attention_copy():
     alibi = torch.softmax(scores - 30.0 * _offsets(L).abs(), -1) @ v
     assert torch.equal(alibi.argmax(-1), tokens)
     del d
-
-
-# ----------------------------------------------------------------------------- 06.rotate_pairs
-
-
-def rotate_ref(x, positions):
-    d = x.shape[-1]
-    angles = positions.double()[:, None] * _omega(d)[None, :]
-    cos, sin = torch.cos(angles).to(x.dtype), torch.sin(angles).to(x.dtype)
-    a, b = x[..., 0::2], x[..., 1::2]
-    return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
-
-
-def _rotate_halves(x, positions):  # the package's layout
-    return RotaryEmbedding(x.shape[-1]).rotate(x, positions)
-
-
-def _rotate_backwards(x, positions):
-    return rotate_ref(x, -positions)
-
-
-def _rotate_ignores_positions(x, positions):
-    return rotate_ref(x, torch.arange(x.shape[-2]))
-
-
-def _rotate_no_mixing(x, positions):  # scales each feature by cos: not a rotation
-    d = x.shape[-1]
-    angles = positions.double()[:, None] * _omega(d)[None, :]
-    return x * torch.cos(angles).repeat_interleave(2, dim=-1).to(x.dtype)
-
-
-@pytest.mark.parametrize("wrong", [_rotate_halves, _rotate_backwards, _rotate_ignores_positions,
-                                   _rotate_no_mixing, lambda x, p: x],
-                         ids=["halves-layout", "backwards", "ignores-positions", "no-mixing", "identity"])
-def test_06_rotate_pairs(wrong):
-    _accepts("06.rotate_pairs", rotate_ref)
-    _rejects("06.rotate_pairs", wrong)
-
-
-@pytest.mark.parametrize("wrong, message", [
-    (_rotate_halves, "package's layout"), (_rotate_backwards, "-p * theta_i"),
-    (_rotate_ignores_positions, "positions you are given"), (_rotate_no_mixing, "keeps the length"),
-])
-def test_06_rotate_pairs_names_the_mistake(wrong, message, capsys):
-    exercises.check("06.rotate_pairs", wrong)
-    assert message in capsys.readouterr().out
-
-
-def test_06_rotate_pairs_reference_is_the_package_up_to_a_feature_permutation():
-    torch.manual_seed(0)
-    d = 8
-    x, pos = torch.randn(2, 5, d, dtype=torch.double), torch.tensor([0, 3, 1, 7, 20])
-    halves = torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)        # pairs (i, i + d/2) = (2i, 2i+1)
-    rotated = RotaryEmbedding(d).double().rotate(halves, pos)
-    back = torch.stack([rotated[..., : d // 2], rotated[..., d // 2:]], dim=-1).flatten(-2)
-    torch.testing.assert_close(back, rotate_ref(x, pos))

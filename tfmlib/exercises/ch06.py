@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .core import Wrong, checker, expect_close
+from .core import Wrong, checker
 
 
 def _ch06_frequencies(d: int) -> torch.Tensor:
@@ -37,44 +37,86 @@ def _same(got: Any, want: torch.Tensor, atol: float = 1e-5) -> bool:
             and torch.allclose(got.double(), want, atol=atol, rtol=0))
 
 
-@checker("06.direction_matrix", hint="question 3 of the chapter. Section 3 showed two facts: a fixed "
-         "offset is one orthogonal map of the table (M_j moves every PE_p to PE_(p+j), and its transpose "
-         "moves it back), and the dot product of two rows of the table depends on their offset only and "
-         "is largest when the offset is 0. Choose W so that it moves PE_(p+k) to a row whose offset from "
-         "PE_p is zero exactly when k is the offset asked for")
-def _check_direction_matrix(direction_matrix: Callable[[int, int], torch.Tensor]) -> None:
-    span = 40                                                  # the offsets k = -span .. span compared
-    for offset, d in [(3, 16), (-5, 16), (12, 64), (1, 32)]:
-        W = direction_matrix(offset, d)
+def _ch06_rotation_blocks(offset: int, d: int) -> torch.Tensor:
+    """Section 3's ``M_offset`` for the base-10,000 table (float64): ``PE[p + offset] = M @ PE[p]``."""
+    M = torch.zeros(d, d, dtype=torch.float64)
+    for i, w in enumerate(_ch06_frequencies(d).tolist()):
+        c, s = math.cos(offset * w), math.sin(offset * w)
+        M[2 * i: 2 * i + 2, 2 * i: 2 * i + 2] = torch.tensor([[c, s], [-s, c]], dtype=torch.float64)
+    return M
+
+
+def _ch06_back_pattern(n: int, back: int) -> torch.Tensor:
+    """``(n, n)`` float64: 1 at ``[t, t - back]``, 0 elsewhere (``back`` may be negative: ahead)."""
+    t = torch.arange(n)
+    return (t[None, :] == t[:, None] - back).double()
+
+
+def _ch06_best_residual(table: torch.Tensor, target: torch.Tensor) -> float:
+    """The smallest ``||P W P^T - B||^2`` over all ``W``: ``B`` projected on both sides onto P's columns."""
+    project = table @ torch.linalg.pinv(table)
+    return ((project @ target @ project - target) ** 2).sum().item()
+
+
+@checker("06.offset_weights", hint="section 2's expanded score: its position-position term, written for "
+         "every pair of rows at once, is a product of three matrices of which W is the middle one. Solve for "
+         "it as a least-squares problem (with fewer rows than columns the fit can be exact). Section 3's M_k "
+         "is no help: it moves the rows of the sinusoidal table, and a learned table has no such structure")
+def _check_offset_weights(offset_weights: Callable[[torch.Tensor, int], torch.Tensor]) -> None:
+    # (rows n, width d, back): n <= d has an exact answer, n > d only a least-squares one
+    for seed, (n, d, back) in enumerate([(12, 32, 3), (16, 16, 1), (20, 48, 4), (40, 24, 5), (30, 20, 2)]):
+        g = torch.Generator().manual_seed(seed)
+        table = torch.randn(n, d, generator=g, dtype=torch.float64) * 2 ** -0.5    # a learned table's init
+        target = _ch06_back_pattern(n, back)
+        W = offset_weights(table.clone(), back)
+        what = f"offset_weights(table ({n}, {d}), back={back})"
         if not isinstance(W, torch.Tensor) or not W.is_floating_point():
             got = W.dtype if isinstance(W, torch.Tensor) else type(W).__name__
-            raise Wrong(f"return a floating torch.Tensor, got {got}")
+            raise Wrong(f"{what}: return a floating torch.Tensor, got {got}")
         if W.shape != (d, d):
-            raise Wrong(f"direction_matrix({offset}, {d}) should be ({d}, {d}), got {tuple(W.shape)}")
-        table = _ch06_table(200 + 2 * span, d)
-        ks = torch.arange(-span, span + 1)
-        p = torch.arange(span, span + 200)
-        # score[k, p] = PE_p^T W PE_(p+k)
-        score = torch.stack([((table[p] @ W.double()) * table[p + k]).sum(-1) for k in ks.tolist()])
-        if not torch.isfinite(score).all():
-            raise Wrong("the scores PE_p^T W PE_(p+k) are not all finite")
-        vary = (score.max(1).values - score.min(1).values).max().item()
-        if vary > 1e-4 * max(1.0, score.abs().max().item()):
-            raise Wrong(f"with your W the score PE_p^T W PE_(p+k) changes with the position p (by up to "
-                        f"{vary:.3g} for one k): it should depend on the offset k only, as the dot product "
-                        "of two table rows does")
-        by_k = score.mean(1)
-        plus, minus = by_k[span + offset].item(), by_k[span - offset].item()
-        if abs(plus - minus) < 1e-6 * max(1.0, abs(plus)):
-            raise Wrong(f"your score is the same for k = {offset} and k = {-offset}: it cannot tell after "
-                        "from before (a symmetric W, such as the identity, never can)")
-        best = int(ks[by_k.argmax()])
-        if best == -offset:
-            raise Wrong(f"your score is largest at k = {-offset}, not {offset}: the direction is reversed "
-                        f"(your W favours the key {abs(offset)} positions on the other side)")
-        if best != offset:
-            raise Wrong(f"for offset {offset}, d_model {d}: your score PE_p^T W PE_(p+k) is largest at "
-                        f"k = {best}, over k = -{span}..{span}; it should be largest at k = {offset}")
+            raise Wrong(f"{what} should be (d, d) = {(d, d)}: it sits between two rows of the table; got "
+                        f"{tuple(W.shape)}")
+        W = W.detach().double()
+        if not torch.isfinite(W).all():
+            raise Wrong(f"{what} holds NaN or inf")
+        scores = table @ W @ table.T
+        residual = ((scores - target) ** 2).sum().item()
+        best = _ch06_best_residual(table, target)
+        size = target.sum().item()                                   # ||B||^2: the residual of W = 0
+        if residual <= best + 1e-6 * size:
+            continue
+        exact = "exactly (it has fewer rows than columns)" if n <= d else "as well as least squares can"
+        if torch.allclose(W, table.T @ target @ table, rtol=1e-6, atol=1e-9):
+            raise Wrong(f"{what}: you put the table where its (pseudo-)inverse belongs. Multiplying by the "
+                        "table does not undo multiplying by it: the rows are not orthonormal")
+        for name, sign in (("M_(-back)", -1), ("M_back", 1)):
+            M = _ch06_rotation_blocks(sign * back, d)
+            c = (W * M).sum() / (M * M).sum()
+            if c.abs() > 1e-9 and torch.allclose(W, c * M, rtol=1e-6, atol=1e-9):
+                raise Wrong(f"{what}: that is section 3's {name}, up to a factor. It moves the rows of the "
+                            "sinusoidal table; the rows of this learned table are not related by any "
+                            "rotation, so it scores them at random. Fit W to this table")
+        ahead = ((scores - _ch06_back_pattern(n, -back)) ** 2).sum().item()
+        if ahead <= _ch06_best_residual(table, _ch06_back_pattern(n, -back)) + 1e-6 * size:
+            raise Wrong(f"{what}: your scores pick the key {back} positions *ahead* (s = t + {back}), "
+                        f"not {back} back (s = t - {back}): the pattern is transposed")
+        for other in (back - 1, back + 1):
+            pattern = _ch06_back_pattern(n, other)
+            if ((scores - pattern) ** 2).sum().item() <= _ch06_best_residual(table, pattern) + 1e-6 * size:
+                raise Wrong(f"{what}: your scores pick the key {other} back, not {back} back: an off-by-one "
+                            "in the target pattern")
+        fitted = table @ torch.linalg.pinv(table) @ target @ (table @ torch.linalg.pinv(table))
+        scale = ((scores * fitted).sum() / (fitted * fitted).sum()).item()
+        if abs(scale) > 1e-6 and abs(scale - 1) > 1e-3 and \
+                torch.allclose(scores, scale * fitted, rtol=1e-5, atol=1e-8):
+            raise Wrong(f"{what}: the right pattern at {scale:.3g} times the right size: the score should "
+                        f"be 1 at the key {back} back, not a multiple of 1")
+        if residual >= size * (1 - 1e-9):
+            raise Wrong(f"{what}: the squared error of the scores, {residual:.3g}, is no better than W = 0 "
+                        f"({size:.3g}); the best W reaches {best:.3g}")
+        raise Wrong(f"{what}: the scores of the table's rows under your W miss the pattern (1 at the key "
+                    f"{back} back, 0 elsewhere) by a squared error of {residual:.4g}; the best W fits it "
+                    f"{exact}, with {best:.3g}")
 
 
 @checker("06.copy_bias", hint="ALiBi's bias (section 5) is largest on the diagonal and falls with the "
@@ -125,48 +167,133 @@ def _check_copy_bias(copy_bias: Callable[[int, int], torch.Tensor]) -> None:
                         "offset over the others is too small")
 
 
-def _ch06_rotate(x: torch.Tensor, positions: torch.Tensor, sign: int = 1,
-                 layout: str = "pairs") -> torch.Tensor:
-    d = x.shape[-1]
-    angles = sign * positions.double()[:, None] * _ch06_frequencies(d)[None, :]      # (L, d/2)
-    cos, sin = torch.cos(angles), torch.sin(angles)
-    x = x.double()
-    a, b = (x[..., 0::2], x[..., 1::2]) if layout == "pairs" else (x[..., : d // 2], x[..., d // 2:])
-    ra, rb = a * cos - b * sin, a * sin + b * cos
-    if layout == "halves":
-        return torch.cat([ra, rb], dim=-1)
-    out = torch.empty_like(x)
-    out[..., 0::2], out[..., 1::2] = ra, rb
-    return out
+def _ch06_black_box(d: int, pairs: list[tuple[int, int]], omega: list[float]
+                    ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """A rotary function, seen from outside: feature ``a`` of pair ``(a, b)`` turns with feature ``b``
+    by ``p * omega`` at position ``p``; features in no pair are left alone."""
+
+    def rotate(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() < 2 or x.shape[-1] != d:
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"rotate: x must be a floating (..., L, {d}) tensor, got {got}")
+        integer = isinstance(positions, torch.Tensor) and not positions.is_floating_point() \
+            and positions.dtype != torch.bool
+        if not integer or tuple(positions.shape) != (x.shape[-2],):
+            got = (f"{positions.dtype} {tuple(positions.shape)}" if isinstance(positions, torch.Tensor)
+                   else type(positions).__name__)
+            raise ValueError(f"rotate: positions must be an integer ({x.shape[-2]},) tensor, got {got}")
+        angles = positions.double()[:, None] * torch.tensor(omega, dtype=torch.float64)[None, :]  # (L, n)
+        cos, sin = torch.cos(angles), torch.sin(angles)
+        a, b = torch.tensor([p[0] for p in pairs]), torch.tensor([p[1] for p in pairs])
+        xd, out = x.double(), x.double().clone()
+        out[..., a] = xd[..., a] * cos - xd[..., b] * sin
+        out[..., b] = xd[..., a] * sin + xd[..., b] * cos
+        return out.to(x.dtype)
+
+    return rotate
 
 
-@checker("06.rotate_pairs", hint="section 5's RotaryEmbedding.rotate does the same with the pairs "
-         "(i, i + d/2); here a pair is two neighbouring features, 2i and 2i + 1. The frequencies are those "
-         "of section 3's table, one per pair, and each pair turns by the 2x2 rotation written above; put "
-         "the rotated first and second coordinates back into the even and the odd features")
-def _check_rotate_pairs(rotate_pairs: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
-    cases = [((5, 4), [0, 1, 2, 3, 4]), ((2, 3, 6, 8), [7, 0, 3, 12, 5, 40]), ((1, 2, 4, 16), [2, 9, 1, 30])]
-    for seed, (shape, positions) in enumerate(cases):
-        g = torch.Generator().manual_seed(seed)
-        x, pos = torch.randn(shape, generator=g), torch.tensor(positions)
-        want = _ch06_rotate(x, pos)
-        got = rotate_pairs(x.clone(), pos.clone())
-        if not isinstance(got, torch.Tensor):
-            raise Wrong(f"return a torch.Tensor, got {type(got).__name__}")
-        if got.shape != x.shape:
-            raise Wrong(f"the result should keep x's shape {tuple(x.shape)}, got {tuple(got.shape)}")
-        if _same(got, _ch06_rotate(x, pos, layout="halves")):
-            raise Wrong("you paired feature i with feature i + d/2 (the package's layout); this exercise "
-                        "pairs neighbours, (2i, 2i + 1), as Su et al. write it")
-        if _same(got, _ch06_rotate(x, pos, sign=-1)):
-            raise Wrong("you rotated by -p * theta_i: x'_2i = x_2i cos - x_2i+1 sin and "
-                        "x'_2i+1 = x_2i sin + x_2i+1 cos")
-        if pos.tolist() != list(range(len(pos))) and _same(got, _ch06_rotate(x, torch.arange(len(pos)))):
-            raise Wrong("use the positions you are given, not 0, 1, ..., L - 1")
-        if isinstance(got, torch.Tensor) and got.is_floating_point() and not torch.allclose(
-                got.double().norm(dim=-1), x.double().norm(dim=-1), atol=1e-4):
-            raise Wrong("a rotation keeps the length of every vector, yours changes it: each pair must be "
-                        "rotated by [[cos, -sin], [sin, cos]]")
-        expect_close(got, want, f"rotate_pairs(x {tuple(x.shape)}, positions {positions})", atol=1e-5, rtol=0)
+def _ch06_probe_cases() -> list[tuple[str, int, list[tuple[int, int]], list[float]]]:
+    """(description, d, pairs, frequencies): the layouts and bases the checker hides in its black boxes."""
+    def geometric(n: int, width: int, base: float) -> list[float]:
+        return [base ** (-2 * i / width) for i in range(n)]
+    cases = [("the package's layout, base 10,000", 8, [(i, i + 4) for i in range(4)], geometric(4, 8, 1e4)),
+             ("the paper's layout, base 10,000", 16, [(2 * i, 2 * i + 1) for i in range(8)],
+              geometric(8, 16, 1e4)),
+             ("the paper's layout, base 500,000 (Llama 3)", 32, [(2 * i, 2 * i + 1) for i in range(16)],
+              geometric(16, 32, 5e5)),
+             ("partial rotary: features 0-7 rotated in the package's layout, 8-15 left alone", 16,
+              [(i, i + 4) for i in range(4)], geometric(4, 8, 1e4))]
+    return cases
 
 
+def _ch06_truth(d: int, pairs: list[tuple[int, int]],
+                omega: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
+    partner, freq = torch.arange(d), torch.zeros(d, dtype=torch.float64)
+    for (a, b), w in zip(pairs, omega, strict=True):
+        partner[a], partner[b] = b, a
+        freq[a] = freq[b] = w
+    return partner, freq
+
+
+@checker("06.rotary_probe", hint="section 5 read the package's R_p off the module by rotating the basis "
+         "vectors. Do the same with the black box, at a position where no pair can turn by more than half "
+         "a turn, and read two things per feature: which other feature its unit vector moves into, and by "
+         "what angle. For a tiny angle the cosine part is 1 to machine precision; the sine part is not")
+def _check_rotary_probe(probe_rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> None:
+    for description, d, pairs, omega in _ch06_probe_cases():
+        partner_true, omega_true = _ch06_truth(d, pairs, omega)
+        got = probe_rotary(_ch06_black_box(d, pairs, omega), d)
+        where = f"for {description} (d = {d})"
+        if not isinstance(got, tuple) or len(got) != 2:
+            raise Wrong("return a pair (partner, omega)")
+        partner, freq = got
+        if not isinstance(partner, torch.Tensor) or partner.is_floating_point() \
+                or tuple(partner.shape) != (d,):
+            desc = (f"{partner.dtype} {tuple(partner.shape)}" if isinstance(partner, torch.Tensor)
+                    else type(partner).__name__)
+            raise Wrong(f"partner should be an integer tensor of shape ({d},), got {desc}")
+        if not isinstance(freq, torch.Tensor) or not freq.is_floating_point() or tuple(freq.shape) != (d,):
+            desc = (f"{freq.dtype} {tuple(freq.shape)}" if isinstance(freq, torch.Tensor)
+                    else type(freq).__name__)
+            raise Wrong(f"omega should be a floating tensor of shape ({d},), got {desc}")
+        partner, freq = partner.long().cpu(), freq.detach().double().cpu()
+        rotated = partner_true != torch.arange(d)
+        if torch.equal(partner, torch.arange(d)) and not bool(freq.abs().gt(0).any()):
+            raise Wrong(f"{where}: you found no feature that turns. At position 0 nothing turns: probe at a "
+                        "position other than 0")
+        if not torch.equal(partner, partner_true):
+            j = int((partner != partner_true).nonzero()[0])
+            halves = (torch.arange(d) + d // 2) % d
+            if bool((partner[rotated] == torch.arange(d)[rotated]).any()):
+                j = int((rotated & (partner == torch.arange(d))).nonzero()[0])
+                raise Wrong(f"{where}: partner[{j}] = {j}, but feature {j} turns (with feature "
+                            f"{int(partner_true[j])}). A slow pair's unit vector stays nearly where it was: "
+                            "its largest entry is its own; look for the largest entry elsewhere")
+            if torch.equal(partner, halves):
+                raise Wrong(f"{where}: you assumed that feature i turns with feature i + d/2, the package's "
+                            "layout; this black box pairs its features otherwise. Measure the pairing")
+            if bool((partner[~rotated] != torch.arange(d)[~rotated]).any()):
+                j = int((~rotated & (partner != torch.arange(d))).nonzero()[0])
+                raise Wrong(f"{where}: feature {j} is not rotated at all (its unit vector comes back "
+                            f"unchanged), so partner[{j}] should be {j}, not {int(partner[j])}")
+            raise Wrong(f"{where}: feature {j} turns with feature {int(partner_true[j])}, not "
+                        f"{int(partner[j])}")
+        if not torch.isfinite(freq).all():
+            raise Wrong(f"{where}: omega holds NaN or inf")
+        if torch.equal(freq, torch.zeros(d, dtype=torch.float64)):
+            raise Wrong(f"{where}: every frequency is 0. At position 0 nothing turns: probe at a position "
+                        "other than 0")
+        if not torch.allclose(freq, freq[partner]):
+            raise Wrong(f"{where}: the two features of a pair turn together: omega[j] must equal "
+                        "omega[partner[j]]")
+        close = torch.isclose(freq, omega_true, rtol=1e-3, atol=1e-12)
+        if bool(close.all()):
+            continue
+        bad = ~close
+        ratio = (freq[bad & rotated] / omega_true[bad & rotated])
+        if len(ratio) and torch.allclose(ratio, ratio[0].expand_as(ratio), rtol=1e-3) and \
+                abs(ratio[0].item() - round(ratio[0].item())) < 1e-3 and round(ratio[0].item()) > 1:
+            raise Wrong(f"{where}: your frequencies are {round(ratio[0].item())} times too large: an angle "
+                        "measured at position p is p times the frequency")
+        base_10k = torch.zeros(d, dtype=torch.float64)
+        for i, (a, b) in enumerate(pairs):
+            base_10k[a] = base_10k[b] = 1e4 ** (-2 * i / (2 * len(pairs)))
+        if torch.allclose(freq, base_10k, rtol=1e-3, atol=1e-12):
+            raise Wrong(f"{where}: these are the frequencies of base 10,000, but this black box uses another "
+                        "base: measure the frequencies rather than assume them")
+        if bool((bad & rotated & (omega_true < 5e-3)).any()) and not bool((bad & (omega_true > 5e-2)).any()):
+            j = int((bad & rotated).nonzero()[0])
+            raise Wrong(f"{where}: the slow pairs are wrong (feature {j}: omega {freq[j].item():.3g}, "
+                        f"should be {omega_true[j].item():.3g}) while the fast ones are right: a tiny angle "
+                        "read from its cosine is lost to rounding (the cosine is 1 to machine precision); "
+                        "read it from the sine part")
+        if bool((bad & (omega_true > 0.3)).any()) and not bool((bad & rotated & (omega_true < 0.05)).any()):
+            j = int((bad & (omega_true > 0.3)).nonzero()[0])
+            raise Wrong(f"{where}: the fast pairs are wrong (feature {j}: omega {freq[j].item():.3g}, "
+                        f"should be {omega_true[j].item():.3g}) while the slow ones are right: at the "
+                        "position you probed, the fast pairs turned by more than half a turn, and an angle "
+                        "is only known up to whole turns")
+        j = int(bad.nonzero()[0])
+        raise Wrong(f"{where}: omega[{j}] = {freq[j].item():.4g}, but feature {j} turns by "
+                    f"{omega_true[j].item():.4g} radians per position")
