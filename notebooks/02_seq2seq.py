@@ -970,82 +970,103 @@ print(f"saved to {path.name} ({path.stat().st_size / 1e6:.1f} MB), restored on {
 #
 # ### Coding exercises
 #
-# Fill in each function and run the cell: the checker says "correct!", tells you what is wrong,
-# or, while the stub still raises `NotImplementedError`, gives a hint. Solutions are in
+# Fill in each function (or class) and run the cell: the checker says "correct!", tells you what
+# is wrong, or, while the stub still raises `NotImplementedError`, gives a hint. After the
+# warm-up, each asks for something this chapter discusses but does not build. Solutions, with
+# the reasoning, the usual wrong turns and the measurements they make possible, are in
 # `notebooks/solutions/02_seq2seq_solutions.ipynb`, where the reversed-source and bidirectional
 # variants are also trained and measured.
 #
-# **1. The masked loss.** `logits` is `(B, T, V)`, `targets` is `(B, T)` with `PAD_ID` (0) at
-# padded positions. Return the mean cross-entropy over the real positions only (a scalar
-# tensor), without using `ignore_index`: build the mask yourself.
-
-# %%
-def masked_token_loss(logits: Tensor, targets: Tensor) -> Tensor:
-    raise NotImplementedError  # your code here
-
-
-exercises.check("02.masked_token_loss", masked_token_loss)
-
-# %% [markdown]
-# **2. Cut at the end token.** `tokens` is `(B, L)` ids from a decoder. Return a list of `B`
-# lists: each row's ids up to, and not including, its first `EOS_ID` (the whole row if it has
-# none).
-
-# %%
-def cut_at_eos(tokens: Tensor) -> list[list[int]]:
-    raise NotImplementedError  # your code here
-
-
-exercises.check("02.cut_at_eos", cut_at_eos)
-
-# %% [markdown]
-# **3. Reverse the source, as Sutskever et al. did.** `src` is `(B, S)` ids and `src_mask`
-# `(B, S)` bool, each row being words, then `EOS_ID`, then padding. Return a new `src` in which
-# each row's *words* are reversed, while its `EOS_ID` and its padding stay where they are.
-
-# %%
-def reverse_source(src: Tensor, src_mask: Tensor) -> Tensor:
-    raise NotImplementedError  # your code here
-
-
-exercises.check("02.reverse_source", reverse_source)
-
-# %% [markdown]
-# **4. The brevity penalty.** Given the total hypothesis length `h` and reference length `r`
-# (positive ints), return BLEU's brevity penalty as a float.
-
-# %%
-def brevity_penalty(h: int, r: int) -> float:
-    raise NotImplementedError  # your code here
-
-
-exercises.check("02.brevity_penalty", brevity_penalty)
-
-# %% [markdown]
-# **5. The padding mask.** Write `padding_mask(lengths, max_len)`: given a `(batch,)` tensor of
-# sentence lengths, return the `(batch, max_len)` boolean mask that is `True` at real tokens,
-# like `src_mask` in section 1. No Python loop.
+# **1. Warm-up: the padding mask.** The mask of section 1, from the lengths alone, with no
+# Python loop.
 
 # %%
 def padding_mask(lengths: Tensor, max_len: int) -> Tensor:
+    """lengths (B,) ints -> (B, max_len) bool mask, True at the real tokens of each row."""
     raise NotImplementedError  # your code here
 
 
 exercises.check("02.padding_mask", padding_mask)
 
 # %% [markdown]
-# **6. The padding fraction.** Write `my_padding_fraction(batches, lengths)` (named so it does
-# not shadow `tfmlib.data.padding_fraction`, imported above): the fraction of all padded token
-# slots (over all batches, each padded to its own longest sentence) that is padding. Then run
-# `my_padding_fraction(random_batches, train_lengths)` and compare it with the fraction printed
-# in section 1.
+# **2. The loss averaged per sentence.** Section 4's loss is a mean over the real target tokens
+# of the batch, so a sentence of 30 tokens weighs ten times one of 3. Question 3 asks what
+# happens with other averages; write the one in which every sentence counts once: each
+# sentence's mean token loss, then the mean over the sentences. (`ignore_index` gives the token
+# mean, which is not this.)
 
 # %%
-def my_padding_fraction(batches: list[list[int]], lengths: list[int]) -> float:
+def per_sentence_loss(logits: Tensor, targets: Tensor) -> Tensor:
+    """logits (B, T, V); targets (B, T) ids, PAD_ID after each sentence's end.
+
+    Returns a 0-d tensor: the mean over the B sentences of each sentence's mean cross-entropy over
+    its own real (non-PAD) target tokens.
+    """
     raise NotImplementedError  # your code here
 
 
-exercises.check("02.padding_fraction", my_padding_fraction)
+exercises.check("02.per_sentence_loss", per_sentence_loss)
+
+# %% [markdown]
+# **3. Teacher-forced accuracy by target position.** Section 8 blames the fall on long sentences
+# on the summary $c$. Greedy decoding's compounding errors (exposure bias, section 5) would
+# predict a similar shape. One measurement separates the two: feed the model the *reference*
+# prefix (teacher forcing, so no error can compound) and count, at each target position, how
+# often its most probable word is the right one. Write the counting; the solutions run it on a
+# trained model, by source length.
+
+# %%
+def accuracy_by_position(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """logits (B, T, V) of a teacher-forced pass; targets (B, T), the tgt_out they predict (PAD_ID
+    after each sentence's end).
+
+    Returns (hits (T,), counts (T,)), integer counts: at each target position t, how many real
+    targets there are, and at how many of them the logits' argmax is the target.
+    """
+    raise NotImplementedError  # your code here
+
+
+exercises.check("02.accuracy_by_position", accuracy_by_position)
+
+# %% [markdown]
+# **4. Sutskever's decoder: $c$ only in the first state.** Question 1 as code. Write a subclass
+# of section 3's `Seq2Seq` whose decoder receives the summary only through
+# $s_0 = \tanh(W_{\text{init}}\, c)$: the GRU reads $E_y y_{i-1}$ alone, and the output layer
+# sees $[s_i;\ E_y y_{i-1}]$. Keep both paths, `decode_step` (greedy decoding) and
+# `decode_teacher_forced` (training), and make them agree. The checker builds your class with
+# small sizes and probes what its output depends on.
+
+# %%
+class FirstStateSeq2Seq(Seq2Seq):
+    """Seq2Seq whose decoder sees the summary c only through its first state s_0.
+
+    FirstStateSeq2Seq(src_vocab_size, tgt_vocab_size, embed=..., hidden=...); encode as Seq2Seq
+    (s_0 = tanh(W_init c) in the EncoderOutput's state, (B, H)); decode_step(prev (B,), state (B, H),
+    enc) -> StepOutput(logits (B, V), new state (B, H)); decode_teacher_forced(tgt_in (B, T), enc)
+    -> logits (B, T, V), equal to decode_step applied step by step. After s_0 nothing may read
+    enc.context or enc.memory.
+    """
+
+    def __init__(self, src_vocab_size: int, tgt_vocab_size: int, *, embed: int = 128, hidden: int = 256):
+        raise NotImplementedError  # your code here
+
+
+exercises.check("02.first_state_only", FirstStateSeq2Seq)
+
+# %% [markdown]
+# **5. Reverse the source, as Sutskever et al. did.** `src` is `(B, S)` ids and `src_mask`
+# `(B, S)` bool, each row being words, then `EOS_ID`, then padding. Return a new `src` in which
+# each row's *words* are reversed, while its `EOS_ID` and its padding stay where they are. The
+# solutions train a model that reads its sources through your function.
+
+# %%
+def reverse_source(src: Tensor, src_mask: Tensor) -> Tensor:
+    """src (B, S) ids, src_mask (B, S) bool -> a new (B, S) tensor, each row's words reversed,
+    its EOS_ID and padding in place; src itself unchanged."""
+    raise NotImplementedError  # your code here
+
+
+exercises.check("02.reverse_source", reverse_source)
 
 # %% [markdown]
 # ## References

@@ -956,43 +956,87 @@ plt.show()
 # ### Coding exercises
 #
 # Fill in each function and run the cell: the checker says "correct!", tells you what is wrong,
-# or, while the stub still raises `NotImplementedError`, gives a hint. Solutions are in
-# `notebooks/solutions/03_bahdanau_attention_solutions.ipynb`.
+# or, while the stub still raises `NotImplementedError`, gives a hint. Each asks for something
+# this chapter discusses but does not build. Solutions, with the reasoning and the usual wrong
+# turns, are in `notebooks/solutions/03_bahdanau_attention_solutions.ipynb`.
 #
-# **1. Additive attention, from the formulas.** `query` is `(B, H)` (the decoder states
-# $s_{i-1}$), `annotations` is `(B, S, A)`, `mask` is `(B, S)` bool, `W` is `(D, H)`, `U` is
-# `(D, A)`, `v` is `(D,)`. Return `(context, weights)`, shapes `(B, A)` and `(B, S)`, with
-# $e_{j} = v^\top \tanh(W s + U h_j)$ (no biases) and padded positions at exactly zero weight.
+# **1. Luong's decoder step, with input feeding.** RNNsearch (section 2) attends *before* its
+# recurrent step, with $s_{i-1}$. Luong et al. (2015, §3.1 and §3.3) reversed the order: first
+# the step, then attention with the new state, then an *attentional vector*
+# $	ilde h_t = 	anh(W_c [c_t; s_t])$ from which the word is predicted. Because the step no
+# longer sees the context, they feed $	ilde h_{t-1}$ into the next step beside the word
+# (*input feeding*), so the decoder knows where it looked before. Write one step, with the
+# general score $e_j = s_t^	op W_a h_j$.
 
 # %%
-def additive_attention(query: Tensor, annotations: Tensor, mask: Tensor, W: Tensor, U: Tensor,
-                       v: Tensor) -> tuple[Tensor, Tensor]:
+def input_feeding_step(prev_embedded: Tensor, attentional: Tensor, state: Tensor, annotations: Tensor,
+                       mask: Tensor, cell: nn.GRUCell, W_a: Tensor, W_c: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """One decoder step of Luong et al. (2015) with input feeding.
+
+    prev_embedded (B, E): the embedded previous word; attentional (B, H): the previous step's
+    attentional vector; state (B, H): s_{t-1}; annotations (B, S, A); mask (B, S) bool, True at
+    real source tokens; cell: an nn.GRUCell with input size E + H and hidden size H; W_a (H, A);
+    W_c (H, A + H).
+
+    s_t = cell([prev_embedded; attentional], s_{t-1}); weights over the real source positions from
+    e_j = s_t^T W_a h_j (padding exactly 0); c_t = sum_j weights_j h_j; attentional_t = tanh(W_c [c_t; s_t]).
+    Returns (s_t (B, H), attentional_t (B, H), weights (B, S)).
+    """
     raise NotImplementedError  # your code here
 
 
-exercises.check("03.additive_attention", additive_attention)
+exercises.check("03.input_feeding_step", input_feeding_step)
 
 # %% [markdown]
-# **2. Luong's general score.** `query` is `(B, Q)`, `keys` is `(B, S, K)`, `W_a` is `(Q, K)`.
-# Return the scores $e_j = q^\top W_a k_j$, shape `(B, S)`.
+# **2. Local attention (Luong's local-p).** Global attention scores every source position; Luong
+# et al. (2015, §3.2) also tried looking at a window only. The model predicts a centre
+# $p_t = L \cdot \operatorname{sigmoid}(v_p^	op 	anh(W_p s_t))$ inside the sentence of $L$ real
+# tokens, normalises the alignment scores over the positions $j$ with $|j - p_t| \le D$ only,
+# and multiplies the result by a Gaussian around the centre,
+# $\expig(-(j - p_t)^2 / 2\sigma^2ig)$ with $\sigma = D/2$ (their eq. 10). Positions count
+# from 0.
 
 # %%
-def general_score(query: Tensor, keys: Tensor, W_a: Tensor) -> Tensor:
+def local_attention(scores: Tensor, mask: Tensor, query: Tensor, W_p: Tensor, v_p: Tensor,
+                    D: int) -> tuple[Tensor, Tensor]:
+    """Luong et al.'s local-p weights.
+
+    scores (B, S): alignment scores of every source position; mask (B, S) bool, True at real
+    tokens (a prefix of each row); query (B, H): the decoder state s_t; W_p (P, H); v_p (P,);
+    D: the window's half-width.
+    Returns (weights (B, S), center (B,)): weights are 0 outside the window and at padding, and
+    the Gaussian makes a row sum to less than 1.
+    """
     raise NotImplementedError  # your code here
 
 
-exercises.check("03.general_score", general_score)
+exercises.check("03.local_attention", local_attention)
 
 # %% [markdown]
-# **3. Lin et al.'s penalty.** `A` is `(B, r, S)`, each row a distribution. Return
-# $\lVert A A^\top - I \rVert_F^2$ averaged over the batch (a scalar tensor).
+# **3. Coverage: which source words were skipped, which translated twice?** Question 4 as code
+# (Tu et al. 2016). Add up, for every source position, the attention it received over the steps
+# of a translation: a word translated once should collect about 1, a skipped word little, a
+# repeated one much more. `weights` may come from greedy decoding or from `attention_weights`
+# (teacher forcing), whose rows at padded target steps hold weights too. Count the source
+# *words* (not the end token, not padding) below `low` and above `high`. The solutions run it on
+# a trained model and ask whether the flagged sentences are the mistranslated ones.
 
 # %%
-def attention_penalty_exercise(A: Tensor) -> Tensor:
+def coverage(weights: Tensor, tgt_mask: Tensor, src_mask: Tensor, low: float,
+             high: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Coverage of the source by a translation's attention.
+
+    weights (B, T, S): attention of each target step over the source; tgt_mask (B, T) bool: True
+    at the translation's real steps; src_mask (B, S) bool: True at real source tokens, the last
+    of which is <eos>.
+    Returns (coverage (B, S), skipped (B,), repeated (B,)): coverage[b, j] is the attention
+    position j received over the real steps (0 at padding); skipped counts the source words
+    with coverage < low, repeated those with coverage > high.
+    """
     raise NotImplementedError  # your code here
 
 
-exercises.check("03.attention_penalty", attention_penalty_exercise)
+exercises.check("03.coverage", coverage)
 
 # %% [markdown]
 # ## References

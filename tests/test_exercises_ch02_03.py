@@ -1,62 +1,178 @@
 """Chapter 02 and 03 exercise checkers accept the reference solutions and reject typical wrong answers."""
 
-import math
-
 import pytest
 import torch
 import torch.nn.functional as F
-from test_exercises import _accepts, _rejects, _stub  # the helpers of chapter 01's checker tests
+from test_exercises import _accepts, _rejects  # the helpers of chapter 01's checker tests
+from torch import nn
 
 from tfmlib import exercises
 from tfmlib.data import padding_fraction
+from tfmlib.seq2seq import DeepOutput, Seq2Seq, StepOutput
+
+
+def _any_stub(*args, **kwargs):  # chapter 02's first_state_only is a class, built with keywords
+    raise NotImplementedError
 
 
 @pytest.mark.parametrize("chapter", [2, 3])
 def test_check_api_never_raises_without_must_pass(chapter, capsys):
     assert exercises.names(chapter), f"chapter {chapter} registers no exercises"
     for name in exercises.names(chapter):
-        assert not exercises.check(name, _stub)
+        assert not exercises.check(name, _any_stub)
         out = capsys.readouterr().out
         assert "not solved yet" in out and "Hint" in out
-        assert not exercises.check(name, lambda *a: 1 / 0)
+        assert not exercises.check(name, lambda *a, **k: 1 / 0)
         assert "ZeroDivisionError" in capsys.readouterr().out
+
+
+def _rejects_with(name, fn, diagnosis, capsys):
+    """``fn`` is rejected, and the message names the mistake (``diagnosis`` is part of it)."""
+    capsys.readouterr()
+    _rejects(name, fn)
+    out = capsys.readouterr().out
+    assert "not correct yet" in out and diagnosis in out, out
 
 
 # ----------------------------------------------------------------------------- chapter 02
 
 
-def masked_token_loss_ref(logits, targets):
-    mask = targets != 0
-    nll = -F.log_softmax(logits, -1).gather(-1, targets[..., None]).squeeze(-1)
-    return nll[mask].sum() / mask.sum()
+def _nll(logits, targets):
+    return F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
 
 
-@pytest.mark.parametrize("wrong", [
-    lambda lg, t: F.cross_entropy(lg.flatten(0, 1), t.flatten()),                      # counts padding
-    lambda lg, t: (-F.log_softmax(lg, -1).gather(-1, t[..., None]).squeeze(-1)
-                   * (t != 0)).sum() / t.numel(),                                      # wrong denominator
-    lambda lg, t: F.cross_entropy(lg.flatten(0, 1), t.flatten(), ignore_index=0,
-                                  reduction="none"),                                   # not a scalar
-    lambda lg, t: -F.log_softmax(lg, -1).max(-1).values[t != 0].mean(),                # best class
-], ids=["counts-padding", "denominator", "not-reduced", "argmax-not-target"])
-def test_02_masked_token_loss(wrong):
-    _accepts("02.masked_token_loss", masked_token_loss_ref)
-    _rejects("02.masked_token_loss", wrong)
+def per_sentence_loss_ref(logits, targets):
+    real = targets != 0
+    return ((_nll(logits, targets) * real).sum(1) / real.sum(1)).mean()
 
 
-def cut_at_eos_ref(tokens):
-    return [r[: r.index(2)] if 2 in r else r for r in tokens.tolist()]
+@pytest.mark.parametrize(("wrong", "diagnosis"), [
+    (lambda lg, t: F.cross_entropy(lg.flatten(0, 1), t.flatten(), ignore_index=0), "what ignore_index gives"),
+    (lambda lg, t: _nll(lg, t).mean(1).mean(), "padding counted"),
+    (lambda lg, t: (_nll(lg, t) * (t != 0)).sum(1).mean(), "not their sum"),
+    (lambda lg, t: ((_nll(lg, t) * (t != 0)).sum(1) / t.shape[1]).mean(), "by its own length"),
+    (lambda lg, t: ((_nll(lg, t) * (t != 0)).sum(0) / (t != 0).sum(0)).mean(), "at each position first"),
+    (lambda lg, t: (_nll(lg, t) * (t != 0)).sum(1) / (t != 0).sum(1), "return one number"),
+], ids=["ignore-index-token-mean", "counts-padding", "sentence-sum", "padded-width",
+        "position-first", "not-reduced"])
+def test_02_per_sentence_loss(wrong, diagnosis, capsys):
+    _accepts("02.per_sentence_loss", per_sentence_loss_ref)
+    _rejects_with("02.per_sentence_loss", wrong, diagnosis, capsys)
 
 
-@pytest.mark.parametrize("wrong", [
-    lambda t: [r[: r.index(2) + 1] if 2 in r else r for r in t.tolist()],             # keeps EOS
-    lambda t: [[i for i in r if i not in (0, 2)] for r in t.tolist()],                 # no stop at EOS
-    lambda t: [r[: r.index(2)] for r in t.tolist() if 2 in r],                         # drops rows
-    lambda t: t,                                                                       # a tensor
-], ids=["keeps-eos", "no-stop", "drops-rows", "tensor"])
-def test_02_cut_at_eos(wrong):
-    _accepts("02.cut_at_eos", cut_at_eos_ref)
-    _rejects("02.cut_at_eos", wrong)
+def accuracy_ref(logits, targets):
+    real = targets != 0
+    return ((logits.argmax(-1) == targets) & real).sum(0), real.sum(0)
+
+
+def _shifted_hits(logits, targets):
+    hits = torch.zeros(targets.shape[1], dtype=torch.long)
+    hits[:-1] = ((logits[:, :-1].argmax(-1) == targets[:, 1:]) & (targets[:, 1:] != 0)).sum(0)
+    return hits, (targets != 0).sum(0)
+
+
+@pytest.mark.parametrize(("wrong", "diagnosis"), [
+    (lambda lg, t: ((lg.argmax(-1) == t).sum(0), torch.full((t.shape[1],), t.shape[0])),
+     "count only the real"),
+    (lambda lg, t: ((lg.argmax(-1) == t).sum(0), (t != 0).sum(0)),
+     "a padded position where the model's argmax"),
+    (lambda lg, t: (((lg.argmax(-1) == t) & (t != 0)).sum(1), (t != 0).sum(1)), "one entry per sentence"),
+    (_shifted_hits, "don't shift again"),
+    (lambda lg, t: (accuracy_ref(lg, t)[0] / accuracy_ref(lg, t)[1].clamp(min=1),
+                    accuracy_ref(lg, t)[1].float()), "should be counts"),
+    (lambda lg, t: (((lg[:, 1:].argmax(-1) == t[:, :-1]) & (t[:, :-1] != 0)).sum(0), (t[:, :-1] != 0).sum(0)),
+     "should have shape"),
+    (lambda lg, t: accuracy_ref(lg, t)[0], "return a pair"),
+], ids=["counts-padding", "hits-at-padding", "per-sentence", "shifted", "fractions", "shifted-back",
+        "hits-only"])
+def test_02_accuracy_by_position(wrong, diagnosis, capsys):
+    _accepts("02.accuracy_by_position", accuracy_ref)
+    _rejects_with("02.accuracy_by_position", wrong, diagnosis, capsys)
+
+
+class FirstStateRef(Seq2Seq):
+    """Sutskever et al.'s decoder: c sets s_0, and nothing after it."""
+
+    def __init__(self, src_vocab_size, tgt_vocab_size, *, embed=128, hidden=256, **kwargs):
+        super().__init__(src_vocab_size, tgt_vocab_size, embed=embed, hidden=hidden, **kwargs)
+        self.decoder = nn.GRU(embed, hidden, batch_first=True)
+        self.output = DeepOutput(hidden, 0, embed, tgt_vocab_size, maxout_units=hidden)
+
+    def decode_step(self, prev, state, enc):
+        e = self.tgt_embed(prev)
+        out, new_state = self.decoder(e[:, None], state[None])
+        return StepOutput(self.output(out[:, 0], out[:, 0, :0], e), new_state[0])
+
+    def decode_teacher_forced(self, tgt_in, enc):
+        e = self.tgt_embed(tgt_in)
+        states, _ = self.decoder(e, enc.state[None])
+        return self.output(states, states[..., :0], e)
+
+
+class CInOutputOnly(FirstStateRef):
+    """c left in the output layer."""
+
+    def __init__(self, src_vocab_size, tgt_vocab_size, *, embed=128, hidden=256):
+        super().__init__(src_vocab_size, tgt_vocab_size, embed=embed, hidden=hidden)
+        self.output = DeepOutput(hidden, hidden, embed, tgt_vocab_size, maxout_units=hidden)
+
+    def decode_step(self, prev, state, enc):
+        e = self.tgt_embed(prev)
+        out, new_state = self.decoder(e[:, None], state[None])
+        return StepOutput(self.output(out[:, 0], enc.context, e), new_state[0])
+
+    def decode_teacher_forced(self, tgt_in, enc):
+        e = self.tgt_embed(tgt_in)
+        states, _ = self.decoder(e, enc.state[None])
+        return self.output(states, enc.context[:, None].expand(-1, tgt_in.shape[1], -1), e)
+
+
+class ZeroFirstState(FirstStateRef):
+    """s_0 = 0: the source never reaches the decoder."""
+
+    def encode(self, src, src_mask):
+        enc = super().encode(src, src_mask)
+        return enc._replace(state=torch.zeros_like(enc.state))
+
+
+class StaleState(FirstStateRef):
+    """decode_step returns the state it was given."""
+
+    def decode_step(self, prev, state, enc):
+        return StepOutput(super().decode_step(prev, state, enc).logits, state)
+
+
+class ShiftedTeacherForcing(FirstStateRef):
+    """The fast path reads the next word instead of the previous one."""
+
+    def decode_teacher_forced(self, tgt_in, enc):
+        return super().decode_teacher_forced(torch.cat([tgt_in[:, 1:], tgt_in[:, -1:]], 1), enc)
+
+
+class NoRecurrence(FirstStateRef):
+    """Every position restarts from s_0: both paths agree, but nothing is carried."""
+
+    def decode_step(self, prev, state, enc):
+        return StepOutput(super().decode_step(prev, enc.state, enc).logits, state)
+
+    def decode_teacher_forced(self, tgt_in, enc):
+        return torch.stack([self.decode_step(tgt_in[:, t], enc.state, enc).logits
+                            for t in range(tgt_in.shape[1])], 1)
+
+
+@pytest.mark.parametrize(("wrong", "diagnosis"), [
+    (Seq2Seq, "still reads the source after s_0"),
+    (CInOutputOnly, "still reads the source after s_0"),
+    (ZeroFirstState, "s_0 is the same for different sources"),
+    (StaleState, "disagrees with the whole-sequence"),
+    (ShiftedTeacherForcing, "disagrees with the whole-sequence"),
+    (NoRecurrence, "must carry its state"),
+    (lambda src_vocab_size, tgt_vocab_size, embed, hidden: nn.GRU(embed, hidden), "subclass of Seq2Seq"),
+], ids=["c-every-step", "c-in-output", "zero-s0", "stale-state", "shifted-fast-path", "no-recurrence",
+        "not-a-model"])
+def test_02_first_state_only(wrong, diagnosis, capsys):
+    _accepts("02.first_state_only", FirstStateRef)
+    _rejects_with("02.first_state_only", wrong, diagnosis, capsys)
 
 
 def reverse_source_ref(src, mask):
@@ -73,127 +189,200 @@ def _reverse_with_eos(src, mask):
     return out
 
 
-@pytest.mark.parametrize("wrong", [
-    lambda s, m: s.flip(1),           # whole rows, padding moves to the front
-    _reverse_with_eos,                # EOS moves to the front
-    lambda s, m: s,                   # unchanged
-], ids=["whole-row", "moves-eos", "unchanged"])
-def test_02_reverse_source(wrong):
+def _reverse_keeps_last_word(src, mask):
+    out = src.clone()
+    for i, n in enumerate(mask.sum(1).tolist()):
+        out[i, : n - 2] = src[i, : n - 2].flip(0)
+    return out
+
+
+def _reverse_in_place(src, mask):
+    for i, n in enumerate(mask.sum(1).tolist()):
+        src[i, : n - 1] = src[i, : n - 1].flip(0).clone()
+    return src
+
+
+@pytest.mark.parametrize(("wrong", "diagnosis"), [
+    (lambda s, m: s.flip(1), "flipped whole rows"),
+    (_reverse_with_eos, "expected"),
+    (lambda s, m: s, "came back unchanged"),
+    (_reverse_keeps_last_word, "expected"),
+    (_reverse_in_place, "changed src in place"),
+    (lambda s, m: reverse_source_ref(s, m).tolist(), "return a tensor"),
+], ids=["whole-row", "moves-eos", "unchanged", "off-by-one", "in-place", "a-list"])
+def test_02_reverse_source(wrong, diagnosis, capsys):
     _accepts("02.reverse_source", reverse_source_ref)
-    _rejects("02.reverse_source", wrong)
-
-
-@pytest.mark.parametrize("wrong", [
-    lambda h, r: math.exp(1 - h / r) if h < r else 1.0,     # inverted ratio
-    lambda h, r: min(1.0, h / r),                            # linear
-    lambda h, r: math.exp(1 - r / h),                        # rewards long output
-], ids=["inverted", "linear", "no-cap"])
-def test_02_brevity_penalty(wrong):
-    _accepts("02.brevity_penalty", lambda h, r: 1.0 if h > r else math.exp(1 - r / h))
-    _rejects("02.brevity_penalty", wrong)
+    _rejects_with("02.reverse_source", wrong, diagnosis, capsys)
 
 
 def right_mask(lengths, max_len):
     return torch.arange(max_len)[None, :] < lengths[:, None]
 
 
-@pytest.mark.parametrize("wrong", [
-    lambda l, m: torch.arange(m)[None, :] <= l[:, None],           # off by one
-    lambda l, m: torch.arange(m)[None, :] >= l[:, None],           # True at padding
-    lambda l, m: (torch.arange(m)[None, :] < l[:, None]).long(),   # not bool
-    lambda l, m: torch.arange(m)[:, None] < l[None, :],            # transposed
-    lambda l, m: [[True] * m for _ in l],                          # not a tensor
-])
-def test_02_padding_mask_rejects_wrong_answers(wrong, capsys):
-    assert exercises.check("02.padding_mask", right_mask)
-    assert not exercises.check("02.padding_mask", wrong)
-    assert "not correct yet" in capsys.readouterr().out
-    with pytest.raises(exercises.ExerciseFailed):
-        exercises.check("02.padding_mask", wrong, must_pass=True)
+@pytest.mark.parametrize(("wrong", "diagnosis"), [
+    (lambda l, m: torch.arange(m)[None, :] <= l[:, None], "expected (left) and yours (right)"),  # off by one
+    (lambda l, m: torch.arange(m)[None, :] >= l[:, None], "expected (left) and yours (right)"),  # at padding
+    (lambda l, m: (torch.arange(m)[None, :] < l[:, None]).long(), "bool tensor"),
+    (lambda l, m: torch.arange(m)[:, None] < l[None, :], "expected (left) and yours (right)"),   # transposed
+    (lambda l, m: [[True] * m for _ in l], "return a torch.Tensor"),
+], ids=["off-by-one", "true-at-padding", "not-bool", "transposed", "not-a-tensor"])
+def test_02_padding_mask_rejects_wrong_answers(wrong, diagnosis, capsys):
+    _accepts("02.padding_mask", right_mask)
+    _rejects_with("02.padding_mask", wrong, diagnosis, capsys)
 
 
-@pytest.mark.parametrize("wrong", [
-    lambda b, l: 1 - padding_fraction(b, l),                                    # real fraction
-    lambda b, l: sum(max(l[i] for i in x) * len(x) - sum(l[i] for i in x) for x in b),  # a count
-    lambda b, l: 1 - sum(l) / (max(l) * len(l)),                                # ignores batches
-])
-def test_02_padding_fraction_rejects_wrong_answers(wrong):
-    assert exercises.check("02.padding_fraction", padding_fraction)
-    assert not exercises.check("02.padding_fraction", wrong)
+def test_02_package_functions_are_no_answers():
+    """What the package already has answers none of the exercises (the old shortcuts included)."""
+    for name in exercises.names(2):
+        for fn in (padding_fraction, Seq2Seq, F.cross_entropy):
+            assert not exercises.check(name, fn)
 
 
 def test_chapter_02_exercises_are_registered():
-    assert exercises.names(2) == ["02.brevity_penalty", "02.cut_at_eos", "02.masked_token_loss",
-                                  "02.padding_fraction", "02.padding_mask", "02.reverse_source"]
+    assert exercises.names(2) == ["02.accuracy_by_position", "02.first_state_only", "02.padding_mask",
+                                  "02.per_sentence_loss", "02.reverse_source"]
 
 
 # ----------------------------------------------------------------------------- chapter 03
 
 
-def additive_ref(query, annotations, mask, W, U, v):
-    e = torch.tanh((query @ W.T)[:, None, :] + annotations @ U.T) @ v
-    w = torch.softmax(e.masked_fill(~mask, float("-inf")), -1)
-    return torch.bmm(w[:, None], annotations).squeeze(1), w
+def _luong(query, annotations, mask, W_a):
+    scores = torch.einsum("bh,ha,bsa->bs", query, W_a, annotations)
+    weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), -1)
+    return torch.einsum("bs,bsa->ba", weights, annotations), weights
 
 
-def _additive_unmasked(query, annotations, mask, W, U, v):
-    w = torch.softmax(torch.tanh((query @ W.T)[:, None, :] + annotations @ U.T) @ v, -1)
-    return torch.bmm(w[:, None], annotations).squeeze(1), w
+def input_feeding_ref(prev_embedded, attentional, state, annotations, mask, cell, W_a, W_c):
+    new_state = cell(torch.cat([prev_embedded, attentional], -1), state)
+    context, weights = _luong(new_state, annotations, mask, W_a)
+    return new_state, torch.tanh(torch.cat([context, new_state], -1) @ W_c.T), weights
 
 
-def _additive_wrong_axis(query, annotations, mask, W, U, v):
-    e = torch.tanh((query @ W.T)[:, None, :] + annotations @ U.T) @ v
-    w = torch.softmax(e.masked_fill(~mask, float("-inf")), 0).nan_to_num(0.0)
-    return torch.bmm(w[:, None], annotations).squeeze(1), w
+def _feeding_wrong(attend_before=False, swap_input=False, swap_join=False, no_tanh=False, unmasked=False,
+                   batch_softmax=False, return_context=False, feed_state=False):
+    def step(prev_embedded, attentional, state, annotations, mask, cell, W_a, W_c):
+        fed = state if feed_state else attentional
+        x = torch.cat([fed, prev_embedded] if swap_input else [prev_embedded, fed], -1)
+        new_state = cell(x, state)
+        query = state if attend_before else new_state
+        scores = torch.einsum("bh,ha,bsa->bs", query, W_a, annotations)
+        if not unmasked:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(scores, 0 if batch_softmax else -1).nan_to_num(0.0)
+        context = torch.einsum("bs,bsa->ba", weights, annotations)
+        joined = torch.cat([new_state, context] if swap_join else [context, new_state], -1) @ W_c.T
+        out = context if return_context else joined if no_tanh else torch.tanh(joined)
+        return new_state, out, weights
+    return step
 
 
-def _additive_no_tanh(query, annotations, mask, W, U, v):
-    e = ((query @ W.T)[:, None, :] + annotations @ U.T) @ v
-    w = torch.softmax(e.masked_fill(~mask, float("-inf")), -1)
-    return torch.bmm(w[:, None], annotations).squeeze(1), w
+@pytest.mark.parametrize(("wrong", "diagnosis"), [
+    (_feeding_wrong(attend_before=True), "attended with the state before the step"),
+    (_feeding_wrong(swap_input=True), "[prev_embedded; attentional], in that order"),
+    (_feeding_wrong(feed_state=True), "previous attentional vector must be fed"),
+    (_feeding_wrong(swap_join=True), "join [c_t; s_t] in that order"),
+    (_feeding_wrong(no_tanh=True), "squash W_c [c_t; s_t] with tanh"),
+    (_feeding_wrong(unmasked=True), "padded source positions got a non-zero weight"),
+    (_feeding_wrong(batch_softmax=True), "each row should sum to 1"),
+    (_feeding_wrong(return_context=True), "return tanh(W_c [c_t; s_t])"),
+    (lambda *a: input_feeding_ref(*a)[:2], "return a tuple of 3"),
+], ids=["attend-before-step", "input-order", "feeds-state", "join-order", "no-tanh", "unmasked",
+        "softmax-over-batch", "context-as-output", "two-outputs"])
+def test_03_input_feeding_step(wrong, diagnosis, capsys):
+    _accepts("03.input_feeding_step", input_feeding_ref)
+    _rejects_with("03.input_feeding_step", wrong, diagnosis, capsys)
 
 
-def _additive_weights_only(query, annotations, mask, W, U, v):
-    return additive_ref(query, annotations, mask, W, U, v)[1]
+def local_ref(scores, mask, query, W_p, v_p, D):
+    center = mask.sum(1) * torch.sigmoid(torch.tanh(query @ W_p.T) @ v_p)
+    distance = torch.arange(scores.shape[1])[None, :] - center[:, None]
+    keep = mask & (distance.abs() <= D)
+    align = torch.softmax(scores.masked_fill(~keep, float("-inf")), -1)
+    return align * torch.exp(-distance ** 2 / (2 * (D / 2) ** 2)), center
 
 
-@pytest.mark.parametrize("wrong", [_additive_unmasked, _additive_wrong_axis, _additive_no_tanh,
-                                   _additive_weights_only],
-                         ids=["unmasked", "softmax-over-batch", "no-tanh", "no-context"])
-def test_03_additive_attention(wrong):
-    _accepts("03.additive_attention", additive_ref)
-    _rejects("03.additive_attention", wrong)
+def _local_wrong(padded_length=False, sigma=0.5, gaussian_first=False, no_window=False, whole_softmax=False,
+                 floor=False, unmasked=False):
+    def local(scores, mask, query, W_p, v_p, D):
+        L = torch.full((scores.shape[0],), scores.shape[1]) if padded_length else mask.sum(1)
+        center = L * torch.sigmoid(torch.tanh(query @ W_p.T) @ v_p)
+        where = center.floor() if floor else center
+        distance = torch.arange(scores.shape[1])[None, :] - where[:, None]
+        keep = torch.ones_like(mask) if unmasked else mask
+        window = keep if no_window else keep & (distance.abs() <= D)
+        log_gauss = -distance ** 2 / (2 * (sigma * D) ** 2)
+        if gaussian_first:
+            return torch.softmax((scores + log_gauss).masked_fill(~window, float("-inf")), -1), center
+        if whole_softmax:
+            align = torch.softmax(scores.masked_fill(~mask, float("-inf")), -1) * window
+        else:
+            align = torch.softmax(scores.masked_fill(~window, float("-inf")), -1)
+        return align * log_gauss.exp(), center
+    return local
 
 
-def test_03_additive_attention_names_the_masking_mistake(capsys):
-    exercises.check("03.additive_attention", _additive_unmasked)
-    assert "padded source positions got a non-zero weight" in capsys.readouterr().out
+@pytest.mark.parametrize(("wrong", "diagnosis"), [
+    (_local_wrong(padded_length=True), "each sentence's own length"),
+    (_local_wrong(sigma=1.0), "standard deviation is D/2"),
+    (_local_wrong(gaussian_first=True), "after the normalisation"),
+    (_local_wrong(no_window=True), "outside the window"),
+    (_local_wrong(whole_softmax=True), "over the window's positions only"),
+    (_local_wrong(floor=True), "not from its integer part"),
+    (_local_wrong(unmasked=True), "padded source positions got weight"),
+    (lambda *a: local_ref(*a)[0], "return a tuple of 2"),
+], ids=["padded-length", "sigma-D", "gaussian-in-scores", "no-window", "softmax-whole-sentence",
+        "integer-centre", "unmasked", "weights-only"])
+def test_03_local_attention(wrong, diagnosis, capsys):
+    _accepts("03.local_attention", local_ref)
+    _rejects_with("03.local_attention", wrong, diagnosis, capsys)
 
 
-@pytest.mark.parametrize("wrong", [
-    lambda q, k, W: torch.einsum("bq,kq,bsk->bs", q, W.T, k) * 2,     # scaled
-    lambda q, k, W: torch.einsum("bq,bsq->bs", q, k[..., : q.shape[1]]),  # plain dot, ignores W_a
-    lambda q, k, W: torch.einsum("bq,qk,bsk->bs", q, W, k).T,          # transposed result
-], ids=["scaled", "no-W", "transposed"])
-def test_03_general_score(wrong):
-    _accepts("03.general_score", lambda q, k, W: torch.einsum("bq,qk,bsk->bs", q, W, k))
-    _rejects("03.general_score", wrong)
+def coverage_ref(weights, tgt_mask, src_mask, low, high):
+    coverage = (weights * tgt_mask[:, :, None]).sum(1)
+    lengths = src_mask.sum(1)
+    words = torch.arange(src_mask.shape[1])[None, :] < (lengths - 1)[:, None]
+    return coverage, ((coverage < low) & words).sum(1), ((coverage > high) & words).sum(1)
 
 
-def penalty_ref(A):
-    return ((A @ A.transpose(1, 2) - torch.eye(A.shape[1])) ** 2).sum(dim=(1, 2)).mean()
+def _coverage_wrong(all_steps=False, over_source=False, mean=False, with_padding=False, with_eos=False,
+                    strict_swap=False):
+    def coverage_fn(weights, tgt_mask, src_mask, low, high):
+        w = weights if all_steps else weights * tgt_mask[:, :, None]
+        if over_source:
+            return w.sum(2), w.sum(2)[:, 0], w.sum(2)[:, 0]
+        coverage = w.sum(1) / tgt_mask.sum(1, keepdim=True) if mean else w.sum(1)
+        lengths = src_mask.sum(1)
+        words = torch.arange(src_mask.shape[1])[None, :] < (lengths - (0 if with_eos else 1))[:, None]
+        if with_padding:
+            words = torch.ones_like(words) if with_eos else words | ~src_mask
+        if strict_swap:
+            return coverage, ((coverage > low) & words).sum(1), ((coverage < high) & words).sum(1)
+        return coverage, ((coverage < low) & words).sum(1), ((coverage > high) & words).sum(1)
+    return coverage_fn
 
 
-@pytest.mark.parametrize("wrong", [
-    lambda A: ((A.transpose(1, 2) @ A - torch.eye(A.shape[2])) ** 2).sum(dim=(1, 2)).mean(),  # A^T A
-    lambda A: (A @ A.transpose(1, 2) - torch.eye(A.shape[1])).abs().sum(dim=(1, 2)).mean(),  # not squared
-    lambda A: ((A @ A.transpose(1, 2) - torch.eye(A.shape[1])) ** 2).sum(),                  # summed batch
-    lambda A: ((A @ A.transpose(1, 2) - torch.eye(A.shape[1])) ** 2).sum(dim=(1, 2)),        # not reduced
-], ids=["ATA", "not-squared", "batch-sum", "per-example"])
-def test_03_attention_penalty(wrong):
-    _accepts("03.attention_penalty", penalty_ref)
-    _rejects("03.attention_penalty", wrong)
+@pytest.mark.parametrize(("wrong", "diagnosis"), [
+    (_coverage_wrong(all_steps=True), "counts the padded target steps"),
+    (_coverage_wrong(over_source=True), "coverage has shape (B, T)"),
+    (_coverage_wrong(mean=True), "don't average them over the steps"),
+    (_coverage_wrong(with_padding=True), "padded source positions have coverage 0"),
+    (_coverage_wrong(with_eos=True), "leave out the end token"),
+    (_coverage_wrong(strict_swap=True), "skipped is coverage below low"),
+    (lambda w, t, s, lo, hi: coverage_ref(w, t, s, lo, hi)[0], "return a tuple of 3"),
+], ids=["all-target-steps", "sum-over-source", "mean", "counts-padding", "counts-eos", "thresholds-swapped",
+        "coverage-only"])
+def test_03_coverage(wrong, diagnosis, capsys):
+    _accepts("03.coverage", coverage_ref)
+    _rejects_with("03.coverage", wrong, diagnosis, capsys)
+
+
+def test_03_package_functions_are_no_answers():
+    """The chapter's own pieces, called as they are, answer none of the exercises."""
+    from tfmlib.rnn_attention import attention_penalty, masked_softmax
+    for name in exercises.names(3):
+        for fn in (masked_softmax, attention_penalty):
+            assert not exercises.check(name, fn)
 
 
 def test_chapter_03_exercises_are_registered():
-    assert exercises.names(3) == ["03.additive_attention", "03.attention_penalty", "03.general_score"]
+    assert exercises.names(3) == ["03.coverage", "03.input_feeding_step", "03.local_attention"]
