@@ -161,8 +161,8 @@ exercises.check("02.reverse_source", reverse_source, must_pass=True)
 # The model with $c$ only in $s_0$ should suffer more on long *targets*: the later the word, the more updates the source
 # information had to survive (its decoder also has fewer parameters: no $c$ in the GRU's input or
 # in the output layer). Both share the encoder's bottleneck, which dominates for long *sources*:
-# even with $c$ at every step the chapter measured 96.3 BLEU on sources of 3-10 tokens and 11.6
-# at 40+. Sutskever et al. compensated with four-layer LSTMs, large models and a reversed source
+# even with $c$ at every step the chapter measured high BLEU on sources of 3-10 tokens and a
+# small fraction of it at 40+ (section 8's table). Sutskever et al. compensated with four-layer LSTMs, large models and a reversed source
 # (§3.3).
 
 # %% [markdown]
@@ -183,7 +183,7 @@ exercises.check("02.reverse_source", reverse_source, must_pass=True)
 # the sentences the same way: the token mean is $\sum_{s,t} \ell_{s,t} / N_\text{tokens}$ and the
 # sentence version $\sum_{s,t} \ell_{s,t} / B$, so in both a sentence counts in proportion to its
 # length (section 4 printed the token mean equal to the token-weighted mean of the sentences:
-# 5.970495 both). What changes is the scale: the sentence version is the token mean times the
+# to six decimals). What changes is the scale: the sentence version is the token mean times the
 # batch's mean target length, so a batch of long sentences gives a gradient several times
 # larger than a batch of short ones, an effective learning rate that varies with length. With
 # the bucketed batches of section 1, where each batch holds similar lengths, long-sentence
@@ -198,7 +198,7 @@ exercises.check("02.reverse_source", reverse_source, must_pass=True)
 # **4. A word never seen in training.** The source vocabulary maps it to `<unk>` (`UNK_ID`), so
 # the encoder reads the same `<unk>` embedding for every unknown word: its meaning, spelling and
 # even whether it is a noun or a name are lost, though its position in the sentence remains.
-# The decoder can only output words of its target vocabulary (394 tokens here). It can write
+# The decoder can only output words of its target vocabulary (a few hundred tokens here). It can write
 # `<unk>` if it learned to, but on the bundled data every training word is in the vocabulary,
 # so `<unk>` never appears as a target and the model instead writes some word that fits the
 # context, typically a frequent one of the right kind: a plausible but wrong translation. With
@@ -216,19 +216,19 @@ exercises.check("02.reverse_source", reverse_source, must_pass=True)
 # hypothesis of three sure words has a high precision while it translates a fraction of the
 # sentence. That is the job of recall, which BLEU does not compute (with several references it
 # is ill-defined, §2.2); the brevity penalty (§2.2.2) stands in for it, over the whole corpus so
-# that short and long sentences can balance. In the chapter the penalty did nothing: BP 1.000 on
-# the 2,500 test sentences, since the greedy translations were not shorter than the references
-# overall.
+# that short and long sentences can balance. In the chapter's run the greedy translations were
+# not shorter than the references overall, so the penalty printed with the BLEU score (BP) is 1
+# and did nothing.
 
 # %% [markdown]
 # **6. Judging free running by teacher-forced loss, and scheduled sampling.** It is not fair: the
 # validation loss under teacher forcing is exactly what the $p = 1$ model was trained to
 # minimise, on correct prefixes, while the free-running model trained on its own prefixes and is
-# then scored in a situation it never trained for. (The gap was large here: 2.418 for $p = 1$
-# against 4.046 for $p = 0$ after 313 steps.) A measurement that favours neither is a property of
+# then scored in a situation it never trained for. (Section 5 printed a large gap between the
+# two validation losses.) A measurement that favours neither is a property of
 # what each model *produces* at test time with the same decoder: BLEU or exact matches of
-# greedy (or beam) outputs on held-out sentences, the measure the chapter also prints (4.8
-# against 0.5 BLEU), or a human judgement. A scheduled-sampling run (Bengio et al. 2015, §2):
+# greedy (or beam) outputs on held-out sentences, the measure the chapter also prints, or a human
+# judgement. A scheduled-sampling run (Bengio et al. 2015, §2):
 # same model, batches and steps as section 5, with the probability of reading the reference
 # decaying with the step $k$, linearly ($p_k = \max(p_\min, 1 - c\,k)$), exponentially ($p_k =
 # a^k$) or as an inverse sigmoid ($p_k = b / (b + e^{k/b})$), their §2.4; measure greedy BLEU on
@@ -236,16 +236,16 @@ exercises.check("02.reverse_source", reverse_source, must_pass=True)
 # teacher forcing (and learns as fast), since $p \approx 1$ while the model's own guesses are
 # nonsense; later it trains the model on its own mistakes, so a gain over $p = 1$, if any, should
 # come late in training and on long outputs, where errors have time to compound (Bengio et al.
-# report gains on captioning, parsing and speech, §4). With section 5's budget of 313 steps, when
-# no model translates yet, expect nothing, and each step with $p < 1$ is slower (1.34x for $p = 0$
-# against $p = 1$ on the CPU here).
+# report gains on captioning, parsing and speech, §4). With section 5's budget of a few hundred steps,
+# when no model translates yet, expect nothing, and each step with $p < 1$ is slower (section 5
+# prints the ratio for $p = 0$ against $p = 1$).
 
 # %% [markdown]
 # **7. Bits in a sentence and in $c$.** A sentence of 40 words from a vocabulary of 300 is one
 # of $300^{40}$ sequences, so it needs at most $40 \log_2 300 \approx 40 \times 8.23 \approx 329$
 # bits; real sentences need fewer, since grammar rules most sequences out. The chapter's $c$ has
 # $H = 256$ float32 numbers, $256 \times 32 = 8{,}192$ bits: 25 times more than the worst case.
-# Yet translation of 40+ word sources was poor (11.6 BLEU against 96.3 at 3-10 tokens), so
+# Yet translation of 40+ word sources was poor (section 8's table), so
 # capacity in bits is not the limit. The encoder is a smooth function trained by gradient
 # descent: it cannot use the low-order bits of a float, since nearby vectors must decode to
 # similar outputs for learning (and robustness to noise) to work, which leaves a few useful bits
