@@ -653,7 +653,7 @@ if run.profile != "smoke" and not real_corpus:
 # general adds one matrix. Both are bilinear: no $\tanh$ between query and key. The dot product
 # is the score the Transformer will use (chapter 05), scaled. To compare the scores alone, we
 # keep everything else of RNNsearch fixed (Luong et al. also changed where attention sits in the
-# decoder, which we do not) and train three models for the same number of steps, on the same
+# decoder, which we do not here; coding exercise 1 writes their decoder step) and train three models for the same number of steps, on the same
 # batches, at smaller sizes so the three fit in the budget. (In the `gpu` profile each also has a
 # time cap, so a slow GPU may stop one early: the table prints the steps each model took.)
 
