@@ -1316,48 +1316,75 @@ if run.profile != "smoke":
 #
 # Fill in each function and run the cell: the checker says "correct!", tells you what is wrong,
 # or, while the stub still raises `NotImplementedError`, gives a hint. Solutions are in
-# `notebooks/solutions/04_gru_to_self_attention_solutions.ipynb`.
+# `notebooks/solutions/04_gru_to_self_attention_solutions.ipynb`. The three exercises turn
+# questions 6, 7 and 4 into code; the checkers run your weights or your step function in their
+# own code, on sequences you do not see.
 #
-# **1. Causal attention.** `q` and `k` are `(B, T, d)`, `v` is `(B, T, d_v)`. Return
-# `(out, weights)`, shapes `(B, T, d_v)` and `(B, T, T)`: the weights
-# $\alpha_{t,i} = \operatorname{softmax}_{i \le t}(q_t^\top k_i)$ (no scaling, zero for
-# $i > t$) and $\text{out}_t = \sum_{i \le t} \alpha_{t,i} v_i$.
+# **1. XOR with two heads, set by hand (question 6).** The xor task of the experiments: tokens
+# 0 and 1 are unmarked bits, 2 and 3 the marked bits 0 and 1, and 4 the question, always last.
+# Exactly two bits are marked. Build a causal attention layer with **two heads, no FFN and no
+# positions** that answers the XOR of the two marked bits at the question, for every sequence of
+# up to `T_max` tokens. The layer reads one-hot tokens $x_i \in \{0,1\}^5$; head $g$ computes
+# $\text{head}_g = \sum_i \operatorname{softmax}_i\big((W_Q^{(g)} x_T)^\top W_K^{(g)} x_i\big)\, W_V^{(g)} x_i$
+# at the last position $T$ (no scaling), and the answer is 1 when
+# $w^\top [\text{head}_1; \text{head}_2] + b > 0$. Section 8 proved that one head cannot do this;
+# the experiments' closing notes say how two heads can, but not how sharp they must be.
 
 # %%
-def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+def xor_heads(T_max: int) -> tuple[Tensor, Tensor, Tensor, Tensor, float]:
+    """Return ``(W_Q, W_K, W_V, w, b)``: ``W_Q`` and ``W_K`` ``(2, d_k, 5)``, ``W_V`` ``(2, d_v, 5)`` (one
+    slice per head, applied to one-hot tokens of width 5), ``w`` ``(2 * d_v,)`` reading the two heads
+    side by side, and ``b`` a number. Right on every sequence of length 3 to ``T_max``."""
     raise NotImplementedError  # your code here
 
 
-exercises.check("04.causal_attention", causal_attention)
+exercises.check("04.xor_two_heads", xor_heads)
 
 # %% [markdown]
-# **2. Multi-head self-attention.** `x` is `(B, T, d)`; `W_Q`, `W_K`, `W_V`, `W_O` are `(d, d)`
-# (as `nn.Linear` stores them: a projection is `x @ W.T`); `heads` divides `d`. Return the
-# non-causal multi-head output `(B, T, d)` of step 5: head $g$ uses columns
-# $g d_k \dots (g+1) d_k - 1$ of the projections, the heads are concatenated in order, then
-# mixed by $W_O$. No scaling.
+# **2. Linear attention as a recurrence (question 7).** Replace $\exp(q_t^\top k_i)$ by
+# $\phi(q_t)^\top \phi(k_i)$ for positive features $\phi$. Write **one step** of causal linear
+# attention with a state of fixed size: given the state after positions $< t$, the matrix
+# $S = \sum_{i<t} \phi(k_i) v_i^\top$ and the vector $z = \sum_{i<t} \phi(k_i)$ (both zero before
+# the first position), and the features of position $t$, return the state after position $t$ and
+# the output $\text{out}_t = \sum_{i \le t} \phi(q_t)^\top \phi(k_i)\, v_i \big/ \sum_{i \le t}
+# \phi(q_t)^\top \phi(k_i)$. The checker feeds you one position at a time, so the future is out of
+# reach, and compares every output with masked linear attention computed as a $T \times T$
+# matrix. The step costs the same at every position, whatever $t$: the GRU's constant cost per
+# token is back.
 
 # %%
-def multi_head_self_attention(x: Tensor, W_Q: Tensor, W_K: Tensor, W_V: Tensor, W_O: Tensor,
-                              heads: int) -> Tensor:
+def linear_attention_step(S: Tensor, z: Tensor, phi_q: Tensor, phi_k: Tensor,
+                          v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``S`` ``(B, m, d_v)`` and ``z`` ``(B, m)``: the state after positions ``< t``; ``phi_q``, ``phi_k``
+    ``(B, m)``: the positive features of ``q_t`` and ``k_t``; ``v`` ``(B, d_v)``: ``v_t``.
+    Return ``(S, z, out)``: the state after position ``t`` (same shapes) and ``out_t`` ``(B, d_v)``."""
     raise NotImplementedError  # your code here
 
 
-exercises.check("04.multi_head_self_attention", multi_head_self_attention)
+exercises.check("04.linear_attention_recurrence", linear_attention_step)
 
 # %% [markdown]
-# **3. Positions, each vector its own.** `x` is `(B, T, d)`, `P` is `(T, d)` (row $t$ is $p(t)$),
-# `W_Q`, `W_K`, `W_V` are `(d_k, d)`, `(d_k, d)`, `(d_v, d)`. Return the non-causal one-head
-# output `(B, T, d_v)` with $q_t = W_Q(x_t + p(t))$, $k_i = W_K(x_i + p(i))$,
-# $v_i = W_V(x_i + p(i))$, $\alpha_{t,i} = \operatorname{softmax}_i(q_t^\top k_i)$ and
-# $h_t = \sum_i \alpha_{t,i} v_i$.
+# **3. Order from the causal mask (questions 3 and 4).** Section 7 checked that the last output of
+# one causal layer without positions ignores the order of its prefix. Two layers need not. Tokens:
+# 0 a filler, 1 = A, 2 = B, 3 the question, always last; each sequence holds one A and one B.
+# Build two causal one-head layers **without positions** whose answer at the question is 1 exactly
+# when A comes before B, for every sequence of up to `T_max` tokens. Layer 1 reads the one-hot
+# tokens $x_t \in \{0,1\}^4$ and computes $h^{(1)}_t = \sum_{i \le t}
+# \operatorname{softmax}_{i \le t}\big((W_{Q1} x_t)^\top W_{K1} x_i\big)\, W_{V1} x_i$ at every
+# position; layer 2 reads $u_t = [x_t; h^{(1)}_t]$ (the token and layer 1's output side by side, a
+# residual stream by concatenation) and is read at the last position, as in exercise 1:
+# $h^{(2)} = \sum_i \operatorname{softmax}_i\big((W_{Q2} u_T)^\top W_{K2} u_i\big)\, W_{V2} u_i$; the
+# answer is 1 when $w^\top h^{(2)} + b > 0$. No scaling.
 
 # %%
-def attention_with_positions(x: Tensor, P: Tensor, W_Q: Tensor, W_K: Tensor, W_V: Tensor) -> Tensor:
+def order_layers(T_max: int) -> tuple[Tensor, ...]:
+    """Return ``(W_Q1, W_K1, W_V1, W_Q2, W_K2, W_V2, w, b)``: ``W_Q1``, ``W_K1`` ``(d_k, 4)``, ``W_V1``
+    ``(d_1, 4)``; ``W_Q2``, ``W_K2`` ``(d_k2, 4 + d_1)``, ``W_V2`` ``(d_2, 4 + d_1)``; ``w`` ``(d_2,)``;
+    ``b`` a number. Right on every sequence of length 3 to ``T_max``."""
     raise NotImplementedError  # your code here
 
 
-exercises.check("04.attention_with_positions", attention_with_positions)
+exercises.check("04.order_from_the_mask", order_layers)
 
 # %% [markdown]
 # ## References
