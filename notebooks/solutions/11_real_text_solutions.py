@@ -60,6 +60,12 @@ print(f"{corpus_name}: {len(pairs)} training pairs, {len(counts)} distinct words
 # pieces and those of ordinary pieces alike) and decodes them once the word ends: a character
 # outside ASCII is two to four bytes, so decoding byte by byte would give `Ã\x9f` for `ß`.
 # `errors="replace"` turns bytes that are no valid UTF-8 (a model can emit them) into `�`.
+# The checker's wrong answers are the slips this invites: writing a character's code point instead
+# of its bytes (`ß` is the one number U+00DF but the two bytes C3 9F, and a code point above 255
+# has no byte piece at all), writing `</w>` as five more bytes or dropping it (then no piece ends
+# the word, and decoding glues the next word on), falling back for the whole word when only one
+# piece is missing (longer sequences for nothing), and a strict decoder, which a single stray byte
+# from a model crashes.
 
 # %%
 def _bytes_of(text: str) -> list[str]:
@@ -111,7 +117,12 @@ assert decode_with_bytes(fallback) == words, "byte fallback must be lossless"
 # applied to all its occurrences; when all of a step's candidates are dropped, the word is done.
 # At $p = 0$ nothing is dropped, and this is `BPE.encode_word`; at $p = 1$ every word stays in
 # characters. A merge dropped at one step is a candidate again at the next, so a word can still
-# reach its full segmentation by another order of merges; what changes is how often.
+# reach its full segmentation by another order of merges; what changes is how often. The two
+# tempting shortcuts change that distribution, which is why the checker compares frequencies and
+# not single outputs: stopping as soon as the *best* merge is dropped only ever cuts the merge
+# sequence short (every segmentation is a stage on the way to the full one), and deciding the drops
+# once per word, for the whole table, never lets a dropped merge come back. Drawing from `rng`
+# only, not from the `random` module, is what makes a run repeatable from a seed.
 
 # %%
 def dropout_encode(bpe: BPE, word: str, p: float, rng: random.Random) -> list[str]:
@@ -145,7 +156,11 @@ assert lengths[0.0] < lengths[0.1] < lengths[0.3], "dropping merges makes words 
 # and taken again after each merge. The scores are compared exactly (`Fraction`): written as
 # probabilities, $P(ab) / (P(a) P(b))$ is the same score times the total number of symbols (the
 # same for every pair of a step), so it picks the same pair, but in floating point its rounding
-# can break a tie that is exact in the counts, and the tie rule then no longer decides.
+# can break a tie that is exact in the counts, and the tie rule then no longer decides. Two other
+# mistakes change the merges themselves: counting each distinct word once (the score is about
+# running text, so a word seen 10 times weighs 10), and keeping the symbol counts of the first
+# step (a merge of $a$ and $b$ takes occurrences away from both, so their later pairs score
+# differently).
 
 # %%
 def learn_merges_wordpiece(counts, num_merges, min_frequency=2):

@@ -110,12 +110,12 @@ def _pair_of_functions(answer: Any) -> tuple[Callable[..., Any], Callable[..., A
 _UNSEEN = ["straße", "maß", "€", "5€", "😀", "東京", "café", "naïve", "x\x01y", "~", "Ωmega", "ß"]
 
 
-@checker("11.byte_fallback", hint="tfmlib.bpe's docstring on characters never seen in training: a "
-         "piece the vocabulary lacks is written as the bytes of its text in UTF-8 (not its code points), "
-         "each byte as two uppercase hex digits; the end-of-word marker is no text, so it is not turned "
-         "into bytes and must survive; decoding must gather all of a word's bytes before turning them back "
-         "into characters, since one character can take up to four bytes, and bytes that are no valid "
-         "UTF-8 must not crash it")
+@checker("11.byte_fallback", hint="section 3's note on characters never seen in training, and "
+         "tfmlib.bpe's docstring: a piece the vocabulary lacks is written as the bytes of its text in "
+         "UTF-8 (not its code points), each byte as two uppercase hex digits; the end-of-word marker is no "
+         "text, so it is not turned into bytes and must survive; decoding must collect all of a word's "
+         "bytes before turning them back into characters, since one character can take up to four bytes, "
+         "and bytes that are no valid UTF-8 must not crash it")
 def _check_byte_fallback(answer: Any) -> None:
     encode, decode = _pair_of_functions(answer)
     bpe = _bpe()
@@ -259,10 +259,10 @@ _DROPOUT_WORDS = ["playing", "standing", "football", "tallest", "newest", "spiel
                   "banana", "ananas"]
 
 
-@checker("11.bpe_dropout", hint="Provilkov et al. 2020, Algorithm 1, and BPE.encode_word: at each step list "
-         "the merges that could apply now, drop each of them with probability p using the generator you "
-         "are given, apply the best one left; a word is done when every candidate of a step was dropped; a "
-         "merge dropped at one step can still apply at a later one")
+@checker("11.bpe_dropout", hint="section 2's listing that applies merges to a new word, and Provilkov et "
+         "al. 2020, Algorithm 1: at each step list the merges that could apply now, drop each of them with "
+         "probability p using the generator you are given, apply the best one left; a word is done when "
+         "every candidate of a step was dropped; a merge dropped at one step can still apply at a later one")
 def _check_bpe_dropout(dropout_encode: Callable[..., Any]) -> None:
     bpe = _bpe()
     words = sorted({w for t in _TOKENS for w in t}) + ["straße", "lowest", "towers"]
@@ -394,10 +394,10 @@ _WORDPIECE_CORPORA: list[tuple[dict[str, int], int, int]] = [
 ]
 
 
-@checker("11.wordpiece_merges", hint="the learning loop of learn_merges_slowly, with another rule for the "
-         "best pair: a pair's count relative to how often each of its two symbols occurs, both counted "
-         "over the current segmentation of every word, weighted by the word's count, and counted again "
-         "after every merge; keep that function's rules for ties and for min_frequency")
+@checker("11.wordpiece_merges", hint="section 2's learning loop, learn_merges_slowly, with another rule "
+         "for the best pair: a pair's count relative to how often each of its two symbols occurs, both "
+         "counted over the current segmentation of every word, weighted by the word's count, and counted "
+         "again after every merge; keep that function's rules for ties and for min_frequency")
 def _check_wordpiece_merges(learn: Callable[..., Any]) -> None:
     for counts, num_merges, min_frequency in _WORDPIECE_CORPORA:
         want = _wordpiece(counts, num_merges, min_frequency)
