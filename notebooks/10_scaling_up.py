@@ -1833,8 +1833,8 @@ exercises.check("10.compensated_sum", compensated_add)
 
 # %% [markdown]
 # *Skipping a step without asking the host.* The gradient scaler skips a step whose gradients
-# overflowed (section 3), and to decide it reads a flag back to the host, one sync per step
-# (section 10's host reads). Write an SGD step that skips itself on the device instead:
+# overflowed (section 3); with an optimizer that is not fused it decides in Python, reading its
+# overflow flag back to the host, one sync per step (section 10's host reads). Write an SGD step that skips itself on the device instead:
 # `sgd_step_unless_nonfinite(params, lr)` updates every parameter in place to
 # $p - \mathrm{lr}\, \nabla p$ when every gradient is finite, leaves *every* parameter as it is
 # when any gradient holds an inf, a -inf or a NaN, skips parameters whose `grad` is `None`, reads

@@ -306,11 +306,12 @@ def _ulps(got: torch.Tensor, exact: torch.Tensor) -> float:
     return float(((got.double() - exact).abs() / (eps * exact.abs().clamp_min(1e-4))).max())
 
 
-@checker("10.compensated_sum", hint="section 3 keeps fp32 master weights because a small update added to a "
-         "large float16 number is rounded away; look up Kahan's compensated summation (Higham, Accuracy and "
-         "Stability of Numerical Algorithms, section 4.3): the second number of the state remembers what the "
-         "last addition lost, and the next value is corrected by it before it is added; mind the sign, and "
-         "keep the order of the operations, since rounding happens after each one")
+@checker("10.compensated_sum", hint="section 3 keeps the weights in float32 so that small updates "
+         "added to them are not lost; in float16 they would be rounded away; look up Kahan's compensated "
+         "summation (Higham, Accuracy and Stability of Numerical Algorithms, section 4.3): the second number "
+         "of the state remembers what the last addition lost, and the next value is corrected by it before "
+         "it is added; mind the sign, and keep the order of the operations, since rounding happens after "
+         "each one")
 def _check_compensated_sum(add: Callable[..., Any]) -> None:
     cases = _sum_cases()
     states = [_fold(add, values) for _, values in cases]
