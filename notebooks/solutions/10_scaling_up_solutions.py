@@ -264,9 +264,10 @@ assert rel_err(state[0]).median() < rel_err(plain).median() / 3, "on a typical e
 # * *Finite, not "not NaN".* inf, -inf and NaN all mean the step overflowed; a test for NaN only
 #   lets an inf gradient turn a weight into -inf.
 #
-# PyTorch's `GradScaler` does the first two (its `found_inf` is a tensor per device) and then
-# reads it back to decide in Python whether to call `optimizer.step()` at all; fused optimizers
-# take `found_inf` as a tensor argument and skip on the device, as here.
+# PyTorch's `GradScaler` computes one flag for the whole step (`found_inf`, a tensor per device);
+# with an optimizer that is not fused it then reads the flag back to decide in Python whether to
+# call `optimizer.step()` at all, while fused optimizers take `found_inf` as a tensor argument and
+# skip on the device, as here.
 
 # %%
 def sgd_step_unless_nonfinite(params: list[torch.Tensor], lr: float) -> torch.Tensor:
