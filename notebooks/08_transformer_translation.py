@@ -1565,30 +1565,44 @@ def smoothed_loss(logits: Tensor, targets: Tensor, eps: float) -> Tensor:
 exercises.check("08.smoothed_loss", smoothed_loss)
 
 # %% [markdown]
-# **2. The paper's learning rate.** Return eq. (3) of Vaswani et al., the learning rate at step
-# `step` (counted from 1) for a model of width `d_model` with `warmup` warm-up steps, as a float.
+# **2. Averaging the last checkpoints.** Vaswani et al. (§6.1) did not translate with the weights
+# of their last step: they averaged the last 5 (base model) or 20 (big model) checkpoints, written
+# every 10 minutes. Weights late in training wander around a minimum in the noise of the gradient
+# steps; their average sits nearer its centre. Write the averaging. `snapshots` is a list of state
+# dicts (`model.state_dict()`), oldest first, all with the same keys and shapes; return a new
+# state dict holding, for every floating-point tensor, the element-wise mean of the last `n`
+# snapshots, in that tensor's own dtype (a `float16` snapshot stays `float16`). A tensor that is
+# not floating point is a counter (BatchNorm's `num_batches_tracked`, a step count): take it from
+# the newest snapshot. Leave the snapshots you were given unchanged, and raise `ValueError` unless
+# $1 \le n \le$ `len(snapshots)`.
 
 # %%
-def transformer_lr(step: int, d_model: int, warmup: int) -> float:
+def average_checkpoints(snapshots: list[dict[str, Tensor]], n: int) -> dict[str, Tensor]:
+    """The mean of the last n of `snapshots` (oldest first): {name: tensor of that name's shape and dtype}."""
     raise NotImplementedError  # your code here
 
 
-exercises.check("08.transformer_lr", transformer_lr)
+exercises.check("08.average_checkpoints", average_checkpoints)
 
 # %% [markdown]
-# **3. One step of beam search.** `beam_scores` is `(B, K)`: the log-probability of each
-# sentence's $K$ live prefixes (possibly `-inf` for dead ones). `log_probs` is `(B, K, V)`: the
-# model's next-token log-probabilities after each prefix. Return `(scores, beams, tokens)`, each
-# `(B, K)`: for every sentence the $K$ best one-token extensions over all $K \cdot V$
-# candidates, best first: their summed log-probability, the prefix each extends, and the token
-# it adds. (This is the heart of `beam_search` above, before it sets aside finished hypotheses.)
+# **3. Is the smoothed model calibrated?** Section 4 showed that label smoothing caps the
+# probability the model gives the reference. Müller et al. (2019, §3) and Guo et al. (2017) ask a
+# different question: when the model's most probable token has probability 0.8, is it right 80%
+# of the time? The *expected calibration error* (ECE) measures it. Group the $N$ predictions into
+# `bins` equal-width bins by their confidence $c$ (the probability of the model's most probable
+# token), bin $b$ holding $b/\text{bins} < c \le (b+1)/\text{bins}$; in each bin compare the
+# accuracy (how often the most probable token is the target) with the mean confidence:
+# $\text{ECE} = \sum_b \frac{|B_b|}{N}\,\lvert \text{acc}(B_b) - \text{conf}(B_b)\rvert$.
+# `probs` is `(N, V)`, each row a distribution (probabilities, not logits), `targets` is `(N,)`;
+# return the ECE as a float. The solutions apply it to a plain and a smoothed Transformer.
 
 # %%
-def beam_step(beam_scores: Tensor, log_probs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def calibration_error(probs: Tensor, targets: Tensor, bins: int) -> float:
+    """Expected calibration error of the predictions probs (N, V) against targets (N,), over `bins` bins."""
     raise NotImplementedError  # your code here
 
 
-exercises.check("08.beam_step", beam_step)
+exercises.check("08.calibration_error", calibration_error)
 
 # %% [markdown]
 # ## References
@@ -1598,6 +1612,8 @@ exercises.check("08.beam_step", beam_step)
 #   (§5.1), the optimizer and the learning-rate schedule, eq. (3) (§5.3), residual dropout and
 #   label smoothing (§5.4), beam search with $K = 4$ and $\alpha = 0.6$ (§6.1), variations of the
 #   model including label smoothing (Table 3, rows (D)).
+# * C. Guo, G. Pleiss, Y. Sun, K. Q. Weinberger (2017). *On calibration of modern neural
+#   networks.* ICML. Reliability diagrams and the expected calibration error (§2).
 # * C. Szegedy, V. Vanhoucke, S. Ioffe, J. Shlens, Z. Wojna (2016). *Rethinking the Inception
 #   architecture for computer vision.* CVPR. Label-smoothing regularization (§7).
 # * R. Müller, S. Kornblith, G. Hinton (2019). *When does label smoothing help?* NeurIPS. What

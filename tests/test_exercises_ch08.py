@@ -25,14 +25,18 @@ def test_check_api_never_raises_without_must_pass(capsys):
         assert "ZeroDivisionError" in capsys.readouterr().out
 
 
+NAMES = ["08.average_checkpoints", "08.calibration_error", "08.smoothed_loss"]
+
+
 def test_chapter_08_exercises_are_registered():
-    assert exercises.names(8) == ["08.beam_step", "08.smoothed_loss", "08.transformer_lr"]
+    assert exercises.names(8) == NAMES
 
 
-@pytest.mark.parametrize("name", ["08.beam_step", "08.smoothed_loss", "08.transformer_lr"])
+@pytest.mark.parametrize("name", NAMES)
 def test_08_hints_point_the_way_without_the_code(name):
     _hint_gives_no_code(name, ("log_softmax", ".mean(", "** -0.5", "min(", "topk", "[:, :, None", "// V",
-                               "% V", "return "))
+                               "% V", "return ", "torch.", "stack(", "max(", "argmax", "ceil", "floor",
+                               "abs(", "[-n", "clone", "float64", ".double", "sum(", " / n", "== "))
 
 
 # ----------------------------------------------------------------------------- 08.smoothed_loss
@@ -64,6 +68,13 @@ def _counts_padding(logits, targets, eps):
     nll = -log_p.gather(-1, targets[..., None]).squeeze(-1)
     others = (-log_p.sum(-1) - nll + log_p[..., 0]) / (logits.shape[-1] - 2)
     return ((1 - eps) * nll + eps * others).mean()
+
+
+def _kl_form(logits, targets, eps):
+    """KL(q || p), as the Annotated Transformer's KLDivLoss computes it: the cross-entropy minus H(q)."""
+    V = logits.shape[-1]
+    h_q = -(1 - eps) * math.log(1 - eps) - eps * math.log(eps / (V - 2)) if eps > 0 else 0.0
+    return smoothed_loss_ref(logits, targets, eps) - h_q
 
 
 def test_08_smoothed_loss_reference_is_the_formula():
@@ -104,89 +115,214 @@ def test_08_smoothed_loss(wrong):
     (_pytorch_convention, "PyTorch's convention"),
     (_smoothed_over_v_minus_1, "V - 1 tokens"),
     (_counts_padding, "padded positions"),
-], ids=["pytorch-convention", "over-v-minus-1", "counts-padding"])
+    (_kl_form, "KL divergence"),
+    (lambda lg, t, e: F.cross_entropy(lg.flatten(0, 1), t.flatten(), ignore_index=0), "plain cross-entropy"),
+], ids=["pytorch-convention", "over-v-minus-1", "counts-padding", "kl-form", "no-smoothing"])
 def test_08_smoothed_loss_names_the_mistake(wrong, message, capsys):
     exercises.check("08.smoothed_loss", wrong)
     assert message in capsys.readouterr().out
 
 
-# ----------------------------------------------------------------------------- 08.transformer_lr
+# ----------------------------------------------------------------------------- 08.average_checkpoints
 
 
-def transformer_lr_ref(step, d_model, warmup):
-    return d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+def average_checkpoints_ref(snapshots, n):
+    if not 1 <= n <= len(snapshots):
+        raise ValueError(f"n must be between 1 and {len(snapshots)}, got {n}")
+    last = snapshots[-n:]
+    out = {}
+    for key, newest in last[-1].items():
+        if newest.is_floating_point():
+            out[key] = (sum(s[key].double() for s in last) / n).to(newest.dtype)
+        else:
+            out[key] = newest.clone()
+    return out
 
 
-@pytest.mark.parametrize("wrong", [
-    lambda s, d, w: d ** -0.5 * max(s ** -0.5, s * w ** -1.5),          # max
-    lambda s, d, w: min(s ** -0.5, s * w ** -1.5),                      # no d_model factor
-    lambda s, d, w: d ** -0.5 * min(s ** -0.5, s * w ** -0.5),          # wrong warm-up exponent
-    lambda s, d, w: d ** -0.5 * min((s + 1) ** -0.5, (s + 1) * w ** -1.5),  # counts from 0
-    lambda s, d, w: str(d ** -0.5 * min(s ** -0.5, s * w ** -1.5)),     # a string
-], ids=["max", "no-d-factor", "exponent", "off-by-one", "string"])
-def test_08_transformer_lr(wrong):
-    _accepts("08.transformer_lr", transformer_lr_ref)
-    _accepts("08.transformer_lr", lambda s, d, w: torch.tensor(transformer_lr_ref(s, d, w)))  # 0-d tensor
-    _rejects("08.transformer_lr", wrong)
+def _average_keys(snapshots, chosen, divide=True, wide=True):
+    """Average (or sum) the floating tensors of ``chosen``; counters from the newest snapshot."""
+    out = {}
+    for key, newest in snapshots[-1].items():
+        if not newest.is_floating_point():
+            out[key] = newest.clone()
+            continue
+        total = sum(s[key].double() if wide else s[key] for s in chosen)
+        out[key] = (total / len(chosen) if divide else total).to(newest.dtype)
+    return out
 
 
-# ----------------------------------------------------------------------------- 08.beam_step
+def _checked_n(snapshots, n):
+    if not 1 <= n <= len(snapshots):
+        raise ValueError("n")
 
 
-def beam_step_ref(beam_scores, log_probs):
-    B, K, V = log_probs.shape
-    scores, index = (beam_scores[:, :, None] + log_probs).view(B, K * V).topk(K, dim=1)
-    return scores, index // V, index % V
+def _first_n(snapshots, n):
+    _checked_n(snapshots, n)
+    return _average_keys(snapshots, snapshots[:n])
 
 
-def _ignores_prefix_scores(beam_scores, log_probs):
-    B, K, V = log_probs.shape
-    _, index = log_probs.reshape(B, K * V).topk(K, dim=1)
-    beams, tokens = index // V, index % V
-    return beam_scores.gather(1, beams) + log_probs.reshape(B, K * V).gather(1, index), beams, tokens
+def _one_too_few(snapshots, n):                       # snapshots[-n + 1:] : off by one at the slice's start
+    _checked_n(snapshots, n)
+    return _average_keys(snapshots, snapshots[-n + 1:] if n > 1 else snapshots)
 
 
-def _best_of_each_prefix(beam_scores, log_probs):
-    best, tokens = log_probs.max(dim=-1)                      # (B, K): one extension per prefix
-    scores = beam_scores + best
-    order = scores.argsort(dim=1, descending=True)
-    return scores.gather(1, order), order, tokens.gather(1, order)
+def _summed(snapshots, n):
+    _checked_n(snapshots, n)
+    return _average_keys(snapshots, snapshots[-n:], divide=False)
 
 
-def _wrong_index_arithmetic(beam_scores, log_probs):
-    B, K, V = log_probs.shape
-    scores, index = (beam_scores[:, :, None] + log_probs).view(B, K * V).topk(K, dim=1)
-    return scores, index % K, index // K
+def _pairwise(snapshots, n):
+    _checked_n(snapshots, n)
+    out = {k: v.clone() for k, v in snapshots[-n].items()}
+    for s in snapshots[-n + 1:] if n > 1 else []:
+        for key, value in s.items():
+            out[key] = (out[key].double() + value.double()).div(2).to(value.dtype) \
+                if value.is_floating_point() else value.clone()
+    return out
 
 
-def _unsorted(beam_scores, log_probs):
-    scores, beams, tokens = beam_step_ref(beam_scores, log_probs)
-    return scores.flip(1), beams.flip(1), tokens.flip(1)
+def _averages_the_counter(snapshots, n):
+    _checked_n(snapshots, n)
+    out = _average_keys(snapshots, snapshots[-n:])
+    out["step"] = sum(s["step"] for s in snapshots[-n:]) // n
+    return out
 
 
-def _across_the_batch(beam_scores, log_probs):
-    B, K, V = log_probs.shape
-    scores, index = (beam_scores[:, :, None] + log_probs).reshape(-1).topk(B * K)
-    return scores.view(B, K), (index // V % K).view(B, K), (index % V).view(B, K)
+def _sums_in_float16(snapshots, n):
+    _checked_n(snapshots, n)
+    return _average_keys(snapshots, snapshots[-n:], wide=False)
 
 
-@pytest.mark.parametrize("wrong", [_ignores_prefix_scores, _best_of_each_prefix, _wrong_index_arithmetic,
-                                   _unsorted, _across_the_batch, lambda s, lp: beam_step_ref(s, lp)[1:]],
-                         ids=["ignores-prefix-scores", "best-of-each-prefix", "index-arithmetic", "unsorted",
-                              "across-the-batch", "no-scores"])
-def test_08_beam_step(wrong):
-    _accepts("08.beam_step", beam_step_ref)
-    _rejects("08.beam_step", wrong)
+def _in_place(snapshots, n):                         # accumulates into the newest snapshot's own tensors
+    _checked_n(snapshots, n)
+    out = snapshots[-1]
+    for s in snapshots[-n:-1]:
+        for key, value in s.items():
+            if value.is_floating_point():
+                out[key] += value
+    for value in out.values():
+        if value.is_floating_point():
+            value /= n
+    return out
 
 
-def test_08_beam_step_matches_what_beam_search_does():
-    """The reference is the candidate selection of tfmlib.decoding.beam_search (before EOS handling)."""
-    torch.manual_seed(0)
-    B, K, V = 2, 3, 7
-    log_probs = torch.log_softmax(torch.randn(B * K, V), -1)
-    beam_scores = -torch.rand(B, K)
-    candidates = (beam_scores.view(-1, 1) + log_probs).view(B, K * V)          # as in beam_search
-    top_scores, top_index = candidates.topk(K, dim=1)
-    scores, beams, tokens = beam_step_ref(beam_scores, log_probs.view(B, K, V))
-    assert torch.equal(scores, top_scores) and torch.equal(beams, top_index // V) and \
-        torch.equal(tokens, top_index % V)
+def _float64_out(snapshots, n):
+    _checked_n(snapshots, n)
+    return {k: (sum(s[k].double() for s in snapshots[-n:]) / n) if v.is_floating_point() else v.clone()
+            for k, v in snapshots[-1].items()}
+
+
+def _no_range_check(snapshots, n):
+    return _average_keys(snapshots, snapshots[-n:] if n > 0 else snapshots)
+
+
+def test_08_average_checkpoints_accepts_the_solution_and_a_stacked_mean():
+    _accepts("08.average_checkpoints", average_checkpoints_ref)
+
+    def stacked(snapshots, n):
+        if n < 1 or n > len(snapshots):
+            raise ValueError(f"n={n}")
+        return {k: torch.stack([s[k].float() for s in snapshots[-n:]]).mean(0).to(v.dtype)
+                if v.is_floating_point() else v.clone() for k, v in snapshots[-1].items()}
+    _accepts("08.average_checkpoints", stacked)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (_first_n, "the first"),
+    (_one_too_few, "you averaged the last"),
+    (_summed, "sum of the snapshots"),
+    (_pairwise, "pairwise"),
+    (_averages_the_counter, "counters are not weights"),
+    (_sums_in_float16, "overflows float16"),
+    (_in_place, "you changed the snapshots"),
+    (_float64_out, "in its own dtype"),
+    (_no_range_check, "raise ValueError"),
+], ids=["first-n", "one-too-few", "summed", "pairwise", "averages-counter", "float16-sum", "in-place",
+        "float64-out", "no-range-check"])
+def test_08_average_checkpoints_rejects_with_a_diagnosis(wrong, message, capsys):
+    _rejects("08.average_checkpoints", wrong)
+    exercises.check("08.average_checkpoints", wrong)
+    assert message in capsys.readouterr().out
+
+
+def test_08_average_checkpoints_case_overflows_float16():
+    """The float16 tensor of the checker's snapshots overflows when summed in float16 (the case must
+    be able to catch that answer)."""
+    from tfmlib.exercises.ch08 import _snapshots
+
+    snaps = _snapshots(0, 5)
+    assert torch.isinf(sum(s["h"] for s in snaps[-3:])).any()
+    assert torch.isfinite(average_checkpoints_ref(snaps, 3)["h"]).all()
+
+
+# ----------------------------------------------------------------------------- 08.calibration_error
+
+
+def calibration_error_ref(probs, targets, bins):
+    confidence, prediction = probs.max(dim=-1)
+    correct = (prediction == targets).double()
+    total = 0.0
+    for b in range(bins):
+        inside = (confidence > b / bins) & (confidence <= (b + 1) / bins)
+        if inside.any():
+            gap = (correct[inside].mean() - confidence[inside].double().mean()).abs()
+            total += inside.double().mean().item() * gap.item()
+    return total
+
+
+def _ece_with(probs, targets, bins, *, confidence=None, index=None, weighted=True, empty=False, signed=False,
+              worst=False):
+    conf, prediction = probs.max(dim=-1)
+    confidence = conf if confidence is None else confidence
+    correct = (prediction == targets).double()
+    if index is None:
+        index = (torch.ceil(confidence * bins).long() - 1).clamp(0, bins - 1)
+    gaps, sizes = [], []
+    for b in range(bins):
+        inside = index == b
+        if not inside.any():
+            if empty:
+                gaps.append(0.0)
+                sizes.append(0)
+            continue
+        gap = (correct[inside].mean() - confidence[inside].mean()).item()
+        gaps.append(gap if signed else abs(gap))
+        sizes.append(int(inside.sum()))
+    if worst:
+        return max(gaps)
+    if not weighted:
+        return sum(gaps) / len(gaps)
+    return sum(g * s for g, s in zip(gaps, sizes, strict=True)) / len(targets)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (lambda p, t, b: _ece_with(p, t, b, confidence=p.gather(-1, t[:, None]).squeeze(-1)), "reference token"),
+    (lambda p, t, b: _ece_with(torch.softmax(p, -1), t, b), "already probabilities"),
+    (lambda p, t, b: _ece_with(p, t, b, signed=True), "absolute gap"),
+    (lambda p, t, b: _ece_with(p, t, b, weighted=False), "same weight"),
+    (lambda p, t, b: _ece_with(p, t, b, weighted=False, empty=True), "same weight"),
+    (lambda p, t, b: _ece_with(p, t, b, worst=True), "largest gap"),
+    (lambda p, t, b: _ece_with(p, t, b, index=(p.max(-1).values * b).floor().long().clamp(max=b - 1)),
+     "exactly on a bin edge"),
+    (lambda p, t, b: 100 * calibration_error_ref(p, t, b), "in percent"),
+    (lambda p, t, b: str(calibration_error_ref(p, t, b)), "as a float"),
+], ids=["p-reference", "softmax-again", "signed", "unweighted", "empty-bins", "max-gap", "left-closed",
+        "percent", "string"])
+def test_08_calibration_error_rejects_with_a_diagnosis(wrong, message, capsys):
+    _rejects("08.calibration_error", wrong)
+    exercises.check("08.calibration_error", wrong)
+    assert message in capsys.readouterr().out
+
+
+def test_08_calibration_error_accepts_the_solution_and_a_tensor():
+    _accepts("08.calibration_error", calibration_error_ref)
+    _accepts("08.calibration_error", lambda p, t, b: torch.tensor(calibration_error_ref(p, t, b)))
+
+
+def test_08_calibration_error_reference_on_a_hand_example():
+    """Four predictions, two bins: confidences 0.9, 0.8 (right, wrong) and 0.6, 0.5 (right, right)."""
+    probs = torch.tensor([[0.9, 0.1], [0.8, 0.2], [0.4, 0.6], [0.5, 0.25]], dtype=torch.double)
+    targets = torch.tensor([0, 1, 1, 0])
+    # bin (0.5, 1]: 0.9, 0.8, 0.6 with accuracy 2/3; bin (0, 0.5]: 0.5 with accuracy 1
+    want = 3 / 4 * abs(2 / 3 - (0.9 + 0.8 + 0.6) / 3) + 1 / 4 * abs(1 - 0.5)
+    assert math.isclose(calibration_error_ref(probs, targets, 2), want)

@@ -5,6 +5,8 @@ Registered on import by ``tfmlib.exercises``; a reader calls ``exercises.check("
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Callable
 
 import torch
@@ -64,7 +66,13 @@ def _check_smoothed_loss(smoothed_loss: Callable[[torch.Tensor, torch.Tensor, fl
             over_v1 = ((1 - eps) * nll + eps * (-log_p.sum(-1) - nll) / (V - 1))[real].mean()
             if torch.allclose(got.double(), over_v1, atol=1e-5):
                 raise Wrong("you spread eps over the V - 1 tokens other than the reference, padding "
-                            "included: padding (id 0) gets no mass, so eps goes to V - 2 tokens")
+                            "included (fairseq's label_smoothed_nll_loss does that): here padding (id 0) "
+                            "gets no mass, so eps goes to V - 2 tokens")
+            h_q = -(1 - eps) * math.log(1 - eps) - eps * math.log(eps / (V - 2))
+            if torch.allclose(got.double(), want - h_q, atol=1e-5):
+                raise Wrong("that is the KL divergence KL(q || p) (the Annotated Transformer's KLDivLoss), "
+                            f"which is the cross-entropy minus the entropy of q ({h_q:.4f} nats here): the "
+                            "same gradients, but not the loss the exercise asks for")
             if (targets == 0).any():
                 everything = _smoothed_over_others(logits, targets.clamp(min=1), eps)
                 counted = ((1 - eps) * nll + eps * (-log_p.sum(-1) - nll + log_p[..., 0]) / (V - 2)).mean()
@@ -78,78 +86,202 @@ def _check_smoothed_loss(smoothed_loss: Callable[[torch.Tensor, torch.Tensor, fl
                      f"{tuple(targets.shape)}, eps={eps})")
 
 
-@checker("08.transformer_lr", hint="eq. (3) is the smaller of two terms, one that grows linearly with the "
-         "step and one that decays as its inverse square root; they meet at the end of warm-up; the scale in "
-         "front depends only on d_model; steps count from 1")
-def _check_transformer_lr(transformer_lr: Callable[[int, int, int], float]) -> None:
-    import math
-
-    for d_model, warmup in [(512, 4000), (128, 200), (64, 1), (256, 1000)]:
-        for step in sorted({1, 2, max(1, warmup // 2), max(1, warmup - 1), warmup, warmup + 1, 3 * warmup,
-                            100 * warmup}):
-            want = d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
-            got = transformer_lr(step, d_model, warmup)
-            if isinstance(got, torch.Tensor) and got.numel() == 1:
-                got = got.item()
-            if isinstance(got, (bool, str)) or not hasattr(got, "__float__"):
-                raise Wrong(f"return a float, got {type(got).__name__}")
-            got = float(got)
-            if not math.isclose(got, want, rel_tol=1e-6):
-                why = ""
-                rising, falling = step * warmup ** -1.5, step ** -0.5
-                if math.isclose(got, d_model ** -0.5 * max(rising, falling), rel_tol=1e-6):
-                    why = " (min, not max: the rate is the smaller of the rising and the falling branch)"
-                elif math.isclose(got, min(rising, falling), rel_tol=1e-6):
-                    why = " (the whole schedule is scaled by d_model ** -0.5)"
-                raise Wrong(f"for step={step}, d_model={d_model}, warmup={warmup} expected {want:.6g}, "
-                            f"got {got:.6g}{why}")
 
 
-def _beam_step_reference(beam_scores: torch.Tensor, log_probs: torch.Tensor
-                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    B, K, V = log_probs.shape
-    top_scores, top_index = (beam_scores[:, :, None] + log_probs).view(B, K * V).topk(K, dim=1)
-    return top_scores, top_index // V, top_index % V
+# ----------------------------------------------------------------------------- 08.average_checkpoints
 
 
-@checker("08.beam_step", hint="a candidate's score is its prefix's score plus the log-probability of the "
-         "token that extends it; put all K * V candidates of a sentence in one row so that one top-k call "
-         "ranks them together, then recover each winner's prefix and token from its position in that row")
-def _check_beam_step(beam_step: Callable[[torch.Tensor, torch.Tensor], tuple]) -> None:
-    for seed in range(6):
-        g = torch.Generator().manual_seed(200 + seed)
-        B, K = int(torch.randint(1, 4, (1,), generator=g)), (1, 2, 3, 4, 2, 3)[seed]
-        V = int(torch.randint(max(K, 3), 9, (1,), generator=g))
-        log_probs = torch.log_softmax(torch.randn(B, K, V, generator=g) * 2, dim=-1)
-        beam_scores = -torch.rand(B, K, generator=g) * 4
-        if seed == 4:  # the first step: one live prefix per sentence, the others at -inf
-            beam_scores[:, 1:] = float("-inf")
-        if seed == 5:  # one prefix far ahead: all K best extensions come from it
-            beam_scores[:, 0] = 5.0
-        want_scores, want_beams, want_tokens = _beam_step_reference(beam_scores, log_probs)
-        got = beam_step(beam_scores.clone(), log_probs.clone())
-        if not isinstance(got, tuple) or len(got) != 3:
-            raise Wrong("return a tuple (scores, beams, tokens), each (B, K)")
-        scores, beams, tokens = got
-        for name, x in (("scores", scores), ("beams", beams), ("tokens", tokens)):
-            if not isinstance(x, torch.Tensor) or x.shape != (B, K):
-                got_shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-                raise Wrong(f"{name} should be a (B, K) = {(B, K)} tensor, got {got_shape}")
-        ignored = (log_probs.view(B, K * V).topk(K, dim=1).indices % V)
-        if K > 1 and torch.equal(tokens, ignored) and not torch.equal(tokens, want_tokens):
-            raise Wrong("you ranked the extensions by the new token's log-probability alone: add the score "
-                        "of the prefix it extends (beam_scores[:, :, None] + log_probs)")
-        if K > 1 and seed == 5 and bool((beams != 0).any()):
-            raise Wrong("all K best extensions may come from the same prefix (here prefix 0 is far ahead): "
-                        "rank all K * V candidates together, not the best one of each prefix")
-        if not torch.equal(beams, want_beams) or not torch.equal(tokens, want_tokens):
-            if torch.equal(torch.sort(beams * V + tokens, dim=1).values,
-                           torch.sort(want_beams * V + want_tokens, dim=1).values):
-                raise Wrong("the right candidates in the wrong order: return them best first "
-                            "(topk sorts them)")
-            raise Wrong(f"for beam_scores {beam_scores.tolist()} the best extensions are beams "
-                        f"{want_beams.tolist()} with tokens {want_tokens.tolist()}; got beams "
-                        f"{beams.tolist()} and tokens {tokens.tolist()} (flat index j over K * V: beam "
-                        "j // V, token j % V)")
-        expect_close(scores, want_scores, "scores (B, K)")
+def _snapshots(seed: int, count: int) -> list[dict[str, torch.Tensor]]:
+    """``count`` state dicts of one training run, oldest first: float32 weights, a float16 tensor whose
+    values are large enough that adding three of them in float16 overflows, and an int64 step counter."""
+    g = torch.Generator().manual_seed(300 + seed)
+    base = {"w": torch.randn(3, 4, generator=g), "b": torch.randn(4, generator=g),
+            "h": (2.4e4 + 1e3 * torch.rand(2, 3, generator=g)).half()}
+    out = []
+    for i in range(count):
+        drift = 0.5 * (i + 1)  # training moves the weights: the snapshots differ, later ones more
+        out.append({"w": base["w"] + drift * torch.randn(3, 4, generator=g),
+                    "b": base["b"] + drift * torch.randn(4, generator=g),
+                    "h": (base["h"].float() + 64 * i * torch.rand(2, 3, generator=g)).half(),
+                    "step": torch.tensor(100 * (i + 1) + 7 * i * i)})
+    return out
 
+
+def _mean_of(snapshots: list[dict[str, torch.Tensor]], key: str) -> torch.Tensor:
+    return torch.stack([s[key].double() for s in snapshots]).mean(0)
+
+
+def _same_values(value: torch.Tensor, dtype: torch.dtype, tol: dict, x: torch.Tensor) -> bool:
+    return torch.allclose(value, x.to(dtype).double(), **tol)
+
+
+def _average_reference(snapshots: list[dict[str, torch.Tensor]], n: int) -> dict[str, torch.Tensor]:
+    last = snapshots[-n:]
+    return {k: (_mean_of(last, k).to(v.dtype) if v.is_floating_point() else v.clone())
+            for k, v in snapshots[-1].items()}
+
+
+@checker("08.average_checkpoints", hint="Vaswani et al. section 6.1 (see this chapter's References) average "
+         "the weights of the last snapshots written during training; think about which end of the list is "
+         "the last, what an average of a step counter would mean, which tensors the caller still holds, and "
+         "how large a sum of several float16 numbers may get before it is divided")
+def _check_average_checkpoints(average_checkpoints: Callable[[list, int], dict]) -> None:
+    for seed, (count, n) in enumerate(((5, 3), (4, 1), (6, 4), (3, 3), (5, 2))):
+        snapshots = _snapshots(seed, count)
+        originals = [{k: v.clone() for k, v in s.items()} for s in snapshots]
+        want = _average_reference(snapshots, n)
+        got = average_checkpoints(snapshots, n)
+        if any(not torch.equal(s[k], o[k]) for s, o in zip(snapshots, originals, strict=True) for k in s):
+            raise Wrong("you changed the snapshots you were given (an in-place update of one of them, e.g. "
+                        "starting the sum from the newest state dict itself): the caller's checkpoints must "
+                        "stay as they were; start from fresh tensors")
+        if not isinstance(got, dict) or set(got) != set(want):
+            keys = sorted(got) if isinstance(got, dict) else type(got).__name__
+            raise Wrong(f"return a dict with the snapshots' keys {sorted(want)}, got {keys}")
+        for key, value in got.items():
+            if not isinstance(value, torch.Tensor) or value.shape != want[key].shape:
+                raise Wrong(f"{key!r} should be a tensor of shape {tuple(want[key].shape)}")
+            if value.dtype != want[key].dtype:
+                raise Wrong(f"{key!r} comes back as {value.dtype}, the snapshots hold {want[key].dtype}: "
+                            "return each tensor in its own dtype, so the average loads into the model")
+        newest = snapshots[-1]["step"]
+        if not torch.equal(got["step"], newest):
+            raise Wrong(f"the integer tensor 'step' (a counter, like BatchNorm's num_batches_tracked) is "
+                        f"{got['step'].item()}, not the newest snapshot's {newest.item()}: counters are not "
+                        "weights; keep non-floating tensors from the newest snapshot")
+        for key in ("w", "b", "h"):
+            if key == "h" and n > 2 and not torch.isfinite(got["h"].float()).all():
+                raise Wrong(f"'h' (float16, values near 2.5e4) came back with inf: the sum of {n} of them "
+                            "overflows float16 (largest 65504); add them up in a wider dtype and cast back")
+            tol = dict(atol=1e-2, rtol=1e-3) if key == "h" else dict(atol=1e-5, rtol=1e-5)
+            if torch.allclose(got[key].double(), want[key].double(), **tol):
+                continue
+            value = got[key].double()
+            same = functools.partial(_same_values, value, want[key].dtype, tol)
+            for m in range(1, count + 1):
+                if m != n and same(_mean_of(snapshots[-m:], key)):
+                    raise Wrong(f"you averaged the last {m} snapshots where n={n} asks for the last {n}"
+                                + (" (all of them)" if m == count else "") + ": count the slice's ends")
+            if same(_mean_of(snapshots[:n], key)):
+                raise Wrong(f"you averaged the first {n} snapshots (the oldest): the list runs oldest first, "
+                            "and the average is over the last n, where training has settled")
+            if same(_mean_of(snapshots[-n:], key) * n):
+                raise Wrong("you returned the sum of the snapshots: divide by n")
+            running = snapshots[-n][key].double()
+            for s in snapshots[-n + 1:] if n > 1 else []:
+                running = (running + s[key].double()) / 2
+            if n > 2 and same(running):
+                raise Wrong("you averaged pairwise ((average + next) / 2 at each step): that weights the "
+                            "newest snapshot by 1/2 and the oldest by 1/2^(n-1); each should weigh 1/n")
+            raise Wrong(f"{key!r} is wrong for {count} snapshots and n={n}: expected the element-wise mean "
+                        f"of the last {n}, max abs error "
+                        f"{(value - want[key].double()).abs().max().item():.3g}")
+    for bad in (0, 6):
+        try:
+            average_checkpoints(_snapshots(0, 5), bad)
+        except ValueError:
+            continue
+        except Exception as e:
+            raise Wrong(f"n={bad} with 5 snapshots should raise ValueError (naming n), got "
+                        f"{type(e).__name__}") from e
+        raise Wrong(f"n={bad} with 5 snapshots returned an average: raise ValueError naming n (n must be "
+                    "between 1 and the number of snapshots), rather than averaging something else")
+
+
+# ----------------------------------------------------------------------------- 08.calibration_error
+
+
+def _calibration_case(seed: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    g = torch.Generator().manual_seed(400 + seed)
+    N, V = (40, 7) if seed % 2 else (64, 5)
+    scale = (0.5, 2.0, 4.0, 1.0)[seed % 4]
+    probs = torch.softmax(torch.randn(N, V, generator=g, dtype=torch.double) * scale, -1)
+    guess = probs.argmax(-1)
+    targets = torch.where(torch.rand(N, generator=g) < 0.6, guess, torch.randint(0, V, (N,), generator=g))
+    # rows whose confidence sits exactly on a bin edge when bins = 4 (0.25, 0.5 and 1.0 are exact)
+    edges = torch.zeros(6, V, dtype=torch.double)
+    edges[0, :2], edges[0, 2:] = torch.tensor([0.5, 0.3]), 0.2 / (V - 2)
+    edges[1, 0], edges[1, 1:] = 0.25, 0.75 / (V - 1)
+    edges[2, 3] = 1.0
+    edges[3, 1], edges[3, 2:] = 0.5, 0.5 / (V - 2)
+    edges[4, 0], edges[4, 1:] = 0.25, 0.75 / (V - 1)
+    edges[5, 2] = 1.0
+    edge_targets = torch.tensor([0, 0, 3, 1, 2, 2])
+    bins = (4, 10, 4, 7)[seed % 4]
+    return torch.cat([probs, edges]), torch.cat([targets, edge_targets]), bins
+
+
+def _ece(confidence: torch.Tensor, correct: torch.Tensor, index: torch.Tensor, bins: int, *,
+         weighted: bool = True, empty_bins: bool = False, signed: bool = False, worst: bool = False) -> float:
+    gaps, sizes = [], []
+    for b in range(bins):
+        inside = index == b
+        if inside.any():
+            gap = correct[inside].double().mean() - confidence[inside].mean()
+            gaps.append(float(gap if signed else gap.abs()))
+            sizes.append(int(inside.sum()))
+        elif empty_bins:
+            gaps.append(0.0)
+            sizes.append(0)
+    if worst:
+        return max(gaps)
+    if not weighted:
+        return sum(gaps) / len(gaps)
+    return sum(g * s for g, s in zip(gaps, sizes, strict=True)) / len(confidence)
+
+
+def _right_closed_bins(confidence: torch.Tensor, bins: int) -> torch.Tensor:
+    """Bin b holds the confidences in (b / bins, (b + 1) / bins]."""
+    return (torch.ceil(confidence * bins).long() - 1).clamp(0, bins - 1)
+
+
+@checker("08.calibration_error", hint="section 4 measured how much probability the smoothed model gives the "
+         "reference; Guo et al. (2017, section 2) and Mueller et al. (2019, section 3) measure calibration "
+         "instead: group the predictions by how confident they are, and in each group compare the "
+         "confidence with how often the prediction was right; which token is the prediction, and how much "
+         "should a group of three examples count against one of three hundred?")
+def _check_calibration_error(calibration_error: Callable[[torch.Tensor, torch.Tensor, int], float]) -> None:
+    for seed in range(4):
+        probs, targets, bins = _calibration_case(seed)
+        confidence, prediction = probs.max(-1)
+        correct = prediction == targets
+        index = _right_closed_bins(confidence, bins)
+        want = _ece(confidence, correct, index, bins)
+        got = calibration_error(probs.clone(), targets.clone(), bins)
+        if isinstance(got, torch.Tensor) and got.numel() == 1:
+            got = got.item()
+        if isinstance(got, (bool, str)) or not isinstance(got, (int, float)):
+            raise Wrong(f"return the calibration error as a float, got {type(got).__name__}")
+        got = float(got)
+        if math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-9):
+            continue
+        near = functools.partial(math.isclose, got, rel_tol=1e-6, abs_tol=1e-9)
+        p_target = probs.gather(-1, targets[:, None]).squeeze(-1)
+        resoftmaxed = torch.softmax(probs, -1).max(-1).values
+        floor_index = (confidence * bins).floor().long().clamp(max=bins - 1)
+        if near(100 * want):
+            raise Wrong("that is the right value in percent: return a fraction between 0 and 1")
+        if near(_ece(p_target, correct, _right_closed_bins(p_target, bins), bins)):
+            raise Wrong("you used the probability of the reference token as the confidence: the confidence "
+                        "is the probability of the model's own prediction (its most probable token), and "
+                        "'right' means that prediction equals the target")
+        if near(_ece(resoftmaxed, correct, _right_closed_bins(resoftmaxed, bins), bins)):
+            raise Wrong("probs are already probabilities (rows sum to 1): a softmax over them flattens them")
+        if near(_ece(confidence, correct, index, bins, signed=True)):
+            raise Wrong("over- and under-confident bins cancel in your sum: take the absolute gap between "
+                        "accuracy and confidence in each bin")
+        if near(_ece(confidence, correct, index, bins, weighted=False)):
+            raise Wrong("you gave every non-empty bin the same weight: weight each bin by its share of the "
+                        "examples, so a bin of two examples counts little")
+        if near(_ece(confidence, correct, index, bins, weighted=False, empty_bins=True)):
+            raise Wrong("you gave every bin the same weight, empty ones counting as 0: weight each bin by "
+                        "its share of the examples (empty bins weigh nothing)")
+        if near(_ece(confidence, correct, index, bins, worst=True)):
+            raise Wrong("that is the largest gap of any bin (the maximum calibration error): the expected "
+                        "calibration error weights each bin's gap by its share of the examples")
+        if near(_ece(confidence, correct, floor_index, bins)):
+            raise Wrong(f"confidences that sit exactly on a bin edge (0.5 with {bins} bins) went to the bin "
+                        "above: the bins are closed on the right, (b / bins, (b + 1) / bins], so a "
+                        "confidence of 0.5 belongs to the bin that ends at 0.5")
+        raise Wrong(f"for {len(targets)} predictions and {bins} bins the expected calibration error is "
+                    f"{want:.6f}, got {got:.6f}")
