@@ -2242,25 +2242,32 @@ plt.show()
 # $\sum_s \exp(e_s - m)\, v_s / l$, `(R, d_v)`. A block whose keys are all hidden from a row has
 # `m = -inf`, `l = 0` and `o = 0` there. Given the triples of two blocks, return the triple of
 # the two blocks together, so that its `o` is exactly softmax attention over all their keys.
-# It must work in float32 when the two blocks' scores are hundreds apart.
+# It must work in float32 when the two blocks' scores are hundreds apart, and give
+# `(-inf, 0, 0)`, not NaN, for a row hidden in both blocks.
 
 # %%
 def merge_blocks(m1: Tensor, l1: Tensor, o1: Tensor,
                  m2: Tensor, l2: Tensor, o2: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Blocks 1 and 2: ``m`` ``(R,)``, ``l`` ``(R,)``, ``o`` ``(R, d_v)`` each. Return the triple
+    ``(m, l, o)`` of both blocks together (a row hidden in both: ``(-inf, 0, 0)``)."""
     raise NotImplementedError  # your code here
 
 
 exercises.check("05.merge_blocks", merge_blocks)
 
 # %% [markdown]
-# **2. Find the leak.** `future_leaks(layer, T, d)` gets a layer that maps one sequence
-# `(1, T, d)` to `(1, T, d)` and is meant to be causal. Return a `bool` tensor `(T, T)` that is
-# `True` at `(t, s)` exactly where the output at position `t` depends on the input at a *later*
-# position `s > t`. The checker hands you a correct layer and several with planted bugs, some of
-# which have attention weights that are exactly zero above the diagonal.
+# **2. Find the leak in a black box.** `future_leaks(layer, T, d)` gets a layer that maps one
+# sequence `(1, T, d)` to `(1, T, d)` and is meant to be causal. Return a `bool` tensor `(T, T)`
+# that is `True` at `(t, s)` exactly where the output at position `t` depends on the input at a
+# *later* position `s > t` (for some input). The layers run as a deployed model does, without
+# gradients, so section 4's Jacobian sees nothing. The checker hands you a correct layer and
+# several with planted bugs: some have attention weights that are exactly zero above the
+# diagonal, one leaks only for some inputs, and one leaks by about $10^{-9}$.
 
 # %%
 def future_leaks(layer: Callable[[Tensor], Tensor], T: int, d: int) -> Tensor:
+    """``layer``: ``(1, T, d)`` -> ``(1, T, d)``, float64, no gradients. Return ``(T, T)`` bool, True at
+    ``(t, s)`` where output ``t`` depends on input ``s > t``; False on and below the diagonal."""
     raise NotImplementedError  # your code here
 
 
@@ -2278,6 +2285,8 @@ exercises.check("05.find_the_leak", future_leaks)
 
 # %%
 def left_padded_causal(token_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """``token_mask`` ``(B, T)`` bool, pads on the left. Return ``(mask (B, 1, T, T) bool,
+    positions (B, T) int64)``."""
     raise NotImplementedError  # your code here
 
 

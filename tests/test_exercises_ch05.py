@@ -30,9 +30,16 @@ def _message(name, answer, capsys):
 
 def merge_ref(m1, l1, o1, m2, l2, o2):
     m = torch.maximum(m1, m2)
-    a1, a2 = l1 * torch.exp(m1 - m), l2 * torch.exp(m2 - m)
+    finite = torch.where(torch.isinf(m), torch.zeros_like(m), m)   # a row hidden in both blocks: m = -inf
+    a1, a2 = l1 * torch.exp(m1 - finite), l2 * torch.exp(m2 - finite)
     l = a1 + a2
-    return m, l, (a1[:, None] * o1 + a2[:, None] * o2) / l[:, None]
+    return m, l, (a1[:, None] * o1 + a2[:, None] * o2) / l.clamp_min(torch.finfo(l.dtype).tiny)[:, None]
+
+
+def _nan_when_both_hidden(m1, l1, o1, m2, l2, o2):  # right everywhere else; -inf - (-inf) = NaN
+    m = torch.maximum(m1, m2)
+    a1, a2 = l1 * torch.exp(m1 - m), l2 * torch.exp(m2 - m)
+    return m, a1 + a2, (a1[:, None] * o1 + a2[:, None] * o2) / (a1 + a2)[:, None]
 
 
 def _average(m1, l1, o1, m2, l2, o2):
@@ -64,8 +71,8 @@ def _unnormalised(m1, l1, o1, m2, l2, o2):
 
 @pytest.mark.parametrize("wrong, message", [
     (_average, "plain average"), (_no_rescale, "different maxima"), (_first_max, "overflow"),
-    (_raw_exp, "overflow"), (_unnormalised, "wrong values"),
-], ids=["average", "no-rescale", "first-max", "raw-exp", "unnormalised"])
+    (_raw_exp, "overflow"), (_unnormalised, "wrong values"), (_nan_when_both_hidden, "hidden in both blocks"),
+], ids=["average", "no-rescale", "first-max", "raw-exp", "unnormalised", "nan-both-hidden"])
 def test_05_merge_blocks(wrong, message, capsys):
     _accepts("05.merge_blocks", merge_ref)
     _rejects("05.merge_blocks", wrong)
@@ -89,23 +96,41 @@ def test_05_merge_blocks_equals_attention_over_many_blocks():
 # ----------------------------------------------------------------------------- 05.find_the_leak
 
 
-def _x(T, d):
-    return torch.randn(1, T, d, dtype=torch.double, generator=torch.Generator().manual_seed(T * d))
+def _changes(layer, T, d, trials, g, exact=True, one_at_a_time=True):
+    """(T, T): True where changing input s (or every input from s on) changed output t < s."""
+    found = torch.zeros(T, T, dtype=torch.bool)
+    for s in range(1, T):
+        for _ in range(trials):
+            x = torch.randn(1, T, d, dtype=torch.double, generator=g)
+            changed = x.clone()
+            rows = slice(s, s + 1) if one_at_a_time else slice(s, T)
+            changed[:, rows] = torch.randn(changed[:, rows].shape, dtype=torch.double, generator=g)
+            before, after = layer(x)[0], layer(changed)[0]
+            moved = (before != after).any(-1) if exact else ~torch.isclose(before, after).all(-1)
+            found[:s, s] |= moved[:s]
+    return found
 
 
 def leaks_ref(layer, T, d):
-    x = _x(T, d)
-    J = torch.autograd.functional.jacobian(layer, x)[0, :, :, 0]           # (T, d, T, d)
+    return _changes(layer, T, d, trials=20, g=torch.Generator().manual_seed(0))
+
+
+def _jacobian(layer, T, d):                       # section 4's test: the layers give no gradients
+    x = torch.randn(1, T, d, dtype=torch.double, requires_grad=True)
+    J = torch.autograd.functional.jacobian(layer, x)[0, :, :, 0]
     return (J.abs().sum(dim=(1, 3)) > 0) & torch.ones(T, T, dtype=torch.bool).triu(1)
 
 
-def _none_found(layer, T, d):
-    return torch.zeros(T, T, dtype=torch.bool)
+def _once(layer, T, d):                           # one change per input: misses the data-dependent leak
+    return _changes(layer, T, d, trials=1, g=torch.Generator().manual_seed(0))
 
 
-def _whole_dependence(layer, T, d):
-    x = _x(T, d)
-    return torch.autograd.functional.jacobian(layer, x)[0, :, :, 0].abs().sum(dim=(1, 3)) > 0
+def _tolerance(layer, T, d):                      # "changed" above a tolerance: misses the tiny leak
+    return _changes(layer, T, d, trials=20, g=torch.Generator().manual_seed(0), exact=False)
+
+
+def _from_s_on(layer, T, d):                      # changes every input from s on at once
+    return _changes(layer, T, d, trials=20, g=torch.Generator().manual_seed(0), one_at_a_time=False)
 
 
 def _transposed(layer, T, d):
@@ -116,16 +141,22 @@ def _next_only(layer, T, d):                      # looks only one step ahead
     return leaks_ref(layer, T, d) & torch.ones(T, T, dtype=torch.bool).triu(1).tril(1)
 
 
-def _float32_threshold(layer, T, d):              # a loose threshold hides small leaks as "zero"
-    x = _x(T, d)
-    J = torch.autograd.functional.jacobian(layer, x)[0, :, :, 0].abs().sum(dim=(1, 3))
-    return (J > 0.5 * J.max()) & torch.ones(T, T, dtype=torch.bool).triu(1)
+def _with_the_past(layer, T, d):                  # marks every dependence, earlier inputs included
+    g, T_all = torch.Generator().manual_seed(0), torch.zeros(T, T, dtype=torch.bool)
+    for s in range(T):
+        x = torch.randn(1, T, d, dtype=torch.double, generator=g)
+        changed = x.clone()
+        changed[:, s] += 1.0
+        T_all[:, s] = (layer(x)[0] != layer(changed)[0]).any(-1)
+    return T_all
 
 
 @pytest.mark.parametrize("wrong, message", [
-    (_none_found, "found none"), (_whole_dependence, "LATER input"), (_transposed, "transposed"),
-    (_next_only, "every later input"), (_float32_threshold, "exact zero"),
-], ids=["none", "whole", "transposed", "next-only", "threshold"])
+    (_jacobian, "found none"), (_once, "only for some inputs"),
+    (_tolerance, "not a difference above a tolerance"), (_from_s_on, "Change one input at a time"),
+    (_transposed, "transposed"), (_next_only, "every later input"),
+    (_with_the_past, "LATER input"),
+], ids=["jacobian", "once", "tolerance", "from-s-on", "transposed", "next-only", "with-the-past"])
 def test_05_find_the_leak(wrong, message, capsys):
     _accepts("05.find_the_leak", leaks_ref)
     _rejects("05.find_the_leak", wrong)
@@ -133,14 +164,22 @@ def test_05_find_the_leak(wrong, message, capsys):
 
 
 def test_05_find_the_leak_layers_are_what_they_claim():
-    """Every planted bug leaks, the correct layer does not, and the value bug has zero weights above the
-    diagonal (the bug that question 4 asks for)."""
+    """Every planted bug leaks, the correct layer does not, the value bug has zero weights above the
+    diagonal (question 4's bug), the layers give no gradients, and the data bug leaks for some inputs
+    only."""
     from tfmlib.exercises.ch05 import _CH05_BUGS, _ch05_true_leaks, _Ch05Layer
     for i, bug in enumerate(_CH05_BUGS):
         leaks = _ch05_true_leaks(_Ch05Layer(4, bug, seed=i), 6, 4)
         assert leaks.any() == (bug is not None), bug
-    layer = _Ch05Layer(4, "values", seed=0)
-    assert _ch05_true_leaks(layer, 6, 4).sum() == 5                        # out_t reads x_{t+1}, t = 0..4
+    assert _ch05_true_leaks(_Ch05Layer(4, "values", seed=0), 6, 4).sum() == 5     # out_t reads x_(t+1)
+    layer = _Ch05Layer(4, "data", seed=0)
+    x = torch.randn(1, 6, 4, dtype=torch.double, requires_grad=True)
+    assert not layer(x).requires_grad
+    x = x.detach()
+    x[0, :, 0] = -1.0                                 # the trigger closed everywhere: no leak
+    changed = x.clone()
+    changed[0, 3:] = torch.randn(3, 4, dtype=torch.double)
+    assert torch.equal(layer(x)[0, :3], layer(changed)[0, :3])
     with pytest.raises(ValueError, match=r"\(1, T, d\)"):
         layer(torch.randn(2, 3, 4))
 
@@ -229,7 +268,8 @@ def test_05_left_padded_batch_equals_the_unpadded_sentences():
 def test_05_hints_give_no_code():
     _hint_gives_no_code("05.merge_blocks",
                         ["torch.maximum", "torch.exp(", "exp(m1 - m)", "max(m1, m2)", "l1 *"])
-    _hint_gives_no_code("05.find_the_leak", ["jacobian(", "autograd", ".triu(", "torch.", "abs().sum"])
+    _hint_gives_no_code("05.find_the_leak",
+                        ["jacobian", "autograd", ".triu(", "torch.", "randn", "!=", "clone"])
     _hint_gives_no_code("05.left_padded_causal", ["cumsum", "clamp", ".tril(", "torch.", "[:, None"])
     for name in exercises.names(5):
         assert len(exercises.hint(name)) > 80, f"{name}'s hint should say where to look"
@@ -238,7 +278,11 @@ def test_05_hints_give_no_code():
 
 
 def test_05_merge_of_hidden_block_is_the_other_block():
-    """A fully hidden block (m = -inf, l = 0) leaves the other block's result unchanged."""
+    """A fully hidden block (m = -inf, l = 0) leaves the other block's result unchanged, and two hidden
+    blocks give (-inf, 0, 0)."""
     m2, l2, o2 = torch.tensor([1.5]), torch.tensor([2.0]), torch.tensor([[0.3, -0.2]])
-    m, l, o = merge_ref(torch.tensor([-math.inf]), torch.tensor([0.0]), torch.zeros(1, 2), m2, l2, o2)
+    hidden = torch.tensor([-math.inf]), torch.tensor([0.0]), torch.zeros(1, 2)
+    m, l, o = merge_ref(*hidden, m2, l2, o2)
     assert torch.equal(m, m2) and torch.equal(l, l2) and torch.allclose(o, o2)
+    m, l, o = merge_ref(*hidden, *hidden)
+    assert m.item() == -math.inf and l.item() == 0 and torch.equal(o, torch.zeros(1, 2))

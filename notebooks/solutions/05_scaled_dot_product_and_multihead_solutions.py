@@ -54,14 +54,22 @@ from tfmlib.timing import interleaved_medians
 # hidden block ($m_i = -\infty$, $l_i = 0$) gets $e^{-\infty} = 0$ and drops out. Using $m_1$ as
 # the common maximum is exact in real numbers and overflows in float32 as soon as
 # $m_2 - m_1 > 88$; the checker's first row has its blocks 300 apart.
+#
+# One row needs care: a query hidden in *both* blocks has $m = \max(-\infty, -\infty) = -\infty$,
+# and $m_i - m = -\infty - (-\infty)$ is NaN, which would spread through $l$ and $o$ (and, in a
+# kernel, through every later block of that row). For such a row the exponent's reference point
+# does not matter, since both $l_i$ are 0: subtract 0 instead of $-\infty$, and divide by $l$ only
+# where it is positive, so the row comes out as $(-\infty, 0, 0)$, the masked softmax's zeros of
+# section 3.
 
 # %%
 def merge_blocks(m1: Tensor, l1: Tensor, o1: Tensor,
                  m2: Tensor, l2: Tensor, o2: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     m = torch.maximum(m1, m2)                      # the running maximum
-    a1, a2 = l1 * torch.exp(m1 - m), l2 * torch.exp(m2 - m)
+    ref = torch.where(torch.isinf(m), torch.zeros_like(m), m)   # -inf only where both blocks are hidden
+    a1, a2 = l1 * torch.exp(m1 - ref), l2 * torch.exp(m2 - ref)
     l = a1 + a2                                    # noqa: E741  (the name of the formula)
-    return m, l, (a1[:, None] * o1 + a2[:, None] * o2) / l[:, None]
+    return m, l, (a1[:, None] * o1 + a2[:, None] * o2) / l.clamp_min(torch.finfo(l.dtype).tiny)[:, None]
 
 
 exercises.check("05.merge_blocks", merge_blocks, must_pass=True)
@@ -86,26 +94,49 @@ print(f"10 blocks of 4 keys, merged: max |difference| from F.scaled_dot_product_
 assert torch.allclose(running[2], reference, atol=1e-5), "merging blocks must give attention over all keys"
 
 # %% [markdown]
-# **2. Find the leak.** The test of the chapter's section 4: compute the full Jacobian of the
-# layer at a random input, in float64 (so that no dependence means exactly 0, not a rounding
-# error), reduce it to one number per pair (output $t$, input $s$), and keep the pairs above the
-# diagonal. Looking at the attention weights is not enough: one of the checker's layers has
-# weights that are exactly zero above the diagonal and still leaks, because each *value* is made
-# from its own input and the next one.
+# **2. Find the leak in a black box.** Without gradients, causality is tested the way chapter 04's
+# step 6 tested it: give the layer a different future and see whether the past's outputs move.
+# Three choices make that test exact.
+#
+# * **One input at a time.** Change only input $s$ and mark $(t, s)$ for every $t < s$ whose output
+#   changed. Changing every input from $s$ on at once says that output $t$ reads *something* at or
+#   after $s$, not which one: the checker's tiny leak reads two positions ahead, and a test that
+#   changes everything from $s$ on would blame input $t + 1$ too.
+# * **Any change at all, in float64.** A causal layer's output at $t$ does not merely stay close
+#   when a later input changes; it stays *bit for bit* the same, because the hidden scores become
+#   exact zeros after the softmax and a later value is multiplied by that zero. So the test is
+#   "different", not "different by more than a tolerance", and the tiny leak ($10^{-9}$ of the
+#   output) shows.
+# * **Several inputs and several changes.** A leak can depend on the data: one planted layer lets
+#   query $t$ see key $t + 1$ only when that input's first feature exceeds 0.5. With one random
+#   input and one change the leak shows with probability about one half per pair; with 20 fresh
+#   inputs per position, missing a pair has probability below $10^{-6}$.
+#
+# The chapter's `dependence` (the Jacobian) returns zeros for these layers: no gradient flows
+# through them. It would also miss the data-dependent leak wherever the trigger is closed at the
+# one input it differentiates at, and a leak through a discrete choice (a top-k, a rounding)
+# has zero gradient everywhere.
 
 # %%
-def future_leaks(layer, T: int, d: int) -> Tensor:
-    x = torch.randn(1, T, d, dtype=torch.double)
-    J = torch.autograd.functional.jacobian(layer, x)[0, :, :, 0]         # (T, d, T, d): d out_t / d x_s
-    depends = J.abs().sum(dim=(1, 3)) > 0                                 # (T, T)
-    return depends & torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)
+def future_leaks(layer, T: int, d: int, trials: int = 20) -> Tensor:
+    g = torch.Generator().manual_seed(0)
+    found = torch.zeros(T, T, dtype=torch.bool)
+    for s in range(1, T):                                  # input s can leak into outputs t < s
+        for _ in range(trials):
+            x = torch.randn(1, T, d, dtype=torch.double, generator=g)
+            other = x.clone()
+            other[:, s] = torch.randn(d, dtype=torch.double, generator=g)   # a different input s only
+            moved = (layer(x)[0] != layer(other)[0]).any(dim=-1)            # (T,): any change, exactly
+            found[:s, s] |= moved[:s]
+    return found
 
 
 exercises.check("05.find_the_leak", future_leaks, must_pass=True)
 
 # %% [markdown]
-# The same function on the package's layer with `causal=True` (no leak), and on a layer whose
-# weights are causal but whose values look one step ahead (question 4's bug):
+# The same function on the package's layer with `causal=True` (no leak, also through the fast
+# path, bit for bit), and on a layer whose weights are causal but whose values look one step ahead
+# (question 4's bug):
 
 # %%
 torch.manual_seed(0)
@@ -121,7 +152,9 @@ def leaky_values(x: Tensor) -> Tensor:
     return out
 
 
-print("package layer, causal=True: leaking pairs", int(future_leaks(lambda x: mha(x, causal=True)[0], 6, 8).sum()))
+package_leaks = int(future_leaks(lambda x: mha(x, causal=True)[0], 6, 8).sum())
+print("package layer, causal=True: leaking pairs", package_leaks)
+assert package_leaks == 0, "the package's causal layer must not change its past outputs at all"
 leaks = future_leaks(leaky_values, 6, 8)
 above = torch.ones(6, 6, dtype=torch.bool).triu(1)
 print(f"values that look ahead: leaking pairs {int(leaks.sum())}, largest attention weight above the diagonal "

@@ -2,8 +2,9 @@
 
 Registered on import by ``tfmlib.exercises``; a reader calls ``exercises.check("05.name", answer)``.
 The three exercises ask for what the chapter does not write out: merging two blocks of keys of a
-softmax exactly (the step FlashAttention repeats, question 7), finding a causal layer's leaks with
-the Jacobian test of section 4, and the mask and positions of a left-padded causal batch.
+softmax exactly (the step FlashAttention repeats, question 7), finding a causal layer's leaks when
+section 4's Jacobian test is not available (black-box layers, leaks that show for some inputs only),
+and the mask and positions of a left-padded causal batch.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ def _ch05_merge_case(seed: int) -> tuple[Tensor, Tensor, int]:
     """Scores ``(R, S)`` with a wide spread, values ``(S, d_v)`` and the split point between the blocks.
 
     Row 0 has its two blocks 300 apart (exp of the difference overflows float32), row 1 has its
-    first block hidden (all ``-inf``), the rest are ordinary."""
+    first block hidden (all ``-inf``), row 3 both (a query that may see nothing: the merged triple
+    must be ``(-inf, 0, 0)``, not NaN), the rest are ordinary."""
     g = torch.Generator().manual_seed(seed)
     R, S, d_v = 6, 7 + seed % 4, 3 + seed % 2
     split = 2 + seed % 3
@@ -42,13 +44,14 @@ def _ch05_merge_case(seed: int) -> tuple[Tensor, Tensor, int]:
     scores[0, split:] += 300.0
     scores[1, :split] = -math.inf
     scores[2] -= 200.0
+    scores[3] = -math.inf
     return scores, torch.randn(S, d_v, generator=g), split
 
 
-@checker("05.merge_blocks", hint="Section 3 and question 7: exp(e - m1) and exp(e - m2) are measured against "
-         "different maxima, so bring both blocks to one common maximum before adding their sums; each "
-         "block's output is already divided by its own sum. Check a row whose blocks are 300 apart in "
-         "float32, and a block that is fully hidden (m = -inf, l = 0).")
+@checker("05.merge_blocks", hint="Question 7 and section 3's masked softmax: the two sums are measured "
+         "against different maxima, and each block's output is already normalised by its own sum. Think "
+         "of a row whose blocks are 300 apart in float32, a row hidden in one block, and a row hidden in "
+         "both (a query that may see nothing).")
 def _check_merge_blocks(merge: Callable[..., tuple[Tensor, Tensor, Tensor]]) -> None:
     for seed in range(5):
         scores, values, split = _ch05_merge_case(seed)
@@ -59,20 +62,31 @@ def _check_merge_blocks(merge: Callable[..., tuple[Tensor, Tensor, Tensor]]) -> 
         if not isinstance(got, tuple) or len(got) != 3:
             raise Wrong("return the merged triple (m, l, o)")
         m, total, o = got
-        if isinstance(o, Tensor) and o.shape == want_o.shape and not torch.isfinite(o).all():
+        seen = torch.arange(want_o.shape[0]) != 3          # row 3 is hidden in both blocks: checked last
+        shaped = all(isinstance(x, Tensor) and x.shape == y.shape
+                     for x, y in zip(got, (want_m, want_l, want_o), strict=True))
+        if shaped and not torch.isfinite(o[seen]).all():
             raise Wrong("inf or NaN in o: exp of a difference of maxima overflowed (row 0's blocks are 300 "
                         "apart), or a hidden block (m = -inf) gave -inf - (-inf); subtract the larger "
                         "maximum, so every exponent is <= 0")
-        expect_close(m, want_m, "m, the running maximum of each row (R,)", atol=0, rtol=0)
-        if isinstance(o, Tensor) and o.shape == want_o.shape:
-            if torch.allclose(o, (b1[2] + b2[2]) / 2, atol=1e-4):
+        if shaped:
+            if torch.allclose(o[seen], ((b1[2] + b2[2]) / 2)[seen], atol=1e-4):
                 raise Wrong("o is the plain average of the two blocks' outputs: each block must count in "
                             "proportion to its share of the softmax's denominator")
             naive_l = b1[1] + b2[1]
             unrescaled = (b1[1][:, None] * b1[2] + b2[1][:, None] * b2[2]) / naive_l[:, None]
-            if torch.allclose(o, unrescaled, atol=1e-4):
+            if torch.allclose(o[seen], unrescaled[seen], atol=1e-4):
                 raise Wrong("l1 and l2 are sums of exp(e - m1) and exp(e - m2), measured against different "
                             "maxima: rescale each to the common maximum before weighting and adding")
+            expect_close(m[seen], want_m[seen], "m, the running maximum of each row (R,)", atol=0, rtol=0)
+            expect_close(total[seen], want_l[seen], "l = sum over both blocks of exp(e - m) (R,)", rtol=1e-4)
+            expect_close(o[seen], want_o[seen], f"o, the softmax-weighted values {tuple(want_o.shape)}",
+                          atol=1e-5)
+            if not (torch.isfinite(o[3]).all() and torch.isfinite(total[3])):
+                raise Wrong("NaN for row 3, whose keys are hidden in both blocks (m1 = m2 = -inf, l1 = l2 = "
+                            "0): -inf - (-inf) is NaN. A query that may see nothing must come out as "
+                            "(-inf, 0, 0), as section 3's masked softmax gives zeros, not NaN")
+        expect_close(m, want_m, "m, the running maximum of each row (R,)", atol=0, rtol=0)
         expect_close(total, want_l, "l = sum over both blocks of exp(e - m) (R,)", rtol=1e-4)
         expect_close(o, want_o, f"o, the softmax-weighted values of both blocks {tuple(want_o.shape)}",
                      atol=1e-5)
@@ -82,51 +96,64 @@ def _check_merge_blocks(merge: Callable[..., tuple[Tensor, Tensor, Tensor]]) -> 
 
 
 class _Ch05Layer:
-    """A small single-head causal attention layer in float64 with one planted bug (or none).
+    """A small single-head causal attention layer in float64 with one planted bug (or none), run as a
+    black box: without gradients, as a deployed model runs.
 
-    ``bug``: ``None`` (correct), ``"offset"`` (the mask lets query t see key t + 1), ``"transposed"``
-    (the mask is the upper triangle), ``"values"`` (correct weights, but each value is made from its
-    own input and the next one: zero weights above the diagonal, and still a leak), ``"centre"`` (the
-    inputs are centred on their mean over all positions first: every output reads every input)."""
+    ``bug``: ``None`` (correct), ``"offset"`` (the mask lets query t see key t + 1), ``"values"`` (correct
+    weights, but each value is made from its own input and the next one: zero weights above the
+    diagonal, and still a leak), ``"transposed"`` (the mask is the upper triangle), ``"centre"`` (the
+    inputs are centred on their mean over all positions first: every output reads every input),
+    ``"data"`` (query t also sees key t + 1, but only when that input's first feature is above 0.5: a
+    leak that shows for some inputs only), ``"tiny"`` (each value carries 1e-9 times the input two
+    positions on)."""
 
     def __init__(self, d: int, bug: str | None, seed: int):
         g = torch.Generator().manual_seed(seed)
         self.W = [torch.randn(d, d, generator=g, dtype=torch.double) / math.sqrt(d) for _ in range(4)]
         self.bug = bug
 
-    def __call__(self, x: Tensor) -> Tensor:
-        if x.dim() != 3 or x.shape[0] != 1:
-            raise ValueError(f"the layer takes one sequence (1, T, d), got shape {tuple(x.shape)}")
-        x = x.double()
+    def forward(self, x: Tensor, trigger_always: bool = False) -> Tensor:
+        """The layer, differentiable; ``trigger_always`` opens the data-dependent leak for every input
+        (what the checker's ground truth uses)."""
+        T = x.shape[1]
         if self.bug == "centre":
             x = x - x.mean(dim=1, keepdim=True)
-        T = x.shape[1]
         q, k, v = x @ self.W[0], x @ self.W[1], x @ self.W[2]
-        if self.bug == "values":
-            ahead = torch.cat([x[:, 1:], torch.zeros_like(x[:, :1])], dim=1)   # the next position's input
-            v = v + ahead @ self.W[3]
-        diagonal = 1 if self.bug == "offset" else 0
-        keep = torch.ones(T, T, dtype=torch.bool).tril(diagonal=diagonal)
+        if self.bug in ("values", "tiny"):
+            step, size = (1, 1.0) if self.bug == "values" else (2, 1e-9)
+            ahead = torch.cat([x[:, step:], torch.zeros_like(x[:, :step])], dim=1)   # the input `step` on
+            v = v + size * (ahead @ self.W[3])
+        keep = torch.ones(T, T, dtype=torch.bool).tril(diagonal=1 if self.bug == "offset" else 0)
         if self.bug == "transposed":
             keep = keep.T
+        if self.bug == "data":
+            opens = torch.ones(T, dtype=torch.bool) if trigger_always else x[0, :, 0] > 0.5
+            keep = keep | (torch.ones(T, T, dtype=torch.bool).tril(1).triu(1) & opens[None, :])
         scores = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~keep, -math.inf)
         return torch.softmax(scores, dim=-1) @ v
 
+    def __call__(self, x: Tensor) -> Tensor:
+        if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[0] != 1:
+            got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"the layer takes one sequence (1, T, d), got {got}")
+        with torch.no_grad():
+            return self.forward(x.detach().double())
+
 
 def _ch05_true_leaks(layer: _Ch05Layer, T: int, d: int) -> Tensor:
+    """``(T, T)``: True where output t depends on a later input s for SOME input (the ground truth)."""
     x = torch.randn(1, T, d, dtype=torch.double, generator=torch.Generator().manual_seed(99))
-    J = torch.autograd.functional.jacobian(layer, x)                        # (1, T, d, 1, T, d)
+    J = torch.autograd.functional.jacobian(lambda inp: layer.forward(inp, trigger_always=True), x)
     depends = J[0, :, :, 0].abs().sum(dim=(1, 3)) > 0                       # (T, T): out_t on x_s
     return depends & torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)
 
 
-_CH05_BUGS = (None, "offset", "transposed", "values", "centre")
+_CH05_BUGS = (None, "offset", "values", "transposed", "centre", "data", "tiny")
 
 
-@checker("05.find_the_leak", hint="Section 4's test: the output at t must not depend on any input after t. "
-         "Differentiate the layer's output with respect to its input (the full Jacobian, in float64, so "
-         "that no dependence means exactly zero), reduce it to one number per (output t, input s), and "
-         "keep only the entries above the diagonal. Rows are outputs, columns inputs.")
+@checker("05.find_the_leak", hint="Section 4's question, asked without its tool: these layers run without "
+         "gradients, as a deployed model does. Chapter 04's step 6 tested causality by giving a layer a "
+         "different future. Some planted leaks show only for some inputs, and one is very small.")
 def _check_find_the_leak(future_leaks: Callable[[Callable[[Tensor], Tensor], int, int], Tensor]) -> None:
     for i, bug in enumerate(_CH05_BUGS):
         T, d = 5 + i % 2, 4
@@ -142,23 +169,36 @@ def _check_find_the_leak(future_leaks: Callable[[Callable[[Tensor], Tensor], int
         what = "a correct causal layer" if bug is None else f"planted bug {i}"
         if torch.equal(got, want):
             continue
-        if torch.equal(got, want.T):
+        if want.any() and torch.equal(got, want.T):
             raise Wrong("your matrix is transposed: row t, column s must say whether output t depends on "
                         "input s")
         if got.tril().any():
             raise Wrong(f"{what}: you marked entries with s <= t; only a dependence on a LATER input (s > t) "
                         "is a leak, a causal layer must depend on the inputs up to its own position")
+        if (got & ~want).any():
+            t, s = (int(v) for v in (got & ~want).nonzero()[0])
+            raise Wrong(f"{what}: you marked {int((got & ~want).sum())} pair(s) that do not leak, e.g. "
+                        f"output {t} and input {s}. Change one input at a time: changing every input from s "
+                        "on cannot tell which of them the output read")
+        missed = want & ~got
+        if bug == "data":
+            raise Wrong(f"{what} leaks only for some inputs: you found {int(got.sum())} of its "
+                        f"{int(want.sum())} leaking pairs. One input, or one change, can miss it: try "
+                        "several fresh random inputs and several changes for every s")
+        if bug == "tiny":
+            raise Wrong(f"{what} leaks by about 1e-9 of the output: you found {int(got.sum())} of its "
+                        f"{int(want.sum())} leaking pairs. A correct causal layer gives bit-for-bit the same "
+                        "output when a later input changes, so count any difference at all, in float64, "
+                        "not a difference above a tolerance")
         if not got.any():
-            raise Wrong(f"{what} leaks at {int(want.sum())} (t, s) pairs and you found none; if you looked "
-                        "at the attention weights, they can be zero above the diagonal while the values "
-                        "still carry later inputs: test the output itself, and count every non-zero "
-                        "dependence (the exact zero test in float64, not a threshold)")
-        if want.any() and not (got & want).any() or (got & ~want).any():
-            raise Wrong(f"{what}: you marked {int((got & ~want).sum())} pair(s) that do not leak and missed "
-                        f"{int((want & ~got).sum())}; use a random input, float64, and the exact zero test")
-        raise Wrong(f"{what}: you found {int(got.sum())} of its {int(want.sum())} leaking (t, s) pairs; "
-                    "check every later input s, not only the next one, and count every non-zero "
-                    "dependence, however small (the exact zero test in float64, not a threshold)")
+            raise Wrong(f"{what} leaks at {int(want.sum())} (t, s) pairs and you found none. These layers "
+                        "give no gradients (a Jacobian of them is zero), and their attention weights are not "
+                        "shown: test what the output does when a later input changes")
+        far = missed & torch.ones(T, T, dtype=torch.bool).triu(2)
+        if far.any():
+            raise Wrong(f"{what}: you found {int(got.sum())} of its {int(want.sum())} leaking (t, s) pairs "
+                        "and missed some with s > t + 1: check every later input s, not only the next one")
+        raise Wrong(f"{what}: you found {int(got.sum())} of its {int(want.sum())} leaking (t, s) pairs")
 
 
 # ----------------------------------------------------------------------------- 05.left_padded_causal
@@ -176,10 +216,9 @@ def _ch05_left_padded_reference(token_mask: Tensor) -> tuple[Tensor, Tensor]:
     return mask, positions
 
 
-@checker("05.left_padded_causal", hint="Section 3's masks, with the padding on the left. Ask, for each "
-         "(query t, key s): is the key real, is the query real, is s not after t? For the positions: the "
-         "first real token of every sentence must get the position it has in the unpadded sentence; count "
-         "real tokens, not columns (pads get 0).")
+@checker("05.left_padded_causal", hint="Section 3's masks, with the padding on the left: which of a "
+         "query's keys may it see, and what may a padded query see? For the positions, ask which position "
+         "each sentence's first real token has when the sentence is alone, unpadded.")
 def _check_left_padded_causal(left_padded_causal: Callable[[Tensor], tuple[Tensor, Tensor]]) -> None:
     for lengths, T in [([4, 2, 1], 4), ([5, 3], 6), ([1, 6, 2, 4], 6), ([3], 3)]:
         token_mask = _ch05_left_padded(lengths, T)
