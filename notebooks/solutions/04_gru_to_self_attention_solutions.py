@@ -50,7 +50,8 @@ from tfmlib import exercises
 # That is where most wrong answers fail: the weights of a softmax are shared. In the case $(0,1)$
 # both heads find exactly one position, and the decision $2 e^\beta / (e^\beta + L - 1) - 3/2 > 0$
 # needs $e^\beta > 3(L - 1)$. A fixed $\beta$ (say 4) is right on short sequences and wrong from
-# about 19 positions on; $\beta = \log T_{\max} + 3$ gives $e^\beta = 20\,T_{\max}$, enough at
+# $L = \lfloor e^4 / 3 \rfloor + 2$ positions on (computed and checked below);
+# $\beta = \log T_{\max} + 3$ gives $e^\beta = e^3\, T_{\max} \approx 20\,T_{\max}$, enough at
 # every length up to $T_{\max}$. The other common wrong answers: two heads that both look for a
 # marked 1 (that computes OR, wrong when both bits are 1), keys or values that also match the
 # unmarked bits 0 and 1 (the answer then depends on them), and a single head, which section 8
@@ -73,7 +74,8 @@ exercises.check("04.xor_two_heads", xor_heads, must_pass=True)
 # `xor_sample`) through the same two heads, and the smallest margin of the decision over the four
 # cases, against the margin the formula above predicts for the worst case, one position found
 # among 12. Both heads are computed for every position here, with the causal mask, and the last
-# row is read, as the chapter's `SelfAttentionLayer` would.
+# row is read, as the chapter's `SelfAttentionLayer` would. Then the fixed $\beta = 4$ on the case
+# $(0, 1)$, at the last length the formula allows and at the first it does not.
 
 # %%
 g = torch.Generator().manual_seed(0)
@@ -98,6 +100,21 @@ found_one = math.exp(math.log(T) + 3) / (math.exp(math.log(T) + 3) + T - 1)
 print(f"accuracy on {n} sequences of length {T}: {accuracy:.1%}; smallest |margin| {logit.abs().min().item():.3f} "
       f"(the worst case by the formula, one position found in each head: {2 * found_one - 1.5:.3f})")
 assert accuracy == 1.0 and logit.abs().min() >= 2 * found_one - 1.5 - 1e-5
+
+
+def blunt_logit(L: int) -> float:
+    """beta = 4, marked bits (0, 1) at positions 0 and 1, unmarked zeros, the question last."""
+    x = F.one_hot(torch.tensor([2, 3] + [0] * (L - 3) + [4]), 5).float()
+    W_Q, W_K, W_V, w, bias = xor_heads(T_max=1)
+    W_Q = W_Q / W_Q.max() * 4.0                                   # the same heads, beta = 4
+    heads = [torch.softmax((x[-1] @ W_Q[h].T) @ (x @ W_K[h].T).T, -1) @ (x @ W_V[h].T) for h in range(2)]
+    return (torch.cat(heads) @ w + bias).item()
+
+
+first_wrong = math.floor(math.exp(4) / 3) + 2
+print(f"beta = 4, bits (0, 1): logit {blunt_logit(first_wrong - 1):+.4f} at length {first_wrong - 1}, "
+      f"{blunt_logit(first_wrong):+.4f} at length {first_wrong} (XOR is 1: the logit must be positive)")
+assert blunt_logit(first_wrong - 1) > 0 > blunt_logit(first_wrong)
 
 # %% [markdown]
 # **2. Linear attention as a recurrence.** With $\phi(q_t)^\top \phi(k_i)$ in place of
@@ -165,9 +182,9 @@ assert torch.allclose(torch.stack(outs, 1), quadratic, atol=1e-12)
 #
 # Without the concatenated $x_t$ layer 2 could not find B (nothing in $h^{(1)}$ says where B is),
 # which is why it reads $[x_t; h^{(1)}_t]$, a residual stream in miniature. Both softmaxes must be
-# sharp for $T_{\max}$ positions, as in exercise 1: with $e^\beta = 55\, T_{\max}$ the record at B
-# is at least $1 - 1/55$ when A came first, and the other positions' records reach layer 2's
-# output with a total weight below $1/55$. The common wrong answers: only layer 2 doing the work
+# sharp for $T_{\max}$ positions, as in exercise 1: with $e^\beta = e^4\, T_{\max} \approx 55\, T_{\max}$
+# the record at B is above $1 - 1/55$ when A came first, and the other positions' records (none
+# above 1) reach layer 2's output with a total weight below $1/54$. The common wrong answers: only layer 2 doing the work
 # (its answer cannot change when A and B swap: section 7's check), a record written at A and read
 # at B (A, with no query, averages its prefix, and the result depends on where A stands), and a
 # fixed sharpness that fails on long sequences.
