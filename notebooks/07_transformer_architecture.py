@@ -2112,31 +2112,38 @@ print(f"this sequence: {on_diagonal:.0%} of the weight on the diagonal; over all
 # `notebooks/solutions/07_transformer_architecture_solutions.ipynb`.
 #
 # **1. RMSNorm, a LayerNorm without the mean.** Zhang and Sennrich (2019) drop LayerNorm's
-# centring and its bias and divide each vector by its root mean square alone; many later models
-# normalise this way. `x` is `(..., d)`, `gamma` is `(d,)`. Return
-# $\gamma \odot x / \sqrt{\tfrac{1}{d}\sum_{i=1}^{d} x_i^2 + \epsilon}$ over the last axis, without
-# `F.rms_norm` or `nn.RMSNorm`. Then compare it with section 3's LayerNorm (with $\beta = 0$):
-# for which vectors do the two agree, and what does RMSNorm make of a vector whose mean is large
-# compared with its spread?
+# centring and its bias: each vector is divided by its root mean square alone, then multiplied by
+# a gain; many later models normalise this way. Derive it from section 3's LayerNorm and write it
+# without `F.rms_norm` or `nn.RMSNorm` (the checker hides them while your function runs). Then
+# compare it with section 3's LayerNorm (with $\beta = 0$): for which vectors do the two agree,
+# and what does RMSNorm make of a vector whose mean is large compared with its spread?
 
 # %%
 def rms_norm(x: Tensor, gamma: Tensor, eps: float) -> Tensor:
+    """x: (..., d), gamma: (d,), eps: a float -> (..., d): each vector x[..., :] divided by its root
+    mean square (eps where section 3's LayerNorm puts it), times gamma."""
     raise NotImplementedError  # your code here
 
 
 exercises.check("07.rms_norm", rms_norm)
 
 # %% [markdown]
-# **2. A sublayer, post-LN or pre-LN.** `sublayer` is a function `(B, T, d) -> (B, T, d)` (an
-# attention or a feed-forward network), `norm` a LayerNorm. Return the sublayer wrapped in its
-# residual connection and LayerNorm: post-LN when `norm_first` is False, pre-LN when it is True.
+# **2. Post-LN or pre-LN, from the outside.** Someone hands you an encoder layer as a bare
+# function, `layer(x)`, `(B, T, d) -> (B, T, d)` (in evaluation mode, no dropout), with no
+# attribute to read and no source to look at. Decide, by calling it on inputs of your choosing,
+# whether it is post-LN (a LayerNorm after each residual sum, the paper's form) or pre-LN (a
+# LayerNorm on each sublayer's input and a plain residual sum), and return `"post"` or `"pre"`.
+# The checker's layers include ones whose LayerNorms have gains and biases far from 1 and 0, as
+# after training, and ones whose sublayers add very little or a lot.
 
 # %%
-def sublayer_connection(x: Tensor, sublayer, norm: nn.Module, norm_first: bool) -> Tensor:
+def norm_placement(layer, d_model: int) -> str:
+    """layer: x (B, T, d_model) float -> (B, T, d_model), an encoder layer seen from outside ->
+    "post" or "pre"."""
     raise NotImplementedError  # your code here
 
 
-exercises.check("07.sublayer", sublayer_connection)
+exercises.check("07.norm_placement", norm_placement)
 
 # %% [markdown]
 # **3. The decoder's masks.** `src_mask` is `(B, S)` and `tgt_mask` is `(B, T)`, both bool and
@@ -2147,10 +2154,32 @@ exercises.check("07.sublayer", sublayer_connection)
 
 # %%
 def decoder_masks(src_mask: Tensor, tgt_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """src_mask: (B, S) bool, tgt_mask: (B, T) bool, True at real tokens -> (self_mask, cross_mask),
+    bool, True = may attend, broadcastable to (B, h, T, T) and (B, h, T, S)."""
     raise NotImplementedError  # your code here
 
 
 exercises.check("07.decoder_masks", decoder_masks)
+
+# %% [markdown]
+# **4. Find the planted bug.** Each decoder layer the checker hands you, as a function
+# `layer(y, memory, src_keep)` (`y` is `(B, T, d)`, `memory` `(B, S, d)`, `src_keep` a `(B, S)`
+# bool tensor, `True` at real source tokens; it returns `(B, T, d)`), is either correct or has
+# exactly one of three bugs: its self-attention sees later target positions (`"future"`), its
+# cross-attention reads padded source positions (`"padding"`), or its cross-attention is causal,
+# so that target position $t$ reads source positions $0..t$ only (`"cross-causal"`). Return
+# `"ok"`, `"future"`, `"padding"` or `"cross-causal"`. Section 5 checked the first two
+# properties on the package's layer; the third is a dependence that must exist, not one that
+# must not.
+
+# %%
+def find_bug(layer, d_model: int) -> str:
+    """layer: (y (B, T, d_model), memory (B, S, d_model), src_keep (B, S) bool) -> (B, T, d_model),
+    a decoder layer seen from outside -> "ok", "future", "padding" or "cross-causal"."""
+    raise NotImplementedError  # your code here
+
+
+exercises.check("07.find_bug", find_bug)
 
 # %% [markdown]
 # ## References

@@ -17,24 +17,32 @@
 # # 07 · Solutions: the Transformer architecture
 #
 # Worked solutions to the coding exercises of chapter 07, each followed by its checker with
-# `must_pass=True`, so this notebook fails loudly if a solution (or a checker) breaks. Each
-# solution is also compared with the package's modules, which the chapter checked against
-# PyTorch. Try the exercises in the chapter first.
+# `must_pass=True`, so this notebook fails loudly if a solution (or a checker) breaks, and then
+# tried on the package's modules or on PyTorch's; answers to the questions follow. Try the
+# exercises in the chapter first.
 
 # %%
 import torch
 from torch import Tensor, nn
 
 from tfmlib import exercises
-from tfmlib.attention import padding_mask
+from tfmlib.attention import causal_mask, padding_mask
+from tfmlib.config import setup
 from tfmlib.transformer import DecoderLayer, EncoderLayer, LayerNormScratch
+
+run = setup(seed=0, smoke=dict(parity_steps=40), cpu=dict(parity_steps=250), gpu=dict(parity_steps=250))
 
 # %% [markdown]
 # ## Coding exercises
 #
-# **1. RMSNorm.** One statistic, the mean of the squared features over the last axis, kept as an
-# axis of size 1; $\epsilon$ inside the square root, as in section 3's LayerNorm; the gain after
-# normalising, and no centring and no bias.
+# **1. RMSNorm.** Section 3's LayerNorm computes two statistics per vector, a mean and a
+# variance about it; RMSNorm keeps one, the mean of the squared features, taken like
+# LayerNorm's over the last axis only (the features of one position) and kept as an axis of
+# size 1 so that it divides every feature of its vector. $\epsilon$ goes inside the square root,
+# as in section 3, so that a nearly zero vector is amplified at most $1/\sqrt{\epsilon}$ times;
+# the gain comes after normalising, and there is no bias. The checker names the usual slips:
+# centring anyway (that is LayerNorm), the sum instead of the mean, $\epsilon$ outside the root,
+# the statistic over the batch axis, and dividing by the mean square without its root.
 
 # %%
 def rms_norm(x: Tensor, gamma: Tensor, eps: float) -> Tensor:
@@ -75,40 +83,78 @@ assert vs_torch < 1e-12 and zero_mean < 1e-12, "RMSNorm must match nn.RMSNorm, a
 assert abs(ln_offset.mean().item()) < 1e-6 and rms_offset.std().item() < 0.05, "the two treat a mean differently"
 
 # %% [markdown]
-# **2. A sublayer, post-LN or pre-LN.** Post-LN normalises the residual sum; pre-LN normalises
-# only what goes into the sublayer and leaves the sum alone.
+# **2. Post-LN or pre-LN, from the outside.** What a LayerNorm guarantees, whatever its gain and
+# bias: its output does not grow with its input (each vector is centred and scaled to unit
+# spread, then multiplied by $\gamma$ and shifted by $\beta$, so every output is bounded by
+# $|\beta| + |\gamma|\sqrt{d}$). In a post-LN layer every path to the output ends in a
+# LayerNorm, so the output stays bounded however large the input is. In a pre-LN layer the
+# input reaches the output through a plain sum, $x + F(\mathrm{LN}(x))$: multiply the input by
+# $c$ and the output grows like $c$, while what the sublayers add, output minus input, stops
+# depending on $c$ once $c$ is large (their inputs are normalised). So: feed a large input and
+# look at the size of the output. The shallow tests fail on the checker's harder layers: "the
+# output has mean 0 and spread 1" reads a post-LN layer's $\beta$ and $\gamma$, which training
+# moves away from 0 and 1; "the output stays near the input" fails for a pre-LN layer whose
+# sublayers add a lot, and for a post-LN layer fed inputs that are already normalised.
 
 # %%
-def sublayer_connection(x: Tensor, sublayer, norm: nn.Module, norm_first: bool) -> Tensor:
-    if norm_first:
-        return x + sublayer(norm(x))
-    return norm(x + sublayer(x))
+def norm_placement(layer, d_model: int) -> str:
+    x = torch.randn(2, 5, d_model, dtype=torch.float64)
+    big = layer(1e4 * x)                                           # (2, 5, d_model)
+    bounded = big.abs().max() < 1e2                                # a LayerNorm ends every path: post-LN
+    return "post" if bounded else "pre"
 
 
-exercises.check("07.sublayer", sublayer_connection, must_pass=True)
+exercises.check("07.norm_placement", norm_placement, must_pass=True)
 
 # %% [markdown]
-# Two such connections, around the self-attention and around the feed-forward network, are an
-# encoder layer. With the package's `EncoderLayer`'s own sublayers and norms (dropout off):
+# Tried on the package's `EncoderLayer` and on PyTorch's `nn.TransformerEncoderLayer`, both ways,
+# with LayerNorm gains and biases drawn away from 1 and 0. For each we also print what the
+# shallow tests look at: the output's mean and spread per position, for an ordinary input
+# ($d = 32$).
 
 # %%
-for norm_first in (False, True):
-    torch.manual_seed(0)
-    layer = EncoderLayer(16, 4, 32, dropout=0.0, norm_first=norm_first).eval()
-    x = torch.randn(2, 7, 16)
+def with_trained_looking_norms(module: nn.Module) -> nn.Module:
     with torch.no_grad():
-        h = sublayer_connection(x, lambda z, lyr=layer: lyr.self_attn(z)[0], layer.norm1, norm_first)
-        h = sublayer_connection(h, layer.ff, layer.norm2, norm_first)
-        whole = layer(x)[0]                                      # the same attention code path as above
-    print(f"norm_first={norm_first}: two sublayer connections vs EncoderLayer, max difference "
-          f"{(h - whole).abs().max().item():.1e}, bit for bit equal: {torch.equal(h, whole)}")
-    assert torch.equal(h, whole), "two sublayer connections must make an encoder layer"
+        for norm in (m for m in module.modules() if isinstance(m, nn.LayerNorm)):
+            norm.weight.uniform_(0.3, 3.0)
+            norm.bias.normal_(0.0, 2.0)
+    return module.double().eval()
+
+
+torch.manual_seed(run.seed)
+layers = {}
+for norm_first in (False, True):
+    name = "pre-LN" if norm_first else "post-LN"
+    ours = with_trained_looking_norms(EncoderLayer(32, 4, 64, dropout=0.0, norm_first=norm_first))
+    theirs = with_trained_looking_norms(nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True,
+                                                                   norm_first=norm_first))
+    layers[f"EncoderLayer, {name}"] = (lambda x, m=ours: m(x)[0], name)
+    layers[f"nn.TransformerEncoderLayer, {name}"] = (lambda x, m=theirs: m(x), name)
+x = torch.randn(4, 7, 32, dtype=torch.float64)
+with torch.no_grad():
+    for name, (layer, truth) in layers.items():
+        out = layer(x)
+        found = norm_placement(layer, 32)
+        mean, spread = out.mean(-1).abs().mean().item(), out.std(-1, unbiased=False).mean().item()
+        print(f"{name:>36s}: says {found!r:7s} | output mean per position {mean:.2f} (|avg|), "
+              f"spread {spread:.2f}")
+        assert found == truth.split("-")[0], f"{name}: the probe must find the placement"
+        assert mean > 0.05 and abs(spread - 1) > 0.05, "no layer here looks normalised to mean 0, spread 1"
 
 # %% [markdown]
+# The probe finds the placement in all four. The printed means and spreads show why the shallow
+# tests cannot: with these gains and biases no layer, post-LN or pre-LN, gives mean 0 and
+# spread 1, so a test for those two numbers calls all four "pre". What the numbers are depends
+# on the gains and biases drawn; that the output stays bounded depends only on where the
+# LayerNorm sits.
+#
 # **3. The decoder's masks.** Self-attention: position $t$ may attend to $u$ when $u \le t$
 # (causal) and $u$ is a real target token (padding on the *keys*, the last axis).
 # Cross-attention: every target position may attend to every real source token and is not
-# causal: the whole source is known before decoding starts.
+# causal: the whole source is known before decoding starts. The usual slips the checker names:
+# the padding put on the queries (the rows) instead of the keys, which leaves a padded query
+# with no key at all (NaN in a plain softmax); a causal cross mask; masks inverted to PyTorch's
+# `True` = may *not* attend.
 
 # %%
 def decoder_masks(src_mask: Tensor, tgt_mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -142,6 +188,93 @@ assert torch.equal(out_a, out_b), "the solution's masks must act as the package'
 assert torch.equal(self_w > 0, self_mask.expand_as(self_w)) and torch.equal(cross_w > 0, cross_mask.expand_as(cross_w))
 
 # %% [markdown]
+# **4. Find the planted bug.** Each of the three properties is tested with one change to the
+# input and one look at the output:
+#
+# * *no leak from the future*: change only the **last** target token and look at the outputs
+#   **before** it; they must not move. (The other way round, changing the first token and
+#   watching the later outputs, always sees a change: that is the prefix being read, not a
+#   leak.) Change it by a random vector, not by a constant added to every feature: a pre-LN
+#   layer normalises its input first, and the centring removes a constant shift exactly.
+# * *no padding leak*: put garbage at the **padded** source positions only (`src_keep` False
+#   there) and check that no output moves. Changing a real source token must change the
+#   output, so that test proves nothing.
+# * *every target position reads the whole source*: change the **last real** source token and
+#   check that the output at the **first** target position moves. This is a dependence that must
+#   exist; the two checks of section 5 look only for dependences that must not.
+#
+# We compare with a tolerance rather than bit for bit, since a layer need not take the same
+# code path for two inputs.
+
+# %%
+def find_bug(layer, d_model: int) -> str:
+    g = torch.Generator().manual_seed(0)
+    y, memory = torch.randn(2, 5, d_model, generator=g), torch.randn(2, 6, d_model, generator=g)
+    src_keep = torch.ones(2, 6, dtype=torch.bool)
+    src_keep[1, 4:] = False                                          # two padded positions in the second
+    out = layer(y, memory, src_keep)
+
+    def moved(new: Tensor, old: Tensor) -> bool:
+        return not torch.allclose(new, old, atol=1e-6)
+
+    later = y.clone()
+    later[:, -1] += torch.randn(d_model, generator=g)                # the last target token only
+    if moved(layer(later, memory, src_keep)[:, :-1], out[:, :-1]):
+        return "future"
+    garbage = memory.clone()
+    garbage[~src_keep] = 100 * torch.randn(int((~src_keep).sum()), d_model, generator=g)
+    if moved(layer(y, garbage, src_keep), out):
+        return "padding"
+    far = memory.clone()
+    far[0, -1] += torch.randn(d_model, generator=g)                  # the last source token, a real one
+    if not moved(layer(y, far, src_keep)[0, 0], out[0, 0]):
+        return "cross-causal"
+    return "ok"
+
+
+exercises.check("07.find_bug", find_bug, must_pass=True)
+
+# %% [markdown]
+# The same probe on real layers: the package's `DecoderLayer`, and PyTorch's
+# `nn.TransformerDecoderLayer`, which applies only the masks it is given. Forget its causal
+# `tgt_mask`, or its `memory_key_padding_mask` (where, unlike in this book, `True` means *may
+# not* attend), and the probe names the bug:
+
+# %%
+torch.manual_seed(run.seed)
+ours = DecoderLayer(16, 4, 32, dropout=0.0).eval()
+theirs = nn.TransformerDecoderLayer(16, 4, 32, dropout=0.0, batch_first=True).eval()
+
+
+def torch_layer(tgt_mask: bool, memory_padding: bool):
+    def layer(y: Tensor, memory: Tensor, src_keep: Tensor) -> Tensor:
+        T = y.shape[1]
+        return theirs(y, memory, tgt_mask=~causal_mask(T) if tgt_mask else None,
+                      memory_key_padding_mask=~src_keep if memory_padding else None)
+    return layer
+
+
+real_layers = {
+    "DecoderLayer, padding_mask(src_keep)": lambda y, m, k: ours(y, m, padding_mask(k))[0],
+    "DecoderLayer, no memory mask": lambda y, m, k: ours(y, m)[0],
+    "nn.TransformerDecoderLayer, both masks": torch_layer(True, True),
+    "nn.TransformerDecoderLayer, no tgt_mask": torch_layer(False, True),
+    "nn.TransformerDecoderLayer, no memory_key_padding_mask": torch_layer(True, False),
+}
+expected = ["ok", "padding", "ok", "future", "padding"]
+with torch.no_grad():
+    for (name, layer), want in zip(real_layers.items(), expected, strict=True):
+        found = find_bug(layer, 16)
+        print(f"{name:>56s}: {found}")
+        assert found == want, f"{name}: expected {want!r}"
+
+# %% [markdown]
+# Both correct setups pass, and each forgotten mask is named. The `DecoderLayer` without a
+# memory mask reads the padding because it was *told* nothing about it: the layer is correct,
+# the call is not, which is why the chapter passes `padding_mask(src_mask)` at every call. No
+# setup of these layers gives `"cross-causal"`: neither ever masks cross-attention causally, and
+# the probe does not invent it.
+#
 # ## Questions
 #
 # **1. Deeper attention-only stacks.** The chapter's one-layer argument needs the query to be
@@ -151,7 +284,8 @@ assert torch.equal(self_w > 0, self_mask.expand_as(self_w)) and torch.equal(cros
 # $n$, and so do the keys and values; the scores $s(n)$ are then non-linear in $n$, the softmax
 # weights $e^{s(n)}$ are exponentials of them, and the degree bound is gone. Measured with the
 # chapter's recipe (residual + LayerNorm around each attention sublayer, no feed-forward network,
-# $d = 32$, 2 heads, Adam at $10^{-3}$, clipping at 1, full batch), with 250 steps instead of 500:
+# $d = 32$, 2 heads, Adam at $10^{-3}$, clipping at 1, full batch), with `run.parity_steps` steps
+# (250 in the `cpu` profile) instead of 500:
 
 # %%
 import itertools  # noqa: E402
@@ -187,7 +321,7 @@ for layers, seed in itertools.product((2, 4), range(3)):
     model = AttentionOnlyParity(layers)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     solved_at = None
-    for step in range(250):
+    for step in range(run.parity_steps):
         logits = model(parity_tokens)
         if solved_at is None and bool((logits.argmax(-1) == parity).all()):
             solved_at = step
@@ -199,9 +333,9 @@ for layers, seed in itertools.product((2, 4), range(3)):
     with torch.no_grad():
         accuracy = (model(parity_tokens).argmax(-1) == parity).float().mean().item()
     deep_parity[layers, seed] = (accuracy, solved_at)
-    print(f"{layers} attention-only layers, seed {seed}: {accuracy:.1%} of the 32 inputs after 250 steps "
+    print(f"{layers} attention-only layers, seed {seed}: {accuracy:.1%} of the 32 inputs after {run.parity_steps} steps "
           f"(first at 100%: step {solved_at})")
-assert all(acc == 1.0 for acc, _ in deep_parity.values()), \
+assert run.profile == "smoke" or all(acc == 1.0 for acc, _ in deep_parity.values()), \
     "two or more attention-only layers should learn 5-bit parity from every seed here"
 
 # %% [markdown]

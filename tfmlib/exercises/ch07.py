@@ -39,14 +39,24 @@ def _rms_norm_mistakes(x: torch.Tensor, gamma: torch.Tensor, eps: float) -> dict
     }
 
 
-@checker("07.rms_norm", hint="like section 3's LayerNorm with the centring and the bias left out: one "
-         "statistic, the mean of the squared features over the last axis only, kept as an axis of size 1 "
-         "so that it broadcasts back; eps goes where section 3 put it; gamma acts after normalising")
+def _forbidden_rms_norm(*args: Any, **kwargs: Any) -> torch.Tensor:
+    raise Wrong("the exercise asks you to write RMSNorm yourself, without F.rms_norm or nn.RMSNorm (which "
+                "calls it); the solutions compare yours with them")
+
+
+@checker("07.rms_norm", hint="section 3's LayerNorm with two things left out, the centring and the "
+         "bias: one statistic per vector instead of two. Ask over which axis it is taken, and where "
+         "section 3 put eps")
 def _check_rms_norm(rms_norm: Callable[..., torch.Tensor]) -> None:
     for seed in range(4):
         x, gamma, eps = _rms_norm_case(seed)
         want = torch.nn.functional.rms_norm(x, (x.shape[-1],), gamma, eps)
-        got = rms_norm(x.clone(), gamma.clone(), eps)
+        saved = torch.nn.functional.rms_norm, torch.rms_norm
+        torch.nn.functional.rms_norm = torch.rms_norm = _forbidden_rms_norm
+        try:
+            got = rms_norm(x.clone(), gamma.clone(), eps)
+        finally:
+            torch.nn.functional.rms_norm, torch.rms_norm = saved
         if isinstance(got, torch.Tensor) and got.shape == want.shape and \
                 not torch.allclose(got.double(), want, atol=1e-6, rtol=1e-5):
             for reason, wrong in _rms_norm_mistakes(x, gamma, eps).items():
@@ -55,37 +65,79 @@ def _check_rms_norm(rms_norm: Callable[..., torch.Tensor]) -> None:
         expect_close(got, want, f"rms_norm(x of shape {tuple(x.shape)}, eps={eps})", atol=1e-6, rtol=1e-5)
 
 
-@checker("07.sublayer", hint="read section 4's two formulas: ask for each what the LayerNorm is applied to, "
-         "the residual sum or only the sublayer's input, and whether x itself is ever normalised")
-def _check_sublayer(sublayer_connection: Callable[..., torch.Tensor]) -> None:
-    for seed in range(3):
-        g = torch.Generator().manual_seed(seed)
-        d = 4 + 2 * seed
-        x = torch.randn(2, 3 + seed, d, generator=g) * 2 + 1
-        sublayer = torch.nn.Linear(d, d)
-        norm = torch.nn.LayerNorm(d)
+def _ch07_encoder_box(d: int, norm_first: bool, seed: int, *, affine: bool = False,
+                      sublayer_scale: float = 1.0) -> Callable[[torch.Tensor], torch.Tensor]:
+    """One :class:`~tfmlib.transformer.EncoderLayer` (float64, eval, no dropout) seen only as a function.
+
+    ``affine``: LayerNorm gains and biases far from 1 and 0, as after training; ``sublayer_scale``
+    multiplies the last weights of both sublayers (tiny or large sublayer outputs)."""
+    from tfmlib.transformer import EncoderLayer  # imported here: tfmlib.transformer is chapter 07's
+
+    torch.manual_seed(seed)
+    layer = EncoderLayer(d, 2, 2 * d, dropout=0.0, norm_first=norm_first).double().eval()
+    with torch.no_grad():
+        if affine:
+            for norm in (layer.norm1, layer.norm2):
+                norm.weight.uniform_(0.3, 3.0)
+                norm.bias.normal_(0.0, 2.0)
+        for linear in (layer.self_attn.out_proj, layer.ff.linear2):
+            linear.weight.mul_(sublayer_scale)
+            linear.bias.mul_(sublayer_scale)
+
+    def encoder_layer(x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() != 3 or x.shape[-1] != d \
+                or 0 in x.shape:
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"layer: x must be a non-empty floating (batch, length, {d}) tensor, got {got}")
         with torch.no_grad():
-            for p in [*sublayer.parameters(), *norm.parameters()]:
-                p.copy_(torch.randn(p.shape, generator=g))
-        with torch.no_grad():
-            want = {False: norm(x + sublayer(x)), True: x + sublayer(norm(x))}
-            wrong = {False: {"that is pre-LN, x + sublayer(norm(x)); post-LN normalises the sum": want[True],
-                             "the residual connection is missing: add x before normalising":
-                                 norm(sublayer(x))},
-                     True: {"that is post-LN, norm(x + sublayer(x)); pre-LN normalises the sublayer's input":
-                                want[False],
-                            "the residual connection is missing: the sublayer's output must be added to x":
-                                sublayer(norm(x)),
-                            "pre-LN leaves the residual sum alone: do not normalise x + sublayer(norm(x))":
-                                norm(x + sublayer(norm(x)))}}
-            for norm_first in (False, True):
-                got = sublayer_connection(x.clone(), sublayer, norm, norm_first)
-                if isinstance(got, torch.Tensor) and got.shape == x.shape:
-                    for reason, w in wrong[norm_first].items():
-                        distinct = not torch.allclose(w, want[norm_first], atol=1e-5)
-                        if distinct and torch.allclose(got, w, atol=1e-5):
-                            raise Wrong(f"norm_first={norm_first}: {reason}")
-                expect_close(got, want[norm_first], f"sublayer_connection(..., norm_first={norm_first})")
+            return layer(x.detach().double())[0].to(x.dtype)
+
+    return encoder_layer
+
+
+# (norm_first, d, description, box options): what each hides, and what a shallow test would take it for
+_CH07_PLACEMENT_CASES = [
+    (False, 16, "post-LN with gain 1 and bias 0 (as initialised): fed inputs that are already "
+     "normalised, its output looks much like its input. Use inputs that a LayerNorm would change: "
+     "large ones, or off-centre", dict()),
+    (True, 16, "pre-LN as initialised: its output is its input plus what the two sublayers add, and "
+     "nothing normalises that sum", dict()),
+    (False, 16, "post-LN whose LayerNorms have gains far from 1 and biases far from 0 (as after "
+     "training): its output has the biases' mean and the gains' spread, not mean 0 and spread 1. Test "
+     "something that holds whatever the gain and bias are", dict(affine=True)),
+    (True, 16, "pre-LN whose sublayers add little (their last weights scaled by 1e-3): its output is "
+     "nearly its input, and inputs of spread 1 make it look normalised. Use inputs that a LayerNorm "
+     "would change", dict(sublayer_scale=1e-3)),
+    (True, 16, "pre-LN whose sublayers add a lot (their last weights scaled by 30): its output is far "
+     "from its input although nothing normalises it. Test what LayerNorm guarantees (its output "
+     "does not grow with its input), not whether the output stays near the input",
+     dict(sublayer_scale=30.0, affine=True)),
+    (False, 32, "post-LN whose LayerNorms have gains far from 1 and biases far from 0 (as after "
+     "training), width 32", dict(affine=True)),
+]
+
+
+@checker("07.norm_placement", hint="section 4's two formulas, read from the outside: in one of them every "
+         "path to the output ends in a LayerNorm, in the other the input reaches the output through a plain "
+         "sum. Section 3 says what a LayerNorm's output does not depend on; choose inputs that make that "
+         "visible, and a test that holds whatever the gains and biases are")
+def _check_norm_placement(norm_placement: Callable[[Callable[..., torch.Tensor], int], str]) -> None:
+    answers, truths = [], []
+    for seed, (norm_first, d, _, options) in enumerate(_CH07_PLACEMENT_CASES):
+        answer = norm_placement(_ch07_encoder_box(d, norm_first, seed, **options), d)
+        if answer not in ("post", "pre"):
+            raise Wrong(f"return the string 'post' or 'pre', got {answer!r}")
+        answers.append(answer)
+        truths.append("pre" if norm_first else "post")
+    if answers == truths:
+        return
+    if all(a != t for a, t in zip(answers, truths, strict=True)):
+        raise Wrong("every answer is the opposite of the truth: your test is right and its two outcomes are "
+                    "swapped ('post' when the input reaches the output through a plain sum, which is pre-LN)")
+    i = next(i for i, (a, t) in enumerate(zip(answers, truths, strict=True)) if a != t)
+    note = (f" (and you answered '{answers[0]}' for every layer)" if len(set(answers)) == 1 else "")
+    raise Wrong(f"layer {i + 1} of {len(truths)} is {truths[i]}-LN, you said '{answers[i]}'{note}. It is "
+                f"{_CH07_PLACEMENT_CASES[i][2]}")
 
 
 def _as_attention_mask(mask: Any, B: int, T: int, S: int, what: str) -> torch.Tensor:
@@ -105,9 +157,11 @@ def _as_attention_mask(mask: Any, B: int, T: int, S: int, what: str) -> torch.Te
                     f"keys) = {(B, 'h', T, S)}") from None
 
 
-@checker("07.decoder_masks", hint="True = may attend; the last axis of a mask is the keys. Self-attention "
-         "combines two conditions, one on (query, key) positions and one on which keys are real; place "
-         "each on the axes it depends on so that they broadcast. Ask which of the two cross-attention needs")
+@checker("07.decoder_masks", hint="section 5 lists what each of the decoder's two attentions may see; "
+         "chapter 05's masks say True where a query may attend, and their last axis is the keys. "
+         "Self-attention combines two conditions, one on (query, key) positions and one on which keys are "
+         "real; place each on the axes it depends on so that they broadcast. Ask which of the two "
+         "cross-attention needs")
 def _check_decoder_masks(decoder_masks: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> None:
     for seed in range(4):
         g = torch.Generator().manual_seed(seed)
@@ -135,7 +189,10 @@ def _check_decoder_masks(decoder_masks: Callable[..., tuple[torch.Tensor, torch.
             if torch.equal(self_mask, tgt_mask[:, None, None, :].expand(B, 1, T, T)):
                 raise Wrong("self_mask must be causal: position t may attend to positions 0..t only")
             if torch.equal(self_mask, (causal[None] & tgt_mask[:, :, None])[:, None]):
-                raise Wrong("padding masks the keys (the last axis): use tgt_mask[:, None, None, :]")
+                raise Wrong("your self_mask hides whole rows, the padded *queries* (whether or not it also "
+                            "hides the padded keys: with padding at the end the two masks are the same). A "
+                            "padded query then has no key to attend to, NaN in a plain softmax. Padding "
+                            "masks the keys (the last axis) only; a padded query's output is never used")
             raise Wrong("self_mask is wrong: position t may attend to u when u <= t and u is a real token\n"
                         + mask_mismatch(self_mask[0, 0], want_self[0, 0], "the first example's self_mask"))
         if not torch.equal(cross_mask, want_cross):
@@ -147,3 +204,93 @@ def _check_decoder_masks(decoder_masks: Callable[..., tuple[torch.Tensor, torch.
                         + mask_mismatch(cross_mask[0, 0], want_cross[0, 0], "the first example's cross_mask"))
 
 
+
+
+_CH07_BUGS = ("ok", "future", "padding", "cross-causal")
+
+
+def _ch07_decoder_box(d: int, bug: str, norm_first: bool, seed: int) -> Callable[..., torch.Tensor]:
+    """A decoder layer (float64, eval, no dropout) with one planted ``bug`` (or none), as a function
+    ``layer(y (B, T, d), memory (B, S, d), src_keep (B, S) bool) -> (B, T, d)``."""
+    from tfmlib.transformer import DecoderLayer  # imported here: tfmlib.transformer is chapter 07's
+
+    torch.manual_seed(seed)
+    layer = DecoderLayer(d, 2, 2 * d, dropout=0.0, norm_first=norm_first).double().eval()
+
+    def decoder_layer(y: torch.Tensor, memory: torch.Tensor, src_keep: torch.Tensor) -> torch.Tensor:
+        for name, t in (("y", y), ("memory", memory)):
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dim() != 3 \
+                    or t.shape[-1] != d or 0 in t.shape:
+                got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise ValueError(f"layer: {name} must be a non-empty floating (batch, length, {d}) tensor, "
+                                 f"got {got}")
+        B, T, S = y.shape[0], y.shape[1], memory.shape[1]
+        if not isinstance(src_keep, torch.Tensor) or src_keep.dtype != torch.bool \
+                or tuple(src_keep.shape) != (B, S) or memory.shape[0] != B:
+            got = (f"{src_keep.dtype} {tuple(src_keep.shape)}" if isinstance(src_keep, torch.Tensor)
+                   else type(src_keep).__name__)
+            raise ValueError(f"layer: src_keep must be a bool (batch, S) = ({B}, {S}) tensor (True at real "
+                             f"source tokens) and memory must have {B} rows; got src_keep {got}, memory "
+                             f"{tuple(memory.shape)}")
+        cross = None if bug == "padding" else src_keep[:, None, None, :]
+        if bug == "cross-causal":                                   # target t reads source 0..t only
+            cross = cross & torch.ones(T, S, dtype=torch.bool).tril()
+        x, mem = y.detach().double(), memory.detach().double()
+        causal = bug != "future"
+        with torch.no_grad():       # need_weights=True: the explicit path, where a masked key adds exactly 0
+            if norm_first:
+                x = x + layer.self_attn(layer.norm1(x), causal=causal, need_weights=True)[0]
+                x = x + layer.cross_attn(layer.norm2(x), mem, mask=cross, need_weights=True)[0]
+                x = x + layer.ff(layer.norm3(x))
+            else:
+                x = layer.norm1(x + layer.self_attn(x, causal=causal, need_weights=True)[0])
+                x = layer.norm2(x + layer.cross_attn(x, mem, mask=cross, need_weights=True)[0])
+                x = layer.norm3(x + layer.ff(x))
+        return x.to(y.dtype)
+
+    return decoder_layer
+
+
+_CH07_BUG_MESSAGES = {
+    ("ok", "future"): "it is a correct layer: later outputs always depend on earlier inputs, that is what "
+    "attention over the prefix is. A leak from the future is the other way round: an output that changes "
+    "when only a LATER target token changes",
+    ("ok", "padding"): "it is a correct layer: changing a real source token changes the output, as it must. "
+    "A padding leak is a change when only PADDED source positions (src_keep False) change",
+    ("ok", "cross-causal"): "it is a correct layer: its first target position does read the last source "
+    "token. Make sure the source token you changed is a real one (src_keep True) and compare the right "
+    "target position",
+    "future": "its self-attention sees later target positions, a leak from the future (section 5's first "
+    "check): change only a later target token and look at the outputs before it. Change it by something a "
+    "LayerNorm does not remove: a constant added to every feature of a vector vanishes in the centring, "
+    "so a pre-LN layer never sees it",
+    "padding": "its cross-attention reads the padded source positions (section 5's second check): give "
+    "some source positions src_keep False, put garbage there, and look at the output",
+    "cross-causal": "its cross-attention is causal: target position t reads source positions 0..t only. "
+    "Every target position must read the whole source; check that the FIRST target position depends on "
+    "the LAST real source token",
+}
+
+
+@checker("07.find_bug", hint="section 5 checked a decoder layer for two things, with a change that must "
+         "not matter and a look at what moves; here there is one more thing that can be wrong, the opposite "
+         "kind: a dependence that must exist and is missing. For each of the three, ask which input to "
+         "change (a later target token, a padded source position, a far source token) and which outputs "
+         "to watch")
+def _check_find_bug(find_bug: Callable[[Callable[..., torch.Tensor], int], str]) -> None:
+    cases = [(bug, norm_first) for norm_first in (False, True) for bug in _CH07_BUGS]
+    answers = []
+    for seed, (bug, norm_first) in enumerate(cases):
+        answer = find_bug(_ch07_decoder_box(16, bug, norm_first, seed), 16)
+        if answer not in _CH07_BUGS:
+            raise Wrong(f"return one of {', '.join(repr(b) for b in _CH07_BUGS)}, got {answer!r}")
+        answers.append(answer)
+    truths = [bug for bug, _ in cases]
+    if answers == truths:
+        return
+    i = next(i for i, (a, t) in enumerate(zip(answers, truths, strict=True)) if a != t)
+    truth, answer = truths[i], answers[i]
+    why = _CH07_BUG_MESSAGES[(truth, answer)] if truth == "ok" else _CH07_BUG_MESSAGES[truth]
+    note = f" (and you answered '{answers[0]}' for every layer)" if len(set(answers)) == 1 else ""
+    layout = "pre-LN" if cases[i][1] else "post-LN"
+    raise Wrong(f"layer {i + 1} of {len(cases)} ({layout}): you said '{answer}'{note}, but {why}")
