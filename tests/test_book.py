@@ -565,3 +565,32 @@ def test_index_descriptions_render_code_spans():
     import book
 
     assert book.inline_code("equal to `nn.GRU` & <x>") == "equal to <code>nn.GRU</code> &amp; &lt;x&gt;"
+
+
+def test_refresh_exercise_cells_reruns_only_the_exercises(tmp_path):
+    """``refresh --exercise-cells``: the exercise cells run on the imports above them; every other
+    output stays as the last full refresh left it; a cell that needs more than the imports is refused."""
+    import book
+
+    def notebook(exercise_source: str) -> Path:
+        nb = nbformat.v4.new_notebook(cells=[
+            nbformat.v4.new_code_cell("import math\nvalue = 41", execution_count=1,
+                                      outputs=[nbformat.v4.new_output("stream", text="from the full run\n")]),
+            nbformat.v4.new_markdown_cell("## Exercises"),
+            nbformat.v4.new_code_cell(exercise_source),
+        ])
+        path = tmp_path / "01_x.ipynb"
+        nbformat.write(nb, path)
+        return path
+
+    path = notebook("print(math.sqrt(16))")
+    assert book.refresh_exercise_cells(path, "smoke", timeout=120) is None
+    cells = nbformat.read(path, as_version=4).cells
+    assert cells[0].outputs[0]["text"] == "from the full run\n", "a cell above the exercises was re-run"
+    assert cells[2].outputs[0]["text"] == "4.0\n" and cells[2].execution_count == 2
+    assert path.with_suffix(".py").exists(), "the pair is written"
+
+    path = notebook("print(value + 1)")  # needs a statement above that is not an import
+    before = path.read_text()
+    assert "failed on the imports alone" in book.refresh_exercise_cells(path, "smoke", timeout=120)
+    assert path.read_text() == before, "a refused notebook must be left untouched"

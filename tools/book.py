@@ -23,6 +23,8 @@ directory set to the notebook's folder and ``TFM_PROFILE`` in its environment.
 from __future__ import annotations
 
 import argparse
+import ast
+import copy
 import datetime as _dt
 import html
 import json
@@ -751,9 +753,71 @@ def _key(path: Path) -> str:
         return path.as_posix()
 
 
+EXERCISES_HEADING = re.compile(r"^#+\s*(?:\d+[.:]?\s*)?Exercises\b", re.M)
+
+
+def _import_statements(source: str) -> list[str]:
+    """The top-level import statements of a code cell (none if it is not plain Python)."""
+    try:
+        body = ast.parse(source).body
+    except SyntaxError:
+        return []
+    return [ast.unparse(node) for node in body if isinstance(node, (ast.Import, ast.ImportFrom))]
+
+
+def refresh_exercise_cells(ipynb: Path, profile: str, timeout: int) -> str | None:
+    """Re-execute only the cells of ``ipynb``'s Exercises section (after the import statements of
+    the cells above it) and put their outputs in place; every other cell keeps the outputs of the
+    last full refresh.
+
+    For a chapter whose exercise stubs or hints changed and nothing above them: a stub's output is
+    its checker's hint, which depends on the imports alone. Refuses (returns the reason) when the
+    ``.py`` is newer than the ``.ipynb`` (run ``jupytext --sync`` first: it keeps the outputs of
+    unchanged cells), when a cell above the exercises has no output of a full run, or when an
+    exercise cell fails on the imports alone. Returns None on success.
+    """
+    py = ipynb.with_suffix(".py")
+    if py.exists() and py.stat().st_mtime > ipynb.stat().st_mtime:
+        return f"{py.name} is newer than {ipynb.name}: run `jupytext --sync {py}` first"
+    nb = nbformat.read(ipynb, as_version=4)
+    starts = [i for i, c in enumerate(nb.cells)
+              if c.cell_type == "markdown" and EXERCISES_HEADING.search(c.source)]
+    if not starts:
+        return "no Exercises heading"
+    start = starts[0]
+    above = [i for i, c in enumerate(nb.cells[:start]) if c.cell_type == "code" and c.source.strip()]
+    unrun = [i for i in above if nb.cells[i].get("execution_count") is None]
+    if unrun:
+        return f"cells {unrun} above the exercises never ran: this needs a full refresh"
+    imports = [line for i in above for line in _import_statements(nb.cells[i].source)]
+    chosen = [i for i, c in enumerate(nb.cells) if i > start and c.cell_type == "code" and c.source.strip()]
+    cells = [nbformat.v4.new_code_cell("\n".join(imports))] + [copy.deepcopy(nb.cells[i]) for i in chosen]
+    part = nbformat.v4.new_notebook(metadata=nb.metadata, cells=cells)
+    result = execute(part, ipynb.parent, profile, timeout=timeout, store_widget_state=False)
+    if not result.ok:
+        return f"an exercise cell failed on the imports alone: {result.error}"
+    last = max((c.get("execution_count") or 0) for c in nb.cells if c.cell_type == "code")
+    for i, done in zip(chosen, result.nb.cells[1:], strict=True):
+        nb.cells[i].outputs = done.outputs
+        if nb.cells[i].get("execution_count") is None:
+            last += 1
+            nb.cells[i].execution_count = last
+    strip_volatile(nb)
+    write_pair(nb, ipynb)
+    return None
+
+
 def cmd_refresh(args: argparse.Namespace) -> int:
     notebooks_dir = Path(args.notebooks).resolve()
     targets = _resolve_targets(args.notebooks_to_run, notebooks_dir)
+    if args.exercise_cells:
+        failed = []
+        for ipynb in targets:
+            reason = refresh_exercise_cells(ipynb, args.profile, args.timeout)
+            verdict = "re-executed" if reason is None else f"NOT written: {reason}"
+            print(f"{_key(ipynb)}: exercise cells {verdict}", flush=True)
+            failed += [ipynb] if reason else []
+        return 1 if failed else 0
     profile = args.profile
     env_info = {
         "profile": profile,
@@ -819,6 +883,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument(
         "notebooks_to_run", nargs="*", metavar="NOTEBOOK", help="default: all chapters and solutions"
     )
+    r.add_argument("--exercise-cells", action="store_true",
+                   help="re-execute only the Exercises section's cells (after the imports), keeping every "
+                        "other output: for changed stubs or hints when nothing above them changed")
     r.set_defaults(func=cmd_refresh)
 
     for p in (b, r):
