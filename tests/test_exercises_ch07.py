@@ -303,3 +303,12 @@ def test_07_decoder_masks_reference_matches_the_decoder_layer():
     _, self_w, cross_w = layer(x, memory, padding_mask(src_mask), padding_mask(tgt_mask), need_weights=True)
     assert torch.equal(self_w > 0, self_mask.expand_as(self_w))
     assert torch.equal(cross_w > 0, cross_mask.expand_as(cross_w))
+
+
+def test_07_checkers_leave_the_readers_random_state_alone():
+    """The checkers build their layers from seeds of their own; a check must not reseed the notebook."""
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    exercises.check("07.norm_placement", lambda layer, d: "post")
+    exercises.check("07.find_bug", lambda layer, d: "ok")
+    assert torch.equal(torch.get_rng_state(), state)

@@ -73,9 +73,11 @@ def _ch07_encoder_box(d: int, norm_first: bool, seed: int, *, affine: bool = Fal
     multiplies the last weights of both sublayers (tiny or large sublayer outputs)."""
     from tfmlib.transformer import EncoderLayer  # imported here: tfmlib.transformer is chapter 07's
 
-    torch.manual_seed(seed)
-    layer = EncoderLayer(d, 2, 2 * d, dropout=0.0, norm_first=norm_first).double().eval()
-    with torch.no_grad():
+    with torch.random.fork_rng(devices=[]):         # the reader's random state stays as it was
+        torch.manual_seed(seed)
+        layer = EncoderLayer(d, 2, 2 * d, dropout=0.0, norm_first=norm_first).double().eval()
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(seed + 1000)
         if affine:
             for norm in (layer.norm1, layer.norm2):
                 norm.weight.uniform_(0.3, 3.0)
@@ -214,8 +216,9 @@ def _ch07_decoder_box(d: int, bug: str, norm_first: bool, seed: int) -> Callable
     ``layer(y (B, T, d), memory (B, S, d), src_keep (B, S) bool) -> (B, T, d)``."""
     from tfmlib.transformer import DecoderLayer  # imported here: tfmlib.transformer is chapter 07's
 
-    torch.manual_seed(seed)
-    layer = DecoderLayer(d, 2, 2 * d, dropout=0.0, norm_first=norm_first).double().eval()
+    with torch.random.fork_rng(devices=[]):         # the reader's random state stays as it was
+        torch.manual_seed(seed)
+        layer = DecoderLayer(d, 2, 2 * d, dropout=0.0, norm_first=norm_first).double().eval()
 
     def decoder_layer(y: torch.Tensor, memory: torch.Tensor, src_keep: torch.Tensor) -> torch.Tensor:
         for name, t in (("y", y), ("memory", memory)):
