@@ -594,3 +594,19 @@ def test_refresh_exercise_cells_reruns_only_the_exercises(tmp_path):
     before = path.read_text()
     assert "failed on the imports alone" in book.refresh_exercise_cells(path, "smoke", timeout=120)
     assert path.read_text() == before, "a refused notebook must be left untouched"
+
+
+def test_notebook_text_has_no_control_characters():
+    """A TeX command written through a Python string lost its backslash once: ``\\tilde`` became a
+    TAB and 'ilde', ``\\big`` a backspace, and MathJax showed nonsense. No notebook or solution holds
+    a control character other than the newline."""
+    import unicodedata
+
+    problems = []
+    for py in sorted(NOTEBOOKS.rglob("*.py")):
+        text = py.read_text(encoding="utf-8")
+        for lineno, line in enumerate(text.splitlines(), 1):
+            bad = sorted({repr(ch) for ch in line if unicodedata.category(ch) == "Cc"})
+            if bad:
+                problems.append(f"{rel(py)}:{lineno}: {', '.join(bad)}")
+    assert not problems, "control characters (a lost backslash?):\n" + "\n".join(problems)
