@@ -741,13 +741,11 @@ if run.device.type == "cpu" and run.profile != "smoke":
 # Without the cache the tokens per second fall as the sequence grows (each step re-reads
 # everything); with it they stay of the same order, so the speed-up is largest at the longest
 # length. The goal set for this chapter was at least 5x at 256 tokens and 10x at 1024 on a 2-core
-# CPU, and the cell's last lines put the measured ratios beside it. In the committed `cpu` run
-# (one thread, on a machine running two other notebooks at the same time) the cache was 1.2x
-# faster at 64 tokens, 2.4x at 256 and 9.1x at 1024: both goals missed. These are wall-clock
-# medians of a few interleaved runs on a machine shared with other work: they move from run to
-# run and with the load (earlier runs on a less busy machine measured 3.8x to 4.9x at 256 tokens
-# and 16x to 28x at 1024, past the goal), so whether the goal at 1024 is met depends on the run,
-# while the one at 256 was missed in every run (2.4x to 4.9x) with this model; read the ratios as
+# CPU, and the cell's last lines put the measured ratios beside it, with the verdict of this run.
+# These are wall-clock medians of a few interleaved runs on a machine shared with other work:
+# they move from run to run and with the load (runs of this notebook have measured from 1.9x to
+# 4.9x at 256 tokens and from 7.9x to 29x at 1024), so whether the goal at 1024 is met depends on
+# the run, while the one at 256 was missed in every run with this model; read the ratios as
 # orders of magnitude. The short lengths gain less
 # because a cached step of a model this small is bounded by the fixed cost of Python and kernel
 # calls, not by arithmetic: recomputing 256 tokens is still cheap, and a wider model gains more
