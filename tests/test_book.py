@@ -581,6 +581,7 @@ def test_refresh_exercise_cells_reruns_only_the_exercises(tmp_path):
         ])
         path = tmp_path / "01_x.ipynb"
         nbformat.write(nb, path)
+        path.with_suffix(".py").unlink(missing_ok=True)
         return path
 
     path = notebook("print(math.sqrt(16))")
@@ -589,6 +590,10 @@ def test_refresh_exercise_cells_reruns_only_the_exercises(tmp_path):
     assert cells[0].outputs[0]["text"] == "from the full run\n", "a cell above the exercises was re-run"
     assert cells[2].outputs[0]["text"] == "4.0\n" and cells[2].execution_count == 2
     assert path.with_suffix(".py").exists(), "the pair is written"
+
+    py = path.with_suffix(".py")
+    py.write_text(py.read_text().replace("math.sqrt(16)", "math.sqrt(25)"))  # edited, not synced
+    assert "hold different cells" in book.refresh_exercise_cells(path, "smoke", timeout=120)
 
     path = notebook("print(value + 1)")  # needs a statement above that is not an import
     before = path.read_text()

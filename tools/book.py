@@ -772,14 +772,14 @@ def refresh_exercise_cells(ipynb: Path, profile: str, timeout: int) -> str | Non
 
     For a chapter whose exercise stubs or hints changed and nothing above them: a stub's output is
     its checker's hint, which depends on the imports alone. Refuses (returns the reason) when the
-    ``.py`` is newer than the ``.ipynb`` (run ``jupytext --sync`` first: it keeps the outputs of
-    unchanged cells), when a cell above the exercises has no output of a full run, or when an
+    ``.py`` and the ``.ipynb`` hold different cells (run ``jupytext --sync`` first: it keeps the
+    outputs of unchanged cells), when a cell above the exercises has no output of a full run, or when an
     exercise cell fails on the imports alone. Returns None on success.
     """
     py = ipynb.with_suffix(".py")
-    if py.exists() and py.stat().st_mtime > ipynb.stat().st_mtime:
-        return f"{py.name} is newer than {ipynb.name}: run `jupytext --sync {py}` first"
     nb = nbformat.read(ipynb, as_version=4)
+    if py.exists() and [c.source for c in jupytext.read(py).cells] != [c.source for c in nb.cells]:
+        return f"{py.name} and {ipynb.name} hold different cells: run `jupytext --sync {py}` first"
     starts = [i for i, c in enumerate(nb.cells)
               if c.cell_type == "markdown" and EXERCISES_HEADING.search(c.source)]
     if not starts:
