@@ -568,13 +568,15 @@ def test_index_descriptions_render_code_spans():
 
 
 def test_refresh_exercise_cells_reruns_only_the_exercises(tmp_path):
-    """``refresh --exercise-cells``: the exercise cells run on the imports above them; every other
-    output stays as the last full refresh left it; a cell that needs more than the imports is refused."""
+    """``refresh --exercise-cells``: the exercise cells run on the imports and definitions above
+    them; every other output stays as the last full refresh left it; a cell that needs a computed
+    value is refused."""
     import book
 
     def notebook(exercise_source: str) -> Path:
         nb = nbformat.v4.new_notebook(cells=[
-            nbformat.v4.new_code_cell("import math\nvalue = 41", execution_count=1,
+            nbformat.v4.new_code_cell("import math\nvalue = 41\ndef half(x):\n    return x / 2",
+                                      execution_count=1,
                                       outputs=[nbformat.v4.new_output("stream", text="from the full run\n")]),
             nbformat.v4.new_markdown_cell("## Exercises"),
             nbformat.v4.new_code_cell(exercise_source),
@@ -584,7 +586,7 @@ def test_refresh_exercise_cells_reruns_only_the_exercises(tmp_path):
         path.with_suffix(".py").unlink(missing_ok=True)
         return path
 
-    path = notebook("print(math.sqrt(16))")
+    path = notebook("print(half(math.sqrt(64)))")
     assert book.refresh_exercise_cells(path, "smoke", timeout=120) is None
     cells = nbformat.read(path, as_version=4).cells
     assert cells[0].outputs[0]["text"] == "from the full run\n", "a cell above the exercises was re-run"
@@ -592,12 +594,12 @@ def test_refresh_exercise_cells_reruns_only_the_exercises(tmp_path):
     assert path.with_suffix(".py").exists(), "the pair is written"
 
     py = path.with_suffix(".py")
-    py.write_text(py.read_text().replace("math.sqrt(16)", "math.sqrt(25)"))  # edited, not synced
+    py.write_text(py.read_text().replace("math.sqrt(64)", "math.sqrt(25)"))  # edited, not synced
     assert "hold different cells" in book.refresh_exercise_cells(path, "smoke", timeout=120)
 
     path = notebook("print(value + 1)")  # needs a statement above that is not an import
     before = path.read_text()
-    assert "failed on the imports alone" in book.refresh_exercise_cells(path, "smoke", timeout=120)
+    assert "failed on the definitions alone" in book.refresh_exercise_cells(path, "smoke", timeout=120)
     assert path.read_text() == before, "a refused notebook must be left untouched"
 
 

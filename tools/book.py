@@ -756,22 +756,28 @@ def _key(path: Path) -> str:
 EXERCISES_HEADING = re.compile(r"^#+\s*(?:\d+[.:]?\s*)?Exercises\b", re.M)
 
 
-def _import_statements(source: str) -> list[str]:
-    """The top-level import statements of a code cell (none if it is not plain Python)."""
+def _definitions(source: str) -> list[str]:
+    """The statements of a code cell that an exercise stub may lean on without any training: its
+    imports, ``run = setup(...)`` and its function and class definitions (none if the cell is
+    not plain Python)."""
     try:
         body = ast.parse(source).body
     except SyntaxError:
         return []
-    return [ast.unparse(node) for node in body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    kinds = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef)
+    is_setup = [isinstance(n, ast.Assign) and [ast.unparse(t) for t in n.targets] == ["run"] for n in body]
+    return [ast.unparse(node) for node, setup_ in zip(body, is_setup, strict=True)
+            if isinstance(node, kinds) or setup_]
 
 
 def refresh_exercise_cells(ipynb: Path, profile: str, timeout: int) -> str | None:
-    """Re-execute only the cells of ``ipynb``'s Exercises section (after the import statements of
-    the cells above it) and put their outputs in place; every other cell keeps the outputs of the
-    last full refresh.
+    """Re-execute only the cells of ``ipynb``'s Exercises section (after the imports, ``run =
+    setup(...)`` and the function and class definitions of the cells above it, nothing else of
+    them) and put their outputs in place; every other cell keeps the outputs of the last full
+    refresh.
 
     For a chapter whose exercise stubs or hints changed and nothing above them: a stub's output is
-    its checker's hint, which depends on the imports alone. Refuses (returns the reason) when the
+    its checker's hint, which depends on those definitions alone. Refuses (returns the reason) when the
     ``.py`` and the ``.ipynb`` hold different cells (run ``jupytext --sync`` first: it keeps the
     outputs of unchanged cells), when a cell above the exercises has no output of a full run, or when an
     exercise cell fails on the imports alone. Returns None on success.
@@ -789,13 +795,13 @@ def refresh_exercise_cells(ipynb: Path, profile: str, timeout: int) -> str | Non
     unrun = [i for i in above if nb.cells[i].get("execution_count") is None]
     if unrun:
         return f"cells {unrun} above the exercises never ran: this needs a full refresh"
-    imports = [line for i in above for line in _import_statements(nb.cells[i].source)]
+    imports = [line for i in above for line in _definitions(nb.cells[i].source)]
     chosen = [i for i, c in enumerate(nb.cells) if i > start and c.cell_type == "code" and c.source.strip()]
     cells = [nbformat.v4.new_code_cell("\n".join(imports))] + [copy.deepcopy(nb.cells[i]) for i in chosen]
     part = nbformat.v4.new_notebook(metadata=nb.metadata, cells=cells)
     result = execute(part, ipynb.parent, profile, timeout=timeout, store_widget_state=False)
     if not result.ok:
-        return f"an exercise cell failed on the imports alone: {result.error}"
+        return f"an exercise cell failed on the definitions alone: {result.error}"
     last = max((c.get("execution_count") or 0) for c in nb.cells if c.cell_type == "code")
     for i, done in zip(chosen, result.nb.cells[1:], strict=True):
         nb.cells[i].outputs = done.outputs
