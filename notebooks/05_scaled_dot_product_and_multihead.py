@@ -2242,7 +2242,7 @@ plt.show()
 # $\sum_s \exp(e_s - m)\, v_s / l$, `(R, d_v)`. A block whose keys are all hidden from a row has
 # `m = -inf`, `l = 0` and `o = 0` there. Given the triples of two blocks, return the triple of
 # the two blocks together, so that its `o` is exactly softmax attention over all their keys.
-# It must work in float32 when the two blocks' scores are hundreds apart, and give
+# It must work in float32 when the two blocks' scores are a thousand apart, and give
 # `(-inf, 0, 0)`, not NaN, for a row hidden in both blocks.
 
 # %%

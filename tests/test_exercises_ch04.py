@@ -149,6 +149,11 @@ def _transposed_state(S, z, phi_q, phi_k, v):
     return S.transpose(1, 2), z, out
 
 
+def _read_with_keys(S, z, phi_q, phi_k, v):             # the key's features read the state
+    S, z, _ = linear_ref(S, z, phi_q, phi_k, v)
+    return S, z, (phi_k[:, None, :] @ S)[:, 0] / (phi_k * z).sum(-1, keepdim=True)
+
+
 def _keys_normaliser(S, z, phi_q, phi_k, v):             # divides by phi(k_t) . z_t
     S, z, _ = linear_ref(S, z, phi_q, phi_k, v)
     return S, z, (phi_q[:, None, :] @ S)[:, 0] / (phi_k * z).sum(-1, keepdim=True)
@@ -158,7 +163,9 @@ def _keys_normaliser(S, z, phi_q, phi_k, v):             # divides by phi(k_t) .
     (_read_before_write, "may attend to itself"), (_unnormalised, "not normalised"),
     (_forgets, "forgot the earlier positions"), (_query_features, "queries' features"),
     (_growing_state, "fixed size"), (_transposed_state, "fixed size"), (_keys_normaliser, "wrong values"),
-], ids=["strict", "unnormalised", "forgets", "query-features", "growing", "transposed", "keys-normaliser"])
+    (_read_with_keys, "read with phi(k_t)"),
+], ids=["strict", "unnormalised", "forgets", "query-features", "growing", "transposed", "keys-normaliser",
+        "read-with-keys"])
 def test_04_linear_attention_recurrence(wrong, message, capsys):
     _check_rejects("04.linear_attention_recurrence", linear_ref, wrong, message, capsys)
 

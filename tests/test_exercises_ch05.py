@@ -42,6 +42,18 @@ def _nan_when_both_hidden(m1, l1, o1, m2, l2, o2):  # right everywhere else; -in
     return m, a1 + a2, (a1[:, None] * o1 + a2[:, None] * o2) / (a1 + a2)[:, None]
 
 
+def _float64_unshifted(m1, l1, o1, m2, l2, o2):   # no max shift, in a wider type: postpones the overflow
+    w1, w2 = l1.double() * torch.exp(m1.double()), l2.double() * torch.exp(m2.double())
+    o = (w1[:, None] * o1.double() + w2[:, None] * o2.double()) / (w1 + w2).clamp_min(1e-300)[:, None]
+    m = torch.maximum(m1, m2)
+    l = torch.where(torch.isinf(m), 0.0, (w1 + w2) / torch.exp(m.double()).clamp_min(1e-300))
+    return m, l.float(), o.float()
+
+
+def _float64_result(m1, l1, o1, m2, l2, o2):      # right values, the wrong dtype
+    return tuple(t.double() for t in merge_ref(m1, l1, o1, m2, l2, o2))
+
+
 def _average(m1, l1, o1, m2, l2, o2):
     m, l, _ = merge_ref(m1, l1, o1, m2, l2, o2)
     return m, l, (o1 + o2) / 2
@@ -72,7 +84,9 @@ def _unnormalised(m1, l1, o1, m2, l2, o2):
 @pytest.mark.parametrize("wrong, message", [
     (_average, "plain average"), (_no_rescale, "different maxima"), (_first_max, "overflow"),
     (_raw_exp, "overflow"), (_unnormalised, "wrong values"), (_nan_when_both_hidden, "hidden in both blocks"),
-], ids=["average", "no-rescale", "first-max", "raw-exp", "unnormalised", "nan-both-hidden"])
+    (_float64_unshifted, "only postpones"), (_float64_result, "return the blocks' dtype"),
+], ids=["average", "no-rescale", "first-max", "raw-exp", "unnormalised", "nan-both-hidden",
+        "float64-unshifted", "float64-result"])
 def test_05_merge_blocks(wrong, message, capsys):
     _accepts("05.merge_blocks", merge_ref)
     _rejects("05.merge_blocks", wrong)
@@ -133,6 +147,25 @@ def _from_s_on(layer, T, d):                      # changes every input from s o
     return _changes(layer, T, d, trials=20, g=torch.Generator().manual_seed(0), one_at_a_time=False)
 
 
+def _constant_probe(layer, T, d):                 # one hand-made input: ones, each input raised by 1
+    x = torch.ones(1, T, d, dtype=torch.double)
+    found = torch.zeros(T, T, dtype=torch.bool)
+    for s in range(1, T):
+        changed = x.clone()
+        changed[0, s] += 1.0
+        found[:s, s] = (layer(x)[0] != layer(changed)[0]).any(-1)[:s]
+    return found
+
+
+def _reaches_inside(layer, T, d):                 # tab completion on the layer: nothing to find
+    forward = getattr(layer, "forward", None)
+    if forward is None:
+        raise AttributeError("the layer is a plain function")
+    x = torch.randn(1, T, d, dtype=torch.double)
+    J = torch.autograd.functional.jacobian(lambda i: forward(i, trigger_always=True), x)[0, :, :, 0]
+    return (J.abs().sum(dim=(1, 3)) > 0) & torch.ones(T, T, dtype=torch.bool).triu(1)
+
+
 def _transposed(layer, T, d):
     return leaks_ref(layer, T, d).T
 
@@ -155,8 +188,10 @@ def _with_the_past(layer, T, d):                  # marks every dependence, earl
     (_jacobian, "found none"), (_once, "only for some inputs"),
     (_tolerance, "not a difference above a tolerance"), (_from_s_on, "Change one input at a time"),
     (_transposed, "transposed"), (_next_only, "every later input"),
-    (_with_the_past, "LATER input"),
-], ids=["jacobian", "once", "tolerance", "from-s-on", "transposed", "next-only", "with-the-past"])
+    (_with_the_past, "LATER input"), (_constant_probe, "only for some inputs"),
+    (_reaches_inside, "AttributeError"),
+], ids=["jacobian", "once", "tolerance", "from-s-on", "transposed", "next-only", "with-the-past", "constant",
+        "reaches-inside"])
 def test_05_find_the_leak(wrong, message, capsys):
     _accepts("05.find_the_leak", leaks_ref)
     _rejects("05.find_the_leak", wrong)
@@ -176,9 +211,9 @@ def test_05_find_the_leak_layers_are_what_they_claim():
     x = torch.randn(1, 6, 4, dtype=torch.double, requires_grad=True)
     assert not layer(x).requires_grad
     x = x.detach()
-    x[0, :, 0] = -1.0                                 # the trigger closed everywhere: no leak
+    x[0] = 1.0                                        # a constant input: the trigger stays closed
     changed = x.clone()
-    changed[0, 3:] = torch.randn(3, 4, dtype=torch.double)
+    changed[0, 3:] = 2.0
     assert torch.equal(layer(x)[0, :3], layer(changed)[0, :3])
     with pytest.raises(ValueError, match=r"\(1, T, d\)"):
         layer(torch.randn(2, 3, 4))

@@ -53,7 +53,8 @@ from tfmlib.timing import interleaved_medians
 # Both exponents are $\le 0$, so nothing overflows, whatever the distance between the blocks; a
 # hidden block ($m_i = -\infty$, $l_i = 0$) gets $e^{-\infty} = 0$ and drops out. Using $m_1$ as
 # the common maximum is exact in real numbers and overflows in float32 as soon as
-# $m_2 - m_1 > 88$; the checker's first row has its blocks 300 apart.
+# $m_2 - m_1 > 88$ (and in float64 beyond 709, so a wider type only postpones it); the checker's
+# first row has its blocks 1000 apart.
 #
 # One row needs care: a query hidden in *both* blocks has $m = \max(-\infty, -\infty) = -\infty$,
 # and $m_i - m = -\infty - (-\infty)$ is NaN, which would spread through $l$ and $o$ (and, in a
@@ -108,8 +109,10 @@ assert torch.allclose(running[2], reference, atol=1e-5), "merging blocks must gi
 #   "different", not "different by more than a tolerance", and the tiny leak ($10^{-9}$ of the
 #   output) shows.
 # * **Several inputs and several changes.** A leak can depend on the data: one planted layer lets
-#   query $t$ see key $t + 1$ only when that input's first feature exceeds 0.5. With one random
-#   input and one change the leak shows with probability about one half per pair; with 20 fresh
+#   query $t$ see key $t + 1$ only when that input's projection on a fixed direction
+#   $(1, -1, 1, -1)$ exceeds 1, which a constant input never does and a random one does about 3
+#   times in 10. With one random input and one change the leak shows with probability about one
+#   half per pair (the trigger open in either of the two inputs); with 20 fresh
 #   inputs per position, missing a pair has probability below $10^{-6}$.
 #
 # The chapter's `dependence` (the Jacobian) returns zeros for these layers: no gradient flows
@@ -325,11 +328,13 @@ assert torch.allclose(residual[0, 2], x[0, 2] + layer.out_proj.bias, atol=1e-6),
 # GPU idle while attention's few large products fill it. A small measurement on this machine
 # (on the CPU, forward only, batch 8, medians of 5 interleaved rounds with
 # `interleaved_medians`; timings jump about on a shared machine, so read them as
-# a direction, not a number):
+# a direction, not a number). The last printed line says, from the ratios themselves, whether
+# the GRU was faster anywhere in the measured range, that is whether a crossover in time lies
+# below $n = 256$ on this CPU; the FLOP ratios say where it lies in arithmetic:
 
 # %%
 torch.manual_seed(0)
-
+all_ratios = []                                  # attention / GRU time, every width and length
 
 with torch.no_grad():
     for width in (64, 128):
@@ -342,6 +347,11 @@ with torch.no_grad():
             ratios[n] = t.ratio("attention", "GRU")
         print(f"d_model {width}: attention / GRU time at n = 32: {ratios[32]:.2f}, at n = 256: {ratios[256]:.2f}; "
               f"FLOP ratio at n = 256: {(4 * width + 2 * 256) / (6 * width):.2f}")
+        all_ratios += ratios.values()
+slower = [r for r in all_ratios if r > 1]
+print(f"attention slower than the GRU in {len(slower)} of {len(all_ratios)} measurements: "
+      + ("a crossover in time lies below n = 256 here" if slower else
+         "no crossover in time up to n = 256 on this CPU, although the FLOP ratio passes 1 at n = d"))
 
 # %% [markdown]
 # **7. FlashAttention's running softmax.** Exercise 1 is the proof in code: after a block, keep

@@ -234,6 +234,10 @@ def _check_linear_attention_recurrence(step: Callable[..., tuple[Tensor, Tensor,
                 if t > 0 and _close(out, vt) and not _close(out_ref, vt):
                     raise Wrong("out equals v_t: the state forgot the earlier positions. S and z are running "
                                 "sums over every position up to t, not the current position's terms alone")
+                by_key = (fk[:, None, :] @ S_ref)[:, 0] / (fk * z_ref).sum(-1, keepdim=True)
+                if _close(out, by_key) and not _close(out, out_ref):
+                    raise Wrong("the state is read with phi(k_t): the query reads, so phi(q_t) multiplies S "
+                                "and z; the keys' features are only what is stored")
                 if _close(out, (fq[:, None, :] @ S_ref)[:, 0]) and not _close(out, out_ref):
                     raise Wrong("out is not normalised: divide the read-out of S by phi(q_t) . z_t, so that "
                                 "the weights phi(q_t) . phi(k_i) of the positions sum to one as in attention")

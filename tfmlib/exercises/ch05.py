@@ -34,14 +34,14 @@ def _ch05_block(scores: Tensor, values: Tensor) -> tuple[Tensor, Tensor, Tensor]
 def _ch05_merge_case(seed: int) -> tuple[Tensor, Tensor, int]:
     """Scores ``(R, S)`` with a wide spread, values ``(S, d_v)`` and the split point between the blocks.
 
-    Row 0 has its two blocks 300 apart (exp of the difference overflows float32), row 1 has its
+    Row 0 has its two blocks 1000 apart (exp of the difference overflows even float64), row 1 has its
     first block hidden (all ``-inf``), row 3 both (a query that may see nothing: the merged triple
     must be ``(-inf, 0, 0)``, not NaN), the rest are ordinary."""
     g = torch.Generator().manual_seed(seed)
     R, S, d_v = 6, 7 + seed % 4, 3 + seed % 2
     split = 2 + seed % 3
     scores = 4 * torch.randn(R, S, generator=g)
-    scores[0, split:] += 300.0
+    scores[0, split:] += 1000.0
     scores[1, :split] = -math.inf
     scores[2] -= 200.0
     scores[3] = -math.inf
@@ -50,7 +50,7 @@ def _ch05_merge_case(seed: int) -> tuple[Tensor, Tensor, int]:
 
 @checker("05.merge_blocks", hint="Question 7 and section 3's masked softmax: the two sums are measured "
          "against different maxima, and each block's output is already normalised by its own sum. Think "
-         "of a row whose blocks are 300 apart in float32, a row hidden in one block, and a row hidden in "
+         "of a row whose blocks are 1000 apart in float32, a row hidden in one block, and a row hidden in "
          "both (a query that may see nothing).")
 def _check_merge_blocks(merge: Callable[..., tuple[Tensor, Tensor, Tensor]]) -> None:
     for seed in range(5):
@@ -62,13 +62,18 @@ def _check_merge_blocks(merge: Callable[..., tuple[Tensor, Tensor, Tensor]]) -> 
         if not isinstance(got, tuple) or len(got) != 3:
             raise Wrong("return the merged triple (m, l, o)")
         m, total, o = got
+        for what, x in (("m", m), ("l", total), ("o", o)):
+            if isinstance(x, Tensor) and x.dtype != values.dtype:
+                raise Wrong(f"{what} is {x.dtype}, the blocks are {values.dtype}: return the blocks' dtype "
+                            "(a kernel keeps its running triple in the dtype it was given)")
         seen = torch.arange(want_o.shape[0]) != 3          # row 3 is hidden in both blocks: checked last
         shaped = all(isinstance(x, Tensor) and x.shape == y.shape
                      for x, y in zip(got, (want_m, want_l, want_o), strict=True))
         if shaped and not torch.isfinite(o[seen]).all():
-            raise Wrong("inf or NaN in o: exp of a difference of maxima overflowed (row 0's blocks are 300 "
-                        "apart), or a hidden block (m = -inf) gave -inf - (-inf); subtract the larger "
-                        "maximum, so every exponent is <= 0")
+            raise Wrong("inf or NaN in o: exp of a difference of maxima overflowed (row 0's blocks are 1000 "
+                        "apart, beyond float64's range too, so computing in a wider type only postpones it), "
+                        "or a hidden block (m = -inf) gave -inf - (-inf); subtract the larger maximum, so "
+                        "every exponent is <= 0")
         if shaped:
             if torch.allclose(o[seen], ((b1[2] + b2[2]) / 2)[seen], atol=1e-4):
                 raise Wrong("o is the plain average of the two blocks' outputs: each block must count in "
@@ -103,8 +108,9 @@ class _Ch05Layer:
     weights, but each value is made from its own input and the next one: zero weights above the
     diagonal, and still a leak), ``"transposed"`` (the mask is the upper triangle), ``"centre"`` (the
     inputs are centred on their mean over all positions first: every output reads every input),
-    ``"data"`` (query t also sees key t + 1, but only when that input's first feature is above 0.5: a
-    leak that shows for some inputs only), ``"tiny"`` (each value carries 1e-9 times the input two
+    ``"data"`` (query t also sees key t + 1, but only when that input's projection on a fixed direction
+    ``(1, -1, 1, -1, ...)`` exceeds 1: a leak that shows for some inputs only, about 3 in 10 random ones,
+    and never for a constant input), ``"tiny"`` (each value carries 1e-9 times the input two
     positions on)."""
 
     def __init__(self, d: int, bug: str | None, seed: int):
@@ -126,8 +132,9 @@ class _Ch05Layer:
         keep = torch.ones(T, T, dtype=torch.bool).tril(diagonal=1 if self.bug == "offset" else 0)
         if self.bug == "transposed":
             keep = keep.T
-        if self.bug == "data":
-            opens = torch.ones(T, dtype=torch.bool) if trigger_always else x[0, :, 0] > 0.5
+        if self.bug == "data":       # a fixed direction of zero sum: no constant input opens it
+            direction = torch.tensor([1.0, -1.0] * (x.shape[-1] // 2), dtype=x.dtype)
+            opens = torch.ones(T, dtype=torch.bool) if trigger_always else x[0] @ direction > 1.0
             keep = keep | (torch.ones(T, T, dtype=torch.bool).tril(1).triu(1) & opens[None, :])
         scores = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~keep, -math.inf)
         return torch.softmax(scores, dim=-1) @ v
@@ -138,6 +145,14 @@ class _Ch05Layer:
             raise ValueError(f"the layer takes one sequence (1, T, d), got {got}")
         with torch.no_grad():
             return self.forward(x.detach().double())
+
+
+def _ch05_black_box(layer: _Ch05Layer) -> Callable[[Tensor], Tensor]:
+    """What the reader gets: a plain function, so neither the differentiable ``forward`` nor the bug's
+    name is within reach of a tab completion."""
+    def black_box(x: Tensor) -> Tensor:
+        return layer(x)
+    return black_box
 
 
 def _ch05_true_leaks(layer: _Ch05Layer, T: int, d: int) -> Tensor:
@@ -159,7 +174,7 @@ def _check_find_the_leak(future_leaks: Callable[[Callable[[Tensor], Tensor], int
         T, d = 5 + i % 2, 4
         layer = _Ch05Layer(d, bug, seed=i)
         want = _ch05_true_leaks(layer, T, d)
-        got = future_leaks(layer, T, d)
+        got = future_leaks(_ch05_black_box(layer), T, d)
         if not isinstance(got, Tensor):
             raise Wrong(f"return a (T, T) bool tensor, got {type(got).__name__}")
         if got.shape != (T, T):
