@@ -283,9 +283,9 @@ def sgd_step_unless_nonfinite(params: list[torch.Tensor], lr: float) -> torch.Te
 exercises.check("10.skip_nonfinite_step", sgd_step_unless_nonfinite, must_pass=True)
 
 # %% [markdown]
-# Measured with the chapter's counter: the same skipping decided with a Python `if` reads one
-# value per step, the version above none; and the multiplied flag turns a parameter into NaN on
-# an overflowing step.
+# Measured with the chapter's counter: the same skipping decided with a Python `if` reads a value
+# back for every parameter tensor it tests (`all` calls `bool()` on each), at every step, the
+# version above none; and the multiplied flag turns a parameter into NaN on an overflowing step.
 
 # %%
 def step_with_if(params: list[torch.Tensor], lr: float) -> bool:
