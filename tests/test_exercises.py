@@ -109,6 +109,12 @@ def reset_before_untransposed(x, h, *w):
     return (1 - z) * torch.tanh(xn + (r * h) @ W_hn + b_hn) + z * h
 
 
+def reset_before_halfway(x, h, *w):
+    """r multiplies the product W_hn h, with b_hn outside: neither form (review 2026-11-27, finding 6)."""
+    r, z, xn, W_hn, b_hn = _gru_parts(x, h, *w)
+    return (1 - z) * torch.tanh(xn + r * (h @ W_hn.T) + b_hn) + z * h
+
+
 def reset_before_returns_candidate(x, h, *w):
     r, z, xn, W_hn, b_hn = _gru_parts(x, h, *w)
     return torch.tanh(xn + (r * h) @ W_hn.T + b_hn)
@@ -127,10 +133,11 @@ def test_01_gru_step_reset_before_accepts_cho_et_al():
     (reset_before_swapped_gate_order, "reset, update, candidate"),
     (reset_before_untransposed, "untransposed"),
     (reset_before_returns_candidate, "returned the candidate"),
+    (reset_before_halfway, "halfway between the two"),
     (lambda *a: reset_before_ref(*a)[0], "has shape"),
     (lambda *a: reset_before_ref(*a).tolist(), "should be a torch.Tensor"),
 ], ids=["reset-after", "reset-after-names", "flipped-z", "reset-on-bias", "no-reset", "gate-order",
-        "untransposed", "candidate", "one-row", "list"])
+        "untransposed", "candidate", "halfway", "one-row", "list"])
 def test_01_gru_step_reset_before_names_the_mistake(wrong, says):
     _rejects("01.gru_step_reset_before", wrong, says)
 
@@ -181,13 +188,52 @@ def _is_diagonal(m):
 
 
 def convert_ref(W_ih, W_hh, b_ih, b_hh):
+    """Possible exactly when each row of W_hn has at most one nonzero entry: unit k of the reset-before
+    cell then reads one gate, r_j, which nn.GRUCell's unit k computes if its reset row is unit j's."""
     H = W_hh.shape[1]
-    if not _is_diagonal(W_hh[2 * H:]):
-        raise ValueError("W_hn has off-diagonal entries: no nn.GRU weights compute this cell")
-    b_ih, b_hh = b_ih.clone(), b_hh.clone()
+    nonzero = W_hh[2 * H:] != 0
+    if (nonzero.sum(1) > 1).any():
+        raise ValueError("a row of W_hn has two nonzero entries: no nn.GRU weights compute this cell")
+    src = nonzero.int().argmax(1)  # row k's nonzero column (0 for an empty row: any gate will do)
+    W_ih, W_hh, b_ih, b_hh = (t.clone() for t in (W_ih, W_hh, b_ih, b_hh))
+    for t in (W_ih, W_hh, b_ih, b_hh):
+        t[:H] = t[:H][src]  # unit k's reset gate becomes unit src[k]'s
     b_ih[2 * H:] += b_hh[2 * H:]  # b_hn moves out of the reset gate's reach
     b_hh[2 * H:] = 0
     return W_ih, W_hh, b_ih, b_hh
+
+
+def convert_diagonal_only(W_ih, W_hh, b_ih, b_hh):
+    """Right for a diagonal W_hn, but raises for one nonzero per row off the diagonal, which converts."""
+    H = W_hh.shape[1]
+    if not _is_diagonal(W_hh[2 * H:]):
+        raise ValueError("W_hn has off-diagonal entries")
+    return convert_ref(W_ih, W_hh, b_ih, b_hh)
+
+
+def convert_bias_only_one_per_row(W_ih, W_hh, b_ih, b_hh):
+    """Accepts one nonzero per row but only moves the bias: unit k stays gated by its own r_k."""
+    H = W_hh.shape[1]
+    if ((W_hh[2 * H:] != 0).sum(1) > 1).any():
+        raise ValueError("two nonzero entries in a row")
+    return convert_never_raises(W_ih, W_hh, b_ih, b_hh)
+
+
+def _convert_if(test):
+    """The bias move, guarded by a wrong test of whether a conversion exists (review 2026-11-27,
+    finding 2)."""
+    def convert(W_ih, W_hh, b_ih, b_hh):
+        if not test(W_hh[2 * W_hh.shape[1]:]):
+            raise ValueError("no conversion")
+        return convert_ref(W_ih, W_hh, b_ih, b_hh) if _is_diagonal(W_hh[2 * W_hh.shape[1]:]) \
+            else convert_never_raises(W_ih, W_hh, b_ih, b_hh)
+    return convert
+
+
+convert_if_symmetric = _convert_if(lambda M: torch.allclose(M, M.T))
+convert_if_triangular = _convert_if(lambda M: torch.equal(M, M.triu()))
+convert_if_some_zero = _convert_if(lambda M: bool((M == 0).any()))
+convert_if_nearly_diagonal = _convert_if(lambda M: torch.allclose(M, torch.diag(M.diagonal()), atol=0.05))
 
 
 def convert_unchanged(W_ih, W_hh, b_ih, b_hh):
@@ -245,6 +291,29 @@ def test_01_reset_before_as_nn_gru_accepts_the_bias_move():
     _accepts("01.reset_before_as_nn_gru", convert_ref)
 
 
+def test_01_reset_before_as_nn_gru_one_per_row_converts_exactly():
+    """The checker's one-nonzero-per-row case is a real conversion: nn.GRUCell with the converted weights
+    computes the reset-before step to rounding, and with the bias moved alone it does not."""
+    from tfmlib.exercises import ch01
+    g = torch.Generator().manual_seed(0)
+    W_hn, src = ch01._one_per_row(6, g)
+    w = list(ch01._gru_weights(3, 6, g))
+    w[1][12:] = W_hn
+    x, h = torch.randn(5, 3, generator=g), torch.randn(5, 6, generator=g)
+
+    def gru_cell(weights):
+        cell = torch.nn.GRUCell(3, 6)
+        with torch.no_grad():
+            params = (cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh)
+            for p, t in zip(params, weights, strict=True):
+                p.copy_(t)
+            return cell(x, h)
+    want = reset_before_ref(x, h, *w)
+    assert not torch.equal(src, torch.arange(6))
+    assert torch.allclose(gru_cell(convert_ref(*w)), want, atol=1e-6)
+    assert (gru_cell(convert_never_raises(*w)) - want).abs().max() > 1e-2
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
     (convert_unchanged, "weights unchanged"),
     (convert_drops_b_hn, "b_hn disappeared"),
@@ -253,10 +322,17 @@ def test_01_reset_before_as_nn_gru_accepts_the_bias_move():
     (convert_never_raises, "off-diagonal"),
     (convert_returns_none_when_impossible, "raise ValueError"),
     (convert_always_raises, "exact nn.GRU equivalent"),
+    (convert_diagonal_only, "could nn.GRUCell's unit k compute that gate"),
+    (convert_bias_only_one_per_row, "which weights compute that row"),
+    (convert_if_symmetric, "symmetric W_hn"),
+    (convert_if_triangular, "upper triangular"),
+    (convert_if_some_zero, "upper triangular"),
+    (convert_if_nearly_diagonal, "however small"),
     (lambda *w: convert_ref(*w)[:3], "tuple of four tensors"),
     (lambda *w: list(convert_ref(*w)[::-1]), "has shape"),
-], ids=["unchanged", "dropped", "twice", "wrong-block", "never-raises", "none", "always-raises", "three",
-        "reversed"])
+], ids=["unchanged", "dropped", "twice", "wrong-block", "never-raises", "none", "always-raises",
+        "diagonal-only", "bias-only-one-per-row", "symmetric", "triangular", "some-zero", "nearly-diagonal",
+        "three", "reversed"])
 def test_01_reset_before_as_nn_gru_names_the_mistake(wrong, says):
     _rejects("01.reset_before_as_nn_gru", wrong, says)
 
@@ -360,8 +436,27 @@ def lstm_initial_weight_zero(f, i):
     return w
 
 
-def test_01_lstm_memory_weights_accepts_the_products_of_later_forget_gates():
-    _accepts("01.lstm_memory_weights", lstm_weights_ref)
+def lstm_weights_float32_loop(f, i):
+    """Right, computed in float32 in place (review 2026-11-27, finding 3a)."""
+    T, H = f.shape
+    w = torch.zeros(T + 1, H)
+    w[0] = 1.0
+    for t in range(T):
+        w[: t + 1] *= f[t].float()
+        w[t + 1] = i[t].float()
+    return w
+
+
+def lstm_divide_products(f, i):
+    """Total product over prefix product: NaN (0 / 0) where a forget gate is 0 (finding 3b)."""
+    total, prefix = f.prod(0), f.cumprod(0)
+    return torch.cat([total[None], i * total / prefix])
+
+
+@pytest.mark.parametrize("right", [lstm_weights_ref, lambda f, i: lstm_weights_ref(f.float(), i.float()),
+                                   lstm_weights_float32_loop], ids=["float64", "float32", "float32-loop"])
+def test_01_lstm_memory_weights_accepts_the_products_of_later_forget_gates(right):
+    _accepts("01.lstm_memory_weights", right)
 
 
 @pytest.mark.parametrize(("wrong", "says"), [
@@ -371,9 +466,11 @@ def test_01_lstm_memory_weights_accepts_the_products_of_later_forget_gates():
     (lstm_normalised, "normalised"),
     (lstm_no_initial_memory, "row 0"),
     (lstm_initial_weight_zero, "initial memory c_0"),
+    (lstm_divide_products, "0 / 0"),
     (lambda f, i: lstm_weights_ref(f, i).T, "has shape"),
     (lambda f, i: lstm_weights_ref(f, i).tolist(), "should be a torch.Tensor"),
-], ids=["gru", "own-gate", "earlier-gates", "normalised", "no-c0-row", "c0-zero", "transposed", "list"])
+], ids=["gru", "own-gate", "earlier-gates", "normalised", "no-c0-row", "c0-zero", "divide", "transposed",
+        "list"])
 def test_01_lstm_memory_weights_names_the_mistake(wrong, says):
     _rejects("01.lstm_memory_weights", wrong, says)
 
@@ -402,4 +499,4 @@ def test_01_hints_give_no_code():
     for name in exercises.names(1):
         _hint_gives_no_code(name, ["chunk", "sigmoid(", "tanh(", "cumsum", "cumprod", "@", ".T", "r * h",
                                    "torch.", "diag(", "P[", "z_i =", "/ P", "flip", "prod(", "f_j", "i_k *",
-                                   "w_k =", "w_0 ="])
+                                   "w_k =", "w_0 =", "ratio", "cumulative", "as a sum"])

@@ -55,8 +55,9 @@ exercises.check("01.gru_step_reset_before", gru_step_reset_before, must_pass=Tru
 # %% [markdown]
 # The wrong answers the checker names are the ways this step is usually miswritten: the
 # reset-after form (what `nn.GRU` computes, so copying the chapter's cell unchanged), $r$ applied
-# to $b_{hn}$ as well (half of each form), no reset at all, $z$ and $1 - z$ swapped (Chung et
-# al.'s convention), the blocks read in the order update, reset (Keras's order, not PyTorch's),
+# to $b_{hn}$ as well (half of each form), $r$ applied after the product but with $b_{hn}$ outside
+# it ($r \odot (W_{hn} h) + b_{hn}$, the other half-way form), no reset at all, $z$ and $1 - z$
+# swapped (Chung et al.'s convention), the blocks read in the order update, reset (Keras's order, not PyTorch's),
 # the weights used untransposed, and the candidate returned in place of the new state.
 #
 # How different are the two placements? One step of `nn.GRUCell` and of the reset-before step, on
@@ -83,23 +84,34 @@ assert gap.max() > 1e-2, "the two placements should be different functions"
 # **2. When `nn.GRU` can compute Cho et al.'s cell.** Compare the candidates unit by unit. In
 # `nn.GRU`, unit $k$ reads $r_k \big(\sum_j (W_{hn})_{kj} h_j + (b_{hn})_k\big)$: one gate value
 # scales its whole hidden-side term. In Cho et al.'s form it reads
-# $\sum_j (W_{hn})_{kj}\, r_j h_j + (b_{hn})_k$: every *other* unit's gate $r_j$ enters too. The
-# two agree for all inputs when $W_{hn}$ is diagonal, because then $r_k (W_{hn})_{kk} h_k$ is
-# the same product in either order; the bias must then leave the gate's reach, which it does if
-# it is moved from $b_{hn}$ (inside the gate in `nn.GRU`) to $b_{in}$ (outside). With an
-# off-diagonal entry $(W_{hn})_{kj} \ne 0$, unit $k$ of Cho et al.'s cell depends on $r_j$, which
-# `nn.GRU`'s unit $k$ cannot see, so no choice of weights reproduces it (for gates that vary
-# with the input; constant gates would be a degenerate exception).
+# $\sum_j (W_{hn})_{kj}\, r_j h_j + (b_{hn})_k$: the gate $r_j$ of every unit $j$ in row $k$ of
+# $W_{hn}$ enters. The two agree for all inputs when $W_{hn}$ is diagonal, because then
+# $r_k (W_{hn})_{kk} h_k$ is the same product in either order; the bias must then leave the gate's
+# reach, which it does if it is moved from $b_{hn}$ (inside the gate in `nn.GRU`) to $b_{in}$
+# (outside). The same holds when row $k$ has its one nonzero entry off the diagonal, in column
+# $j$: Cho et al.'s unit $k$ reads $(W_{hn})_{kj}\, r_j h_j$, a single gate, and `nn.GRU`'s unit
+# $k$ computes that gate if its row of the reset block (in $W_{ih}$, $W_{hh}$, $b_{ih}$ and
+# $b_{hh}$) is a copy of unit $j$'s: the reset gate is just another output of the step, and which
+# row feeds which unit is the weights' choice. So the condition is *at most one nonzero entry per
+# row of $W_{hn}$* (a diagonal, or a permutation of one, with repeats allowed). With two nonzero
+# entries in row $k$, in columns $j \ne l$, Cho et al.'s unit $k$ depends on two different gates
+# $r_j$ and $r_l$, and `nn.GRU`'s unit $k$ has only one gate to multiply with, so no choice of
+# weights reproduces it (for gates that vary with the input; two units with identical gates would
+# be a degenerate exception). Symmetric or triangular $W_{hn}$ are no exception; nor is a single
+# off-diagonal entry of $10^{-3}$ beside the diagonal: the test is for exact zeros.
 
 # %%
 def reset_before_as_nn_gru(W_ih: Tensor, W_hh: Tensor, b_ih: Tensor, b_hh: Tensor
                            ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     H = W_hh.shape[1]
-    W_hn = W_hh[2 * H:]
-    if not torch.equal(W_hn, torch.diag(torch.diagonal(W_hn))):
-        raise ValueError("W_hn has off-diagonal entries: nn.GRU resets after the product, and no "
-                         "weights make it compute this cell")
-    b_ih, b_hh = b_ih.clone(), b_hh.clone()
+    nonzero = W_hh[2 * H:] != 0                      # W_hn's pattern, (H, H)
+    if (nonzero.sum(dim=1) > 1).any():
+        raise ValueError("a row of W_hn has two nonzero entries: that unit reads two reset gates, and "
+                         "nn.GRU's unit has one; no weights make it compute this cell")
+    src = nonzero.int().argmax(dim=1)                # row k's nonzero column (0 for an empty row)
+    W_ih, W_hh, b_ih, b_hh = (t.clone() for t in (W_ih, W_hh, b_ih, b_hh))
+    for t in (W_ih, W_hh, b_ih, b_hh):
+        t[:H] = t[:H][src]                           # unit k's reset gate computes r_src[k]
     b_ih[2 * H:] += b_hh[2 * H:]   # b_hn moves to b_in, where the reset gate does not reach it
     b_hh[2 * H:] = 0
     return W_ih, W_hh, b_ih, b_hh
@@ -112,8 +124,15 @@ exercises.check("01.reset_before_as_nn_gru", reset_before_as_nn_gru, must_pass=T
 # gets the diagonal right but leaves $b_{hn}$ where `nn.GRUCell` multiplies it by $r$; zeroing
 # $b_{hn}$ without moving it loses a bias; adding it to $b_{in}$ without zeroing it counts it
 # twice; moving it into the first or second block changes a gate instead of the candidate.
-# Raising for every cell misses that the diagonal case has an exact equivalent, and never raising
-# (or returning `None`) claims a conversion that does not exist.
+# Raising for every cell misses that the diagonal case has an exact equivalent; raising for every
+# non-diagonal $W_{hn}$ misses the re-indexed gates (the checker's last case has one nonzero entry
+# per row, off the diagonal); moving the bias there without re-indexing leaves unit $k$ gated by
+# $r_k$. Never raising (or returning `None`) claims a conversion that does not exist, and so does
+# raising only when $W_{hn}$ is not symmetric, not triangular, has no zero entry, or is not
+# diagonal within a tolerance: each of those lets through a matrix with a row of two nonzero
+# entries. (Symmetry is the tempting one: "$W \operatorname{diag}(r) = \operatorname{diag}(r) W$
+# for a symmetric $W$" is false; that identity needs $W$ to commute with every diagonal matrix,
+# which only a diagonal $W$ does.)
 
 # %% [markdown]
 # The argument says "no weights", which is stronger than "not these weights". A measurement makes
@@ -237,6 +256,28 @@ def lstm_memory_weights(f: Tensor, i: Tensor) -> Tensor:
 
 
 exercises.check("01.lstm_memory_weights", lstm_memory_weights, must_pass=True)
+
+# %% [markdown]
+# Why not compute the products once, forwards, and divide:
+# $w_k = i_k \prod_{j \le T} f_j \,/\, \prod_{j \le k} f_j$? It is right while every forget gate is
+# positive. But a gate can be exactly 0, which the exercise allows: a float32 sigmoid of a
+# pre-activation below about $-89$ rounds to 0, and a gate that forgets everything is a
+# legitimate one. There the quotient is $0/0$, for every candidate after the forgetting step,
+# which are exactly the ones that survive it (four steps, $f_2 = 0$, every $i = 0.5$):
+
+# %%
+f_zero = torch.tensor([[0.9], [0.0], [0.8], [0.7]], dtype=torch.double)
+i_zero = torch.full_like(f_zero, 0.5)
+total, prefix = f_zero.prod(dim=0), f_zero.cumprod(dim=0)
+print("divide the products:  ", torch.cat([total[None], i_zero * total / prefix])[:, 0].tolist())
+print("later gates, no divide:", lstm_memory_weights(f_zero, i_zero)[:, 0].tolist())
+assert not lstm_memory_weights(f_zero, i_zero).isnan().any()
+
+# %% [markdown]
+# The quotient returns NaN for $g_2, g_3, g_4$, whose weights are $0.5 \cdot 0.8 \cdot 0.7 = 0.28$,
+# $0.35$ and $0.5$: everything written after the reset. The checker sets one forget gate to 0 and
+# names this answer. (It compares to $10^{-6}$, so the same loop in float32 passes: the exercise is
+# about which gates enter each product, not about rounding.)
 
 # %% [markdown]
 # On a real `nn.LSTMCell` (PyTorch's default initialisation, random inputs): compute its gates

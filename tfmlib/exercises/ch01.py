@@ -77,6 +77,9 @@ def _step_mistakes(x: torch.Tensor, h: torch.Tensor, w: Weights) -> list[tuple[s
          "state, h' = (1 - z) * n + z * h", z * n + (1 - z) * h),
         ("the reset gate multiplies b_hn too: in the reset-before form it only resets h, and b_hn is added "
          "after the product", (1 - z) * torch.tanh(xn + (r * h) @ W_hn.T + r * b_hn) + z * h),
+        ("r multiplies W_hn h, after the product: that is the reset-after form with b_hn moved out of the "
+         "gate's reach, halfway between the two. Cho et al. reset h itself, before W_hn mixes the units",
+         (1 - z) * torch.tanh(xn + r * (h @ W_hn.T) + b_hn) + z * h),
         ("the reset gate is missing: the candidate reads the whole of h; in Cho et al.'s form it reads r * h",
          (1 - z) * torch.tanh(xn + h @ W_hn.T + b_hn) + z * h),
         ("the gates are read in the wrong order: nn.GRUCell stacks its three blocks as reset, update, "
@@ -113,22 +116,33 @@ def _check_gru_step_reset_before(step: Callable[..., torch.Tensor]) -> None:
         expect_close(got, want, f"gru_step_reset_before(x {tuple(x.shape)}, h {tuple(h.shape)}, ...)")
 
 
-def _conversion_mistakes(w: Weights) -> list[tuple[str, Weights]]:
-    """(diagnosis, the nn.GRUCell weights a typical wrong conversion returns) for a diagonal W_hn."""
+def _regated(w: Weights, src: torch.Tensor) -> Weights:
+    """``w`` with reset-gate row ``k`` replaced by row ``src[k]`` in all four tensors (unit k gated by
+    ``r_src[k]``)."""
+    H = w[1].shape[1]
+    out = tuple(t.clone() for t in w)
+    for t in out:
+        t[:H] = t[:H][src]
+    return out  # type: ignore[return-value]
+
+
+def _conversion_mistakes(w: Weights, src: torch.Tensor) -> list[tuple[str, Weights]]:
+    """(diagnosis, the nn.GRUCell weights a typical wrong conversion returns) for a ``W_hn`` whose row
+    ``k`` has its only nonzero entry in column ``src[k]``."""
     W_ih, W_hh, b_ih, b_hh = w
     H = W_hh.shape[1]
 
-    def biases(into: slice | None, keep_b_hn: bool) -> Weights:
+    def biases(into: slice | None, keep_b_hn: bool, regate: bool = True) -> Weights:
         new_ih, new_hh = b_ih.clone(), b_hh.clone()
         if into is not None:
             new_ih[into] += b_hh[2 * H:]
         if not keep_b_hn:
             new_hh[2 * H:] = 0
-        return W_ih, W_hh, new_ih, new_hh
+        return _regated((W_ih, W_hh, new_ih, new_hh), src) if regate else (W_ih, W_hh, new_ih, new_hh)
 
-    return [
+    mistakes = [
         ("these are the weights unchanged: nn.GRUCell multiplies b_hn by r, and the reset-before cell does "
-         "not (with a diagonal W_hn the products agree; the bias is what differs)", w),
+         "not (with a diagonal W_hn the products agree; the bias is what differs)", _regated(w, src)),
         ("b_hn disappeared: it has to move out of the reset gate's reach, not vanish", biases(None, False)),
         ("b_hn is counted twice: you added it to the candidate's input bias but left it inside the part "
          "that nn.GRUCell multiplies by r", biases(slice(2 * H, 3 * H), True)),
@@ -137,20 +151,70 @@ def _conversion_mistakes(w: Weights) -> list[tuple[str, Weights]]:
         ("b_hn went into the update gate's block; it belongs to the candidate's block (the third)",
          biases(slice(H, 2 * H), False)),
     ]
+    if not torch.equal(src, torch.arange(H)):
+        mistakes.append((
+            "this W_hn has one nonzero entry per row, but not always on the diagonal: Cho et al.'s unit k "
+            "then reads the gate r_j of the unit j its row points to, while nn.GRUCell multiplies unit k "
+            "by its own reset gate, the k-th row of the reset block. The bias is right; which weights "
+            "compute that row?", biases(slice(2 * H, 3 * H), False, regate=False)))
+    return mistakes
+
+
+def _one_per_row(H: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """A ``W_hn`` (H, H) with at most one nonzero entry per row, mostly off the diagonal, and ``src``:
+    row ``k``'s nonzero column (``k`` for the empty row). Unit 0 points at unit 1, unit 1 at unit 0 (a
+    swap), the last row is empty, and the rows between point at random units (repeats allowed)."""
+    src = torch.randint(0, H, (H,), generator=g)
+    src[:2] = torch.tensor([1, 0])
+    src[-1] = H - 1
+    W_hn = torch.zeros(H, H)
+    W_hn[torch.arange(H), src] = torch.randn(H, generator=g)
+    W_hn[H - 1] = 0.0
+    return W_hn, src
+
+
+def _not_convertible(H: int, g: torch.Generator) -> list[tuple[str, torch.Tensor]]:
+    """(the case's diagnosis, a W_hn that no nn.GRUCell weights match): each has a row with two or
+    more nonzero entries."""
+    A = torch.randn(H, H, generator=g)
+    nearly = torch.diag(torch.randn(H, generator=g))
+    nearly[H - 1, 0] = 1e-3
+    return [
+        ("returned weights for a dense W_hn, with off-diagonal entries everywhere: unit k of Cho et al.'s "
+         "cell reads r_j h_j for every j, and no nn.GRU weights compute that cell (raise ValueError)", A),
+        ("returned weights for a symmetric W_hn: symmetry does not let r pass through W_hn; a symmetric "
+         "W_hn with off-diagonal entries still mixes r_j into unit k (raise ValueError)", A + A.T),
+        ("returned weights for an upper triangular W_hn: its first row has several nonzero entries, so "
+         "unit 0 still mixes the gates of several units (raise ValueError)", A.triu()),
+        ("returned weights for a W_hn that is diagonal but for one entry of 1e-3: any nonzero entry beside "
+         "the diagonal one mixes a second gate into its unit, however small; test for exact zeros, not for "
+         "small entries (raise ValueError)", nearly),
+    ]
 
 
 @checker("01.reset_before_as_nn_gru",
-         hint="Compare the two candidate formulas of section 3 unit by unit: when does multiplying by r "
-              "before W_hn give the same as multiplying after? Where must b_hn go so that the reset gate "
-              "no longer reaches it? For any other W_hn, raise ValueError.")
+         hint="Compare the two candidate formulas of section 3 unit by unit: which gate values does unit k "
+              "of each form read, and which gate could nn.GRUCell's unit k be made to compute? Where must "
+              "b_hn go so that the reset gate no longer reaches it? Where no weights work, raise ValueError.")
 def _check_reset_before_as_nn_gru(convert: Callable[..., Weights]) -> None:
-    for seed in range(4):
+    for seed in range(5):
         B, D, H, g = _ch01_cases(seed)
         w = _gru_weights(D, H, g, diagonal_hn=True)
+        src = torch.arange(H)
+        what = "a diagonal W_hn"
+        if seed == 4:  # one nonzero per row, off the diagonal: the reset gate's rows must follow it
+            W_hn, src = _one_per_row(H, g)
+            w[1][2 * H:] = W_hn
+            what = (f"a W_hn with one nonzero entry per row, in columns {src.tolist()[:-1]} "
+                    "(the last row is 0)")
         x, h = torch.randn(B, D, generator=g), torch.randn(B, H, generator=g)
         try:
             got = convert(*(t.clone() for t in w))
         except ValueError as err:
+            if seed == 4:
+                raise Wrong(f"raised ValueError ({err}) for {what}: Cho et al.'s unit k then reads a single "
+                            "gate, r_j for the j of its row; could nn.GRUCell's unit k compute that gate?"
+                            ) from None
             raise Wrong(f"raised ValueError ({err}) for a W_hn that is diagonal: that cell has an exact "
                         "nn.GRU equivalent") from None
         four_tensors = isinstance(got, tuple | list) and len(got) == 4
@@ -165,24 +229,25 @@ def _check_reset_before_as_nn_gru(convert: Callable[..., Weights]) -> None:
                 p.copy_(t)
             out, want = cell(x, h), _reset_before_step(x, h, w)
             if not torch.allclose(out.double(), want.double(), atol=1e-5):
-                for message, wrong in _conversion_mistakes(w):
+                for message, wrong in _conversion_mistakes(w, src):
                     if torch.allclose(out.double(), _reset_after_step(x, h, wrong).double(), atol=1e-5):
                         raise Wrong(message)
-            expect_close(out, want, "nn.GRUCell with your weights, on a reset-before cell with diagonal "
-                                    f"W_hn (H={H})")
+            expect_close(out, want, f"nn.GRUCell with your weights, on a reset-before cell with {what} "
+                                    f"(H={H})")
+        message, W_hn = _not_convertible(H, g)[seed % 4]
         w = _gru_weights(D, H, g)
+        w[1][2 * H:] = W_hn
         try:
             convert(*(t.clone() for t in w))
         except ValueError:
             continue
-        raise Wrong("returned weights for a W_hn with off-diagonal entries: no nn.GRU weights compute that "
-                    "cell (raise ValueError)")
+        raise Wrong(message)
 
 
 @checker("01.gates_for_weights",
-         hint="Question 4 and section 4: write P_i, the product of the gates after step i, as a sum of "
-              "weights (the telescoping sum); then each gate is a ratio of two consecutive P's. Decide "
-              "what a gate should be where that ratio is zero divided by zero.")
+         hint="Question 4's hint and section 4: P_i, the product of the gates after step i, in terms of "
+              "the w's. How does the gate of step i relate P_i to P_(i-1)? Decide what a gate should be "
+              "where both are zero.")
 def _check_gates_for_weights(gates_for: Callable[[torch.Tensor], torch.Tensor]) -> None:
     for seed in range(5):
         _, T, H, g = _ch01_cases(seed)
@@ -295,8 +360,9 @@ def _lstm_mistakes(f: torch.Tensor, i: torch.Tensor) -> list[tuple[str, torch.Te
 
 @checker("01.lstm_memory_weights",
          hint="Section 4 unrolls the GRU's last line; do the same with the LSTM's memory line, where two "
-              "independent gates replace the update gate and its complement. Ask which forget gates a candidate written at step k "
-              "passes through before the end, and what happens to the telescoping sum.")
+              "independent gates replace the update gate and its complement. Ask which forget gates a "
+              "candidate written at step k passes through before the end, and what happens to the "
+              "telescoping sum.")
 def _check_lstm_memory_weights(weights_for: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
     for seed in range(5):
         _, T, H, g = _ch01_cases(seed)
@@ -304,16 +370,22 @@ def _check_lstm_memory_weights(weights_for: Callable[[torch.Tensor, torch.Tensor
             H = T + 1  # a square answer, where transposed weights keep the shape
         f, i = (torch.rand(T, H, generator=g, dtype=torch.double) for _ in range(2))
         if seed == 3:
-            f[0], i[-1] = 1.0, 0.0  # a gate that forgets nothing, and a step that writes nothing
+            # a gate that forgets nothing, one that forgets everything (at step 2: the products before
+            # and after it differ), and a step that writes nothing
+            f[0], f[1, 0], i[-1] = 1.0, 0.0, 0.0
         want = _lstm_unrolled(f, i)
         got = weights_for(f.clone(), i.clone())
         what = f"lstm_memory_weights(f, i of shape {(T, H)})"
+        if isinstance(got, torch.Tensor) and got.shape == want.shape and got.isnan().any() and (f == 0).any():
+            raise Wrong(f"{what} contains NaN, and one forget gate is exactly 0 (it forgets everything, "
+                        "allowed in [0, 1]): dividing one product of gates by another gives 0 / 0 there; "
+                        "build each weight from the gates it needs, without dividing")
         if isinstance(got, torch.Tensor) and got.shape == (T, H):
             raise Wrong(f"{what} has shape {(T, H)}, expected {(T + 1, H)}: one row for the initial memory "
                         "c_0 (row 0), then one per candidate g_1 ... g_T")
         if (isinstance(got, torch.Tensor) and got.shape == want.shape
-                and not torch.allclose(got.double(), want, atol=1e-9)):
+                and not torch.allclose(got.double(), want, atol=1e-6)):
             for message, wrong in _lstm_mistakes(f, i):
-                if wrong.shape == got.shape and torch.allclose(got.double(), wrong, atol=1e-9):
+                if wrong.shape == got.shape and torch.allclose(got.double(), wrong, atol=1e-6):
                     raise Wrong(message)
-        expect_close(got, want, what, atol=1e-9, rtol=1e-7)
+        expect_close(got, want, what, atol=1e-6, rtol=1e-5)  # float32 arithmetic is fine
