@@ -238,7 +238,8 @@ def test_chapter_functions_are_really_tried(chapter):
     """Every definition before the exercises executes, so the sweep above sees all of them."""
     defined, errors = chapter_definitions(chapter)
     assert not errors, f"chapter {chapter:02d}: definitions the sweep could not execute: {errors}"
-    assert defined, f"chapter {chapter:02d}: no function or class found before the exercises"
+    if chapter > 0:  # the preface defines nothing; every other chapter builds something
+        assert defined, f"chapter {chapter:02d}: no function or class found before the exercises"
     assert all(callable(fn) for fn in defined.values())
 
 
