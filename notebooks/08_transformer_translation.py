@@ -1559,6 +1559,8 @@ print("the restored model translates exactly as the original, greedily and with 
 
 # %%
 def smoothed_loss(logits: Tensor, targets: Tensor, eps: float) -> Tensor:
+    """logits (B, T, V), targets (B, T) with 0 = <pad> -> scalar tensor: the mean over the real tokens of
+    -sum_k q_k log p_k, with q = 1 - eps on the target, 0 on <pad>, eps / (V - 2) on every other token."""
     raise NotImplementedError  # your code here
 
 

@@ -111,14 +111,39 @@ def test_08_smoothed_loss(wrong):
     _rejects("08.smoothed_loss", wrong)
 
 
+def _log_of_softmax(logits, targets, eps):
+    """Review 2026-11-27-exercises-04-05-07-08-11, finding 7: an explicit q against log(softmax(...)),
+    right on mild logits, nan once a token's probability underflows float32."""
+    log_p = torch.log(torch.softmax(logits, -1))
+    V = logits.shape[-1]
+    q = torch.full_like(log_p, eps / (V - 2))
+    q[..., 0] = 0
+    q.scatter_(-1, targets[..., None], 1 - eps)
+    return (-(q * log_p).sum(-1))[targets != 0].mean()
+
+
+def test_08_smoothed_loss_accepts_an_explicit_q_with_log_softmax():
+    def explicit(logits, targets, eps):
+        log_p = F.log_softmax(logits, -1)
+        V = logits.shape[-1]
+        q = torch.full_like(log_p, eps / (V - 2))
+        q[..., 0] = 0
+        q.scatter_(-1, targets[..., None], 1 - eps)
+        return (-(q * log_p).sum(-1))[targets != 0].mean()
+    _accepts("08.smoothed_loss", explicit)
+
+
 @pytest.mark.parametrize("wrong, message", [
+    (_log_of_softmax, "use log_softmax"),
     (_pytorch_convention, "PyTorch's convention"),
     (_smoothed_over_v_minus_1, "V - 1 tokens"),
     (_counts_padding, "padded positions"),
     (_kl_form, "KL divergence"),
     (lambda lg, t, e: F.cross_entropy(lg.flatten(0, 1), t.flatten(), ignore_index=0), "plain cross-entropy"),
-], ids=["pytorch-convention", "over-v-minus-1", "counts-padding", "kl-form", "no-smoothing"])
+], ids=["log-of-softmax", "pytorch-convention", "over-v-minus-1", "counts-padding", "kl-form",
+        "no-smoothing"])
 def test_08_smoothed_loss_names_the_mistake(wrong, message, capsys):
+    _rejects("08.smoothed_loss", wrong)
     exercises.check("08.smoothed_loss", wrong)
     assert message in capsys.readouterr().out
 
@@ -216,6 +241,23 @@ def _no_range_check(snapshots, n):
     return _average_keys(snapshots, snapshots[-n:] if n > 0 else snapshots)
 
 
+def _negative_n_passes(snapshots, n):              # finding 8: n = -1 averages snapshots[1:]
+    if not n or n > len(snapshots):
+        raise ValueError("n")
+    return _average_keys(snapshots, snapshots[-n:])
+
+
+def _newest_itself(snapshots, n):                  # finding 9: n = 1 hands back the caller's dict
+    _checked_n(snapshots, n)
+    return snapshots[-1] if n == 1 else _average_keys(snapshots, snapshots[-n:])
+
+
+def _shared_counter(snapshots, n):                 # finding 9: the counter is the caller's tensor
+    out = _average_keys(snapshots, snapshots[-n:]) if 1 <= n <= len(snapshots) else _checked_n(snapshots, n)
+    out["step"] = snapshots[-1]["step"]
+    return out
+
+
 def test_08_average_checkpoints_accepts_the_solution_and_a_stacked_mean():
     _accepts("08.average_checkpoints", average_checkpoints_ref)
 
@@ -237,8 +279,11 @@ def test_08_average_checkpoints_accepts_the_solution_and_a_stacked_mean():
     (_in_place, "you changed the snapshots"),
     (_float64_out, "in its own dtype"),
     (_no_range_check, "raise ValueError"),
+    (_negative_n_passes, "n=-1 with 5 snapshots returned an average"),
+    (_newest_itself, "one of the snapshots itself"),
+    (_shared_counter, "return new tensors"),
 ], ids=["first-n", "one-too-few", "summed", "pairwise", "averages-counter", "float16-sum", "in-place",
-        "float64-out", "no-range-check"])
+        "float64-out", "no-range-check", "negative-n", "newest-itself", "shared-counter"])
 def test_08_average_checkpoints_rejects_with_a_diagnosis(wrong, message, capsys):
     _rejects("08.average_checkpoints", wrong)
     exercises.check("08.average_checkpoints", wrong)

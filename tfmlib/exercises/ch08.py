@@ -18,7 +18,9 @@ def _smoothing_case(seed: int) -> tuple[torch.Tensor, torch.Tensor, float]:
     g = torch.Generator().manual_seed(100 + seed)
     B, T = (int(v) for v in torch.randint(2, 6, (2,), generator=g))
     V = int(torch.randint(4, 12, (1,), generator=g))
-    logits = torch.randn(B, T, V, generator=g) * 3
+    # the last case's logits are spread as a trained model's are: tokens far below the top have
+    # probabilities that underflow float32 (log(softmax) gives -inf there; log_softmax does not)
+    logits = torch.randn(B, T, V, generator=g) * (60 if seed == 5 else 3)
     targets = torch.randint(1, V, (B, T), generator=g)
     lengths = torch.randint(1, T + 1, (B,), generator=g)
     lengths[0] = T
@@ -38,9 +40,7 @@ def _smoothed_over_others(logits: torch.Tensor, targets: torch.Tensor, eps: floa
 
 @checker("08.smoothed_loss", hint="start from section 1's split of the loss into a weighted cross-entropy "
          "with the reference token and one with a uniform distribution; here the uniform part covers only "
-         "the V - 2 tokens that are neither the reference nor padding (id 0), so take those two terms out "
-         "of the sum over the vocabulary before dividing; work in log-probabilities, and average over the "
-         "real positions only")
+         "the V - 2 tokens that are neither the reference nor padding (id 0)")
 def _check_smoothed_loss(smoothed_loss: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]) -> None:
     F = torch.nn.functional
     for seed in range(6):
@@ -53,6 +53,11 @@ def _check_smoothed_loss(smoothed_loss: Callable[[torch.Tensor, torch.Tensor, fl
         if got.dim() != 0:
             raise Wrong(f"return a scalar (0-d) tensor, averaged over the real tokens; got shape "
                         f"{tuple(got.shape)}")
+        if not torch.isfinite(got).all():
+            raise Wrong(f"smoothed_loss(logits {tuple(logits.shape)} {logits.dtype}, largest |logit| "
+                        f"{logits.abs().max().item():.0f}, eps={eps}) returned {got.item()}, the loss is "
+                        f"{want.item():.4f}: log(softmax) underflows to -inf for tokens far below the top "
+                        "(and 0 * -inf is nan); use log_softmax")
         if eps > 0 and not torch.allclose(got.double(), want, atol=1e-5, rtol=1e-4):
             log_p = F.log_softmax(logits.double(), -1)
             nll = -log_p.gather(-1, targets[..., None]).squeeze(-1)
@@ -115,6 +120,12 @@ def _same_values(value: torch.Tensor, dtype: torch.dtype, tol: dict, x: torch.Te
     return torch.allclose(value, x.to(dtype).double(), **tol)
 
 
+def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors are views of one storage (the same object included)."""
+    return a is b or (a.untyped_storage().nbytes() > 0
+                      and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr())
+
+
 def _average_reference(snapshots: list[dict[str, torch.Tensor]], n: int) -> dict[str, torch.Tensor]:
     last = snapshots[-n:]
     return {k: (_mean_of(last, k).to(v.dtype) if v.is_floating_point() else v.clone())
@@ -138,9 +149,16 @@ def _check_average_checkpoints(average_checkpoints: Callable[[list, int], dict])
         if not isinstance(got, dict) or set(got) != set(want):
             keys = sorted(got) if isinstance(got, dict) else type(got).__name__
             raise Wrong(f"return a dict with the snapshots' keys {sorted(want)}, got {keys}")
+        if any(got is s for s in snapshots):
+            raise Wrong(f"with n={n} you returned one of the snapshots itself: return a new state dict, "
+                        "or an edit of the average would edit the caller's checkpoint too")
         for key, value in got.items():
             if not isinstance(value, torch.Tensor) or value.shape != want[key].shape:
                 raise Wrong(f"{key!r} should be a tensor of shape {tuple(want[key].shape)}")
+            if any(_shares_memory(value, s[key]) for s in snapshots):
+                raise Wrong(f"with n={n} the returned {key!r} is the same memory as a snapshot's "
+                            f"{key!r}: return new tensors (a copy of the counter, a fresh average), or an "
+                            "in-place edit of one changes the other")
             if value.dtype != want[key].dtype:
                 raise Wrong(f"{key!r} comes back as {value.dtype}, the snapshots hold {want[key].dtype}: "
                             "return each tensor in its own dtype, so the average loads into the model")
@@ -176,7 +194,7 @@ def _check_average_checkpoints(average_checkpoints: Callable[[list, int], dict])
             raise Wrong(f"{key!r} is wrong for {count} snapshots and n={n}: expected the element-wise mean "
                         f"of the last {n}, max abs error "
                         f"{(value - want[key].double()).abs().max().item():.3g}")
-    for bad in (0, 6):
+    for bad in (0, 6, -1):
         try:
             average_checkpoints(_snapshots(0, 5), bad)
         except ValueError:
