@@ -834,7 +834,8 @@ assert same_greedy and same_beam and score_diff < 1e-4, "the cache must not chan
 # `q` is `(B, H, 1, d)`, the new key and value `k`, `v` are `(B, G, 1, d)`, and the buffers `K`,
 # `V` are `(B, G, capacity, d)` holding `length` positions. Write `k`, `v` into the buffers at
 # position `length` (in place: the buffers are the cache), attend with each query head over its
-# group's `length + 1` keys, and return `(output (B, H, 1, d), length + 1)`.
+# group's `length + 1` keys, and return `(output (B, H, 1, d), length + 1)`, computed in the
+# inputs' dtype.
 
 # %%
 def gqa_step(q: Tensor, k: Tensor, v: Tensor, K: Tensor, V: Tensor, length: int) -> tuple[Tensor, int]:
@@ -853,7 +854,8 @@ exercises.check("09.gqa_step", gqa_step)
 # keys already carry their rotary positions, so their order in the buffer does not matter. `q`,
 # `k`, `v` are `(B, h, 1, d)` for the token at position `pos`; `K`, `V` are `(B, h, W, d)` ring
 # buffers (slots never written hold garbage). Write `k` and `v` into their slot, in place, and
-# return the output `(B, h, 1, d)` of attention over the tokens in the window.
+# return the output `(B, h, 1, d)` of attention over the tokens in the window, in the inputs'
+# dtype.
 
 # %%
 def window_step(q: Tensor, k: Tensor, v: Tensor, K: Tensor, V: Tensor, pos: int) -> Tensor:
@@ -867,9 +869,10 @@ exercises.check("09.window_step", window_step)
 # **3. Batched generation from prompts of different lengths.** `generate` reads a batch of
 # prompts of one length; it refuses `<pad>` in a prompt, since its model gives every row the same
 # positions and masks no key. Do it properly, as libraries do: pad the prompts *on the left* with
-# `PAD_ID` (0) to the longest, so that every row's newest token is in the last column; give each
-# real token the position it has in its own prompt (0 for the first); and let each real query
-# attend to itself and the real tokens before it, never to padding. The `model` the checker gives
+# 0 (the id of `<pad>`, `tfmlib.data.PAD_ID`) to the longest, so that every row's newest token is
+# in the last column; give each real token the position it has in its own prompt (0 for the
+# first); and let each real query attend to itself and the real tokens before it, never to
+# padding. Every generated token is real, even if the model picks id 0. The `model` the checker gives
 # you takes `(ids (B, T), positions (B, T), mask (B, T, T))`, all three built by you (`mask[b, i,
 # j]` True where query $i$ may attend to key $j$; padding may have any position from 0 up), and
 # returns logits `(B, T, V)`; it has no cache, so each step re-reads the whole batch. `prompts` is

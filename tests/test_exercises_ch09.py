@@ -109,6 +109,43 @@ def gqa_per_kv_head(q, k, v, K, V, length):      # one output per key-value head
     return F.scaled_dot_product_attention(q[:, :G], K[:, :, :length + 1], V[:, :, :length + 1]), length + 1
 
 
+def _gqa_written(q, k, v, K, V, length):
+    K[:, :, length] = k[:, :, 0]
+    V[:, :, length] = v[:, :, 0]
+    H = q.shape[1]
+    return _widen(K[:, :, :length + 1], H), _widen(V[:, :, :length + 1], H)
+
+
+def gqa_float32(q, k, v, K, V, length):          # review 06-09-10, finding 6: a float32 result
+    keys, values = _gqa_written(q, k, v, K, V, length)
+    return F.scaled_dot_product_attention(q.float(), keys.float(), values.float()), length + 1
+
+
+def gqa_attend_then_write(q, k, v, K, V, length):  # finding 8: attends over the garbage at slot length
+    H = q.shape[1]
+    out = F.scaled_dot_product_attention(q, _widen(K[:, :, :length + 1], H), _widen(V[:, :, :length + 1], H))
+    K[:, :, length] = k[:, :, 0]
+    V[:, :, length] = v[:, :, 0]
+    return out, length + 1
+
+
+def gqa_new_key_left_out(q, k, v, K, V, length):   # finding 8: K[:, :, :length]
+    _gqa_written(q, k, v, K, V, length)
+    H = q.shape[1]
+    n = max(length, 1)
+    return F.scaled_dot_product_attention(q, _widen(K[:, :, :n], H), _widen(V[:, :, :n], H)), length + 1
+
+
+def gqa_scale_by_d(q, k, v, K, V, length):         # finding 8: 1 / d instead of 1 / sqrt(d)
+    keys, values = _gqa_written(q, k, v, K, V, length)
+    return torch.softmax(q @ keys.transpose(-2, -1) / q.shape[-1], -1) @ values, length + 1
+
+
+def gqa_softmax_over_heads(q, k, v, K, V, length):  # finding 8: the softmax over the head axis
+    keys, values = _gqa_written(q, k, v, K, V, length)
+    return torch.softmax(q @ keys.transpose(-2, -1) / math.sqrt(q.shape[-1]), 1) @ values, length + 1
+
+
 def test_09_gqa_step_accepts_the_solutions():
     _accepts("09.gqa_step", gqa_step_ref)
     _accepts("09.gqa_step", gqa_step_sdpa)
@@ -123,8 +160,14 @@ def test_09_gqa_step_accepts_the_solutions():
     (gqa_per_kv_head, "one row per *query* head"),
     (lambda q, k, v, K, V, n: gqa_step_ref(q, k, v, K, V, n)[0], "return a pair"),
     (lambda q, k, v, K, V, n: (gqa_step_ref(q, k, v, K, V, n)[0], n), "the length is"),
+    (gqa_float32, "compute in the inputs' dtype"),
+    (gqa_attend_then_write, "write the new key and value first, then attend"),
+    (gqa_new_key_left_out, "the new key and value are part of what the query sees"),
+    (gqa_scale_by_d, "divided the scores by d"),
+    (gqa_softmax_over_heads, "softmax ran over the query heads axis"),
 ], ids=["tiled-groups", "is-causal", "whole-buffer", "widened-copy", "unscaled", "per-kv-head", "no-length",
-        "length-unchanged"])
+        "length-unchanged", "float32", "attend-then-write", "new-key-left-out", "scale-by-d",
+        "softmax-over-heads"])
 def test_09_gqa_step_rejects_with_a_diagnosis(wrong, message, capsys):
     _diagnosed("09.gqa_step", wrong, message, capsys)
 
@@ -204,6 +247,18 @@ def window_unscaled(q, k, v, K, V, pos):
     return torch.softmax(q @ K[:, :, :n].transpose(-2, -1), -1) @ V[:, :, :n]
 
 
+def window_float32(q, k, v, K, V, pos):            # review 06-09-10, finding 6
+    return window_step_ref(q, k, v, K, V, pos).float()
+
+
+def window_new_token_forgotten(q, k, v, K, V, pos):  # finding 7: slots 0..pos - 1, the new token left out
+    W = K.shape[2]
+    K[:, :, pos % W] = k[:, :, 0]
+    V[:, :, pos % W] = v[:, :, 0]
+    n = min(max(pos, 1), W)
+    return F.scaled_dot_product_attention(q, K[:, :, :n], V[:, :, :n])
+
+
 def test_09_window_step_accepts_the_solution():
     _accepts("09.window_step", window_step_ref)
 
@@ -217,8 +272,10 @@ def test_09_window_step_accepts_the_solution():
     (window_too_small, "the new one included"),
     (window_is_causal, "is_causal=True"),
     (window_unscaled, "not scaled"),
+    (window_float32, "compute in the inputs' dtype"),
+    (window_new_token_forgotten, "the window includes the new token itself"),
 ], ids=["linear-index", "next-slot", "whole-buffer", "up-to-slot", "attend-then-write", "too-small",
-        "is-causal", "unscaled"])
+        "is-causal", "unscaled", "float32", "new-token-forgotten"])
 def test_09_window_step_rejects_with_a_diagnosis(wrong, message, capsys):
     _diagnosed("09.window_step", wrong, message, capsys)
 
@@ -331,8 +388,39 @@ def lp_pads_never_unmasked_new(model, prompts, steps):  # the new column joins t
     return torch.stack(new, 1)
 
 
+def lp_keep_from_ids(model, prompts, steps):       # finding 23: the padding re-derived from ids != PAD
+    ids = _padded(prompts)
+    new = []
+    for _ in range(steps):
+        keep = ids != 0
+        positions = (keep.long().cumsum(1) - 1).clamp(min=0)
+        token = model(ids, positions, _causal_and_keys(keep))[:, -1].argmax(-1)
+        new.append(token)
+        ids = torch.cat([ids, token[:, None]], 1)
+    return torch.stack(new, 1)
+
+
+def lp_padding_at_39(model, prompts, steps):       # padding at the last position: any position is allowed
+    ids = _padded(prompts)
+    keep = ids != 0
+    positions = torch.where(keep, keep.long().cumsum(1) - 1, torch.full_like(ids, 39))
+    return _generate(model, ids, keep, positions, steps, _causal_and_keys)
+
+
 def test_09_left_padded_generate_accepts_the_solution():
     _accepts("09.left_padded_generate", left_padded_generate_ref)
+    _accepts("09.left_padded_generate", lp_padding_at_39)
+
+
+def test_09_a_checker_model_generates_pad_and_the_ids_shortcut_differs():
+    """One of the checker's models may emit id 0; re-deriving the padding from the ids then gives other
+    tokens than generating alone (review 2026-11-27-exercises-06-09-10, finding 23)."""
+    model = _TinyLM(20, emits_pad=True)
+    prompts = [[5, 11], [6], [3, 1, 7, 7, 2]]
+    want = torch.tensor([model.alone(p, 5) for p in prompts])
+    assert (want == 0).any()
+    assert torch.equal(left_padded_generate_ref(_TinyLM(20, emits_pad=True), prompts, 5), want)
+    assert not torch.equal(lp_keep_from_ids(_TinyLM(20, emits_pad=True), prompts, 5), want)
 
 
 @pytest.mark.parametrize("wrong, message", [
@@ -346,8 +434,9 @@ def test_09_left_padded_generate_accepts_the_solution():
     (lp_negative_pad_positions, "positions must be in"),
     (lp_with_prompt, "without the prompt"),
     (lp_pads_never_unmasked_new, "step 1 differs"),
+    (lp_keep_from_ids, "a generated token is a token even if its id is PAD_ID"),
 ], ids=["right-padded", "shared-positions", "positions-from-one", "pads-attended", "not-causal", "transposed",
-        "one-row-at-a-time", "negative-pad-positions", "with-prompt", "new-tokens-masked"])
+        "one-row-at-a-time", "negative-pad-positions", "with-prompt", "new-tokens-masked", "keep-from-ids"])
 def test_09_left_padded_generate_rejects_with_a_diagnosis(wrong, message, capsys):
     _diagnosed("09.left_padded_generate", wrong, message, capsys)
 

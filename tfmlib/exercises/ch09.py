@@ -29,12 +29,17 @@ def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: bo
 
 
 def _top_left_message(n_keys: int) -> str:
-    return (f"your output is the query attending to the first key only: that is what "
-            f"F.scaled_dot_product_attention(..., is_causal=True) does with one query and {n_keys} keys, "
-            "because "
-            "its causal mask is aligned top-left (query 0 sees key 0); a cached step's one query is the "
-            "newest "
+    return (f"your output is the query attending to the first key only, as a causal mask aligned "
+            f"top-left makes it (for instance F.scaled_dot_product_attention(..., is_causal=True) with one "
+            f"query and {n_keys} keys: query 0 sees key 0 only); a cached step's one query is the newest "
             "position and may see every cached key: pass no causal mask (or align it bottom-right)")
+
+
+def _same_dtype(got: torch.Tensor, q: torch.Tensor) -> None:
+    """The checker compares in float64; a result in another dtype is the reader's slip, not a crash."""
+    if got.dtype != q.dtype:
+        raise Wrong(f"the inputs are {q.dtype} and your output is {got.dtype}: compute in the inputs' "
+                    "dtype (a cast to float32 on the way loses the precision the comparison needs)")
 
 
 # ----------------------------------------------------------------------------- 09.gqa_step
@@ -84,8 +89,10 @@ def _check_gqa_step(gqa_step: Callable[..., tuple[torch.Tensor, int]]) -> None:
             raise Wrong(f"the output has one row per *query* head: expected {tuple(want.shape)} (B, H, 1, "
                         "d), "
                         f"got {shape}")
+        _same_dtype(got, q)
         if torch.allclose(got, want, atol=1e-8):
             continue
+        _diagnose_gqa(got, q, K, Vb, keys, values, length, H)
         tiled = _attend(q, _expand(keys, H, True), _expand(values, H, True))
         if G not in (1, H) and torch.allclose(got, tiled):
             raise Wrong(f"query head h read key-value head h mod G: with H={H}, G={G} the groups are runs of "
@@ -99,6 +106,30 @@ def _check_gqa_step(gqa_step: Callable[..., tuple[torch.Tensor, int]]) -> None:
         if torch.allclose(got, _attend(q, _expand(keys, H), _expand(values, H), scale=False)):
             raise Wrong("the scores are not scaled: divide them by the square root of the head size d")
         expect_close(got, want, f"gqa_step(B={B}, H={H}, G={G}, d={d}, length={length})", atol=1e-8)
+
+
+def _diagnose_gqa(got: torch.Tensor, q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, keys: torch.Tensor,
+                  values: torch.Tensor, length: int, H: int) -> None:
+    """Name four slips that a plain value comparison would only call wrong: attending before the write,
+    leaving the new key out, dividing by d, and a softmax over the heads."""
+    def same(x: torch.Tensor) -> bool:
+        return torch.allclose(got, x, atol=1e-8)
+
+    d = q.shape[-1]
+    if same(_attend(q, _expand(K[:, :, :length + 1], H), _expand(V[:, :, :length + 1], H))):
+        raise Wrong(f"the query attended over the buffer as it was before the write (position {length} "
+                    "still held garbage): write the new key and value first, then attend")
+    if length > 0 and same(_attend(q, _expand(keys[:, :, :length], H), _expand(values[:, :, :length], H))):
+        raise Wrong(f"the query attended over the {length} cached positions only: the new key and value "
+                    f"are part of what the query sees, so attend over length + 1 = {length + 1} positions")
+    wide_k, wide_v = _expand(keys, H), _expand(values, H)
+    scores = q @ wide_k.transpose(-2, -1)
+    if same(torch.softmax(scores / d, -1) @ wide_v):
+        raise Wrong(f"you divided the scores by d = {d}: divide them by the square root of d")
+    for axis, name in ((1, "query heads"), (0, "batch")):
+        if q.shape[axis] > 1 and same(torch.softmax(scores / math.sqrt(d), axis) @ wide_v):
+            raise Wrong(f"the softmax ran over the {name} axis: each head's weights are a distribution "
+                        "over the keys, the last axis of the scores")
 
 
 # ----------------------------------------------------------------------------- 09.window_step
@@ -115,6 +146,8 @@ def _check_window_step(window_step: Callable[..., torch.Tensor]) -> None:
         ks, vs, qs = (torch.randn(B, h, T, d, generator=g, dtype=torch.double) for _ in range(3))
         K = torch.randn(B, h, W, d, generator=g, dtype=torch.double) * 3  # garbage before anything is written
         V = torch.randn(B, h, W, d, generator=g, dtype=torch.double) * 3
+        # at pos = 1, "the first key only" fits two slips (is_causal, the new token left out): pos = 2 tells
+        first_key_at_1 = False
         for pos in range(T):
             before_K, before_V = K.clone(), V.clone()
             q, k, v = qs[:, :, pos:pos + 1], ks[:, :, pos:pos + 1], vs[:, :, pos:pos + 1]
@@ -140,10 +173,20 @@ def _check_window_step(window_step: Callable[..., torch.Tensor]) -> None:
             if not isinstance(got, torch.Tensor) or got.shape != want.shape:
                 shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
                 raise Wrong(f"return the output, {tuple(want.shape)} (B, h, 1, d); got {shape}")
+            _same_dtype(got, q)
             if torch.allclose(got, want, atol=1e-8):
+                if first_key_at_1:
+                    raise Wrong(_top_left_message(2))
+                continue
+            if pos == 1 and torch.allclose(got, V[:, :, :1].expand_as(got), atol=1e-8) and T > 2 and W > 2:
+                first_key_at_1 = True
                 continue
             _diagnose_window(got, q, K, V, before_K, before_V, ks, vs, pos, W)
+            if first_key_at_1:
+                raise Wrong(_top_left_message(2))
             expect_close(got, want, f"window_step at pos={pos}, W={W}", atol=1e-8)
+        if first_key_at_1:
+            raise Wrong(_top_left_message(2))
 
 
 def _diagnose_window(got: torch.Tensor, q: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
@@ -174,6 +217,12 @@ def _diagnose_window(got: torch.Tensor, q: torch.Tensor, K: torch.Tensor, V: tor
     start = max(0, pos - W + 1)
     if same(_attend(q, ks[:, :, start:pos + 1], vs[:, :, start:pos + 1], scale=False)):
         raise Wrong("the scores are not scaled: divide them by the square root of the head size d")
+    if pos > 0:
+        seen = torch.arange(W) < pos if pos < W else torch.arange(W) != slot
+        if same(_attend(q, K[:, :, seen], V[:, :, seen])):
+            raise Wrong(f"at pos={pos} you attended over every filled slot but the new token's (slot "
+                        f"{slot}): the window includes the new token itself, so attend over slots "
+                        f"0..{min(pos, W - 1)}, slot {slot} included")
     if pos > 0 and same(V[:, :, :1].expand_as(got)):
         raise Wrong(_top_left_message(min(pos + 1, W)))
 
@@ -185,13 +234,15 @@ class _TinyLM:
     """A small language model with learned *absolute* positions and an explicit attention mask:
     ``model(ids (B, T), positions (B, T), mask (B, T, T)) -> logits (B, T, V)``, ``mask[b, i, j]`` True
     where query ``i`` may attend to key ``j``. With absolute positions, shifting a row's positions
-    changes its outputs (rotary positions would hide that mistake). It never predicts ``PAD``.
+    changes its outputs (rotary positions would hide that mistake). Unless ``emits_pad``, it never
+    predicts ``PAD``; with it, a greedy row may generate id 0, which is then a token like any other.
     A row whose mask is all False (a padded query that may see nothing) gets a zero attention output,
     not NaN. It records every call, so that the checker can say what was wrong with the inputs."""
 
     vocab, d, context, layers = 13, 16, 40, 2
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, emits_pad: bool = False) -> None:
+        self.emits_pad = emits_pad
         g = torch.Generator().manual_seed(seed)
         d = self.d
         self.embed = torch.randn(self.vocab, d, generator=g, dtype=torch.double)
@@ -231,7 +282,8 @@ class _TinyLM:
             weights = torch.softmax(scores.masked_fill(~mask, -math.inf), -1).nan_to_num(0.0)
             x = x + torch.tanh(weights @ (x @ wv))
         logits = x @ self.out
-        logits[..., PAD] = -math.inf
+        if not self.emits_pad:
+            logits[..., PAD] = -math.inf
         return logits
 
     def alone(self, prompt: list[int], steps: int) -> list[int]:
@@ -297,6 +349,19 @@ def _diagnose_first_call(calls: list, prompts: list[list[int]]) -> None:
                 "that is j <= i and key j is not padding")
 
 
+def _diagnose_generated_pad(calls: list, P: int) -> None:
+    """A generated id 0 hidden from the newest query, as if it were padding (``keep = ids != PAD``)."""
+    for ids, _, mask in calls[1:]:
+        generated = ids[:, P:]
+        hidden = (generated == PAD) & ~mask[:, -1, P:]
+        if hidden.any():
+            b, j = (int(i) for i in hidden.nonzero()[0])
+            raise Wrong(f"row {b} generated id {PAD} (PAD_ID) at step {j}, and your mask then hid it as "
+                        "padding: a generated token is a token even if its id is PAD_ID; grow the "
+                        "keep-mask (and the positions) by one column of real tokens per step instead of "
+                        "re-deriving them from the ids")
+
+
 @checker("09.left_padded_generate", hint="the package's generate, which sections 4 and 5 call, refuses "
          "padding in a prompt, because its model gives every row the same positions and masks no key; "
          "here the model takes positions and a mask, so you supply what generate lacks: where each row's "
@@ -304,10 +369,13 @@ def _diagnose_first_call(calls: list, prompts: list[list[int]]) -> None:
          "prompt is alone, and which keys each real query may see; then grow all three by one column per "
          "step")
 def _check_left_padded_generate(left_padded_generate: Callable[..., torch.Tensor]) -> None:
-    for seed, prompts, steps in ((0, [[4, 7, 2, 9, 5], [6], [3, 3, 8]], 5),
-                                 (1, [[5, 1, 12], [9, 10, 4, 4, 2, 7, 11]], 6),
-                                 (2, [[2, 5], [8, 4]], 3)):
-        model = _TinyLM(seed)
+    # the last model may generate id 0 (PAD_ID), which a real model's vocabulary also allows: a generated
+    # token is a token whatever its id, so the padding cannot be re-derived from the ids at each step
+    for seed, prompts, steps, emits_pad in ((0, [[4, 7, 2, 9, 5], [6], [3, 3, 8]], 5, False),
+                                            (1, [[5, 1, 12], [9, 10, 4, 4, 2, 7, 11]], 6, False),
+                                            (2, [[2, 5], [8, 4]], 3, False),
+                                            (20, [[5, 11], [6], [3, 1, 7, 7, 2]], 5, True)):
+        model = _TinyLM(seed, emits_pad)
         want = torch.tensor([model.alone(p, steps) for p in prompts])
         got = left_padded_generate(model, [list(p) for p in prompts], steps)
         if not model.calls:
@@ -321,6 +389,7 @@ def _check_left_padded_generate(left_padded_generate: Callable[..., torch.Tensor
                         f"(without the prompt); got {shape}")
         if torch.equal(got.long(), want):
             continue
+        _diagnose_generated_pad(model.calls, len(max(prompts, key=len)))
         first_bad = int((got.long() != want).any(0).nonzero()[0])
         raise Wrong(f"the prompts' first new tokens are right but step {first_bad} differs from generating "
                     "each "
