@@ -963,10 +963,10 @@ plt.show()
 # **1. Luong's decoder step, with input feeding.** RNNsearch (section 2) attends *before* its
 # recurrent step, with $s_{i-1}$. Luong et al. (2015, §3.1 and §3.3) reversed the order: first
 # the step, then attention with the new state, then an *attentional vector*
-# $	ilde h_t = 	anh(W_c [c_t; s_t])$ from which the word is predicted. Because the step no
-# longer sees the context, they feed $	ilde h_{t-1}$ into the next step beside the word
+# $\tilde h_t = \tanh(W_c [c_t; s_t])$ from which the word is predicted. Because the step no
+# longer sees the context, they feed $\tilde h_{t-1}$ into the next step beside the word
 # (*input feeding*), so the decoder knows where it looked before. Write one step, with the
-# general score $e_j = s_t^	op W_a h_j$.
+# general score $e_j = s_t^\top W_a h_j$.
 
 # %%
 def input_feeding_step(prev_embedded: Tensor, attentional: Tensor, state: Tensor, annotations: Tensor,
@@ -990,10 +990,10 @@ exercises.check("03.input_feeding_step", input_feeding_step)
 # %% [markdown]
 # **2. Local attention (Luong's local-p).** Global attention scores every source position; Luong
 # et al. (2015, §3.2) also tried looking at a window only. The model predicts a centre
-# $p_t = L \cdot \operatorname{sigmoid}(v_p^	op 	anh(W_p s_t))$ inside the sentence of $L$ real
+# $p_t = L \cdot \operatorname{sigmoid}(v_p^\top \tanh(W_p s_t))$ inside the sentence of $L$ real
 # tokens, normalises the alignment scores over the positions $j$ with $|j - p_t| \le D$ only,
 # and multiplies the result by a Gaussian around the centre,
-# $\expig(-(j - p_t)^2 / 2\sigma^2ig)$ with $\sigma = D/2$ (their eq. 10). Positions count
+# $\exp\big(-(j - p_t)^2 / 2\sigma^2\big)$ with $\sigma = D/2$ (their eq. 10). Positions count
 # from 0.
 
 # %%
