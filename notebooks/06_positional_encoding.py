@@ -1650,8 +1650,8 @@ exercises.check("06.offset_weights", offset_weights)
 # parameters and depending on the offset $s - t$ only: `copy_bias(length, back)` returns an
 # `(L, L)` float additive mask such that, even when the content scores (in $[-4, 4]$) work
 # against it, every query $t \ge$ `back` puts at least 90% of its attention on the key $t -$
-# `back`. Every row must keep at least one finite entry (the first `back` queries have no
-# such key). Then, if you like, train section 6's probe with it.
+# `back`, for every length $L$ up to 1024. Every row must keep at least one finite entry (the
+# first `back` queries have no such key). Then, if you like, train section 6's probe with it.
 
 # %%
 def copy_bias(length: int, back: int) -> Tensor:
@@ -1672,8 +1672,10 @@ exercises.check("06.copy_bias", copy_bias)
 # does: return `(partner, omega)`, two `(d,)` tensors, where `partner[j]` (integer) is the
 # feature that feature $j$ turns with ($j$ itself if $j$ is not rotated) and `omega[j]` (float,
 # $\ge 0$) is the angle in radians per position by which that pair turns (0 for a feature that
-# does not turn). The checker hides four rotaries in its black boxes: both layouts, a larger
-# base, and a partial one.
+# does not turn). The checker hides six rotaries in its black boxes: both layouts, a larger
+# base, a partial one, and two whose frequencies were rescaled for longer contexts, as
+# long-context models do (position interpolation, which section 6 names, and the scaling of
+# Llama 3.1's released code), so that they follow no single formula.
 
 # %%
 def probe_rotary(rotate, d: int) -> tuple[Tensor, Tensor]:

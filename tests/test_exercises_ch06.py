@@ -140,8 +140,32 @@ def _probe_base_10k(rotate, d):  # the pairing measured, the frequencies assumed
     return partner, assumed
 
 
+def _probe_asin(position):  # the angle from the sine alone: right only up to a quarter turn
+    def probe(rotate, d):
+        partner, _ = probe_ref(rotate, d)
+        turned = rotate(torch.eye(d, dtype=torch.float64), torch.full((d,), position))
+        sin = (turned - torch.diag(turned.diagonal())).abs().max(-1).values
+        return partner, sin.clamp(max=1).asin() / position
+    return probe
+
+
+def _probe_fit_base(rotate, d):  # one pair read, the law assumed (review 2026-11-27-exercises-06-09-10, 22)
+    partner, omega = probe_ref(rotate, d)
+    first = torch.arange(d)[(partner != torch.arange(d)) & (torch.arange(d) < partner)]
+    width = 2 * len(first)
+    base = float(omega[first[1]]) ** (-width / 2)
+    out = torch.zeros(d, dtype=torch.float64)
+    for i, a in enumerate(first.tolist()):
+        out[a] = out[partner[a]] = base ** (-2 * i / width)
+    return partner, out
+
+
 @pytest.mark.parametrize("wrong, message", [
     (_probe_halves, "the package's layout"),
+    (_probe_asin(2), "arcsin of the sine alone"),
+    (_probe_at(1000), "turned by more than half a turn"),
+    (_probe_at(1, dtype=torch.float16), "in float16 or bfloat16"),
+    (_probe_fit_base, "you inferred them from a formula"),
     (_probe_largest_entry, "A slow pair's unit vector stays nearly where it was"),
     (_probe_at(10), "turned by more than half a turn"),
     (_probe_at(2, divide=False), "2 times too large"),
@@ -151,8 +175,9 @@ def _probe_base_10k(rotate, d):  # the pairing measured, the frequencies assumed
     (_probe_base_10k, "frequencies of base 10,000"),
     (lambda rotate, d: probe_ref(rotate, d)[0], "return a pair"),
     (lambda rotate, d: (probe_ref(rotate, d)[0].float(), probe_ref(rotate, d)[1]), "integer tensor"),
-], ids=["halves", "largest-entry", "wrapped", "not-divided", "acos-float32", "position-0", "first-of-pair",
-        "base-10k", "one-output", "float-partner"])
+], ids=["halves", "asin-at-2", "wrapped-at-1000", "float16-eye", "fitted-base", "largest-entry", "wrapped",
+        "not-divided", "acos-float32", "position-0", "first-of-pair", "base-10k", "one-output",
+        "float-partner"])
 def test_06_rotary_probe(wrong, message, capsys):
     _accepts("06.rotary_probe", probe_ref)
     capsys.readouterr()
@@ -194,12 +219,13 @@ def _copy_bias_step(length, back):  # 0 at offset -back, a large finite penalty 
     (lambda L, b: -(_offsets(L).abs()), "favours the query's own position"),               # ALiBi
     (lambda L, b: -30.0 * (_offsets(L) - b).abs(), "ahead"),                                 # sign
     (lambda L, b: -1.0 * (_offsets(L) + b).abs(), "too small"),                              # too weak
+    (lambda L, b: torch.where(_offsets(L) == -b, 0.0, -15.0).double(), "grows like ln L"),   # fixed margin
     (lambda L, b: torch.full((L, L), -math.inf).masked_fill(_offsets(L) == -b, 0.0), "-inf everywhere"),
     (lambda L, b: copy_bias_ref(L, b) + torch.arange(L).float()[:, None] * torch.arange(L)[None, :],
      "depends on where the pair sits"),
     (lambda L, b: copy_bias_ref(L, b)[:-1], "should be (L, L)"),
     (lambda L, b: (_offsets(L) == -b).long(), "floating torch.Tensor"),
-], ids=["alibi", "ahead", "too-weak", "empty-rows", "absolute", "shape", "integer"])
+], ids=["alibi", "ahead", "too-weak", "margin-15", "empty-rows", "absolute", "shape", "integer"])
 def test_06_copy_bias(wrong, message, capsys):
     _accepts("06.copy_bias", copy_bias_ref)
     _accepts("06.copy_bias", _copy_bias_step)

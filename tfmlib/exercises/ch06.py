@@ -125,7 +125,7 @@ def _check_offset_weights(offset_weights: Callable[[torch.Tensor, int], torch.Te
          "overturn. Build it from the matrix of offsets s - t, as alibi_bias does, and make sure every row "
          "still has a finite entry")
 def _check_copy_bias(copy_bias: Callable[[int, int], torch.Tensor]) -> None:
-    for length, back in [(12, 3), (40, 3), (64, 5), (9, 1)]:
+    for length, back in [(12, 3), (40, 3), (64, 5), (9, 1), (1024, 7)]:
         bias = copy_bias(length, back)
         if not isinstance(bias, torch.Tensor) or not bias.is_floating_point():
             got = bias.dtype if isinstance(bias, torch.Tensor) else type(bias).__name__
@@ -162,6 +162,15 @@ def _check_copy_bias(copy_bias: Callable[[int, int], torch.Tensor]) -> None:
             if favourite == 0:
                 raise Wrong(f"your bias favours the query's own position (offset 0), like ALiBi's: query "
                             f"{t_bad} puts only {share} of its weight on the key {back} back")
+            if length >= 1000:
+                others = bias[t_bad].clone()
+                others[t_bad - back] = -math.inf
+                margin = (bias[t_bad, t_bad - back] - others.max()).item()
+                raise Wrong(f"with L = {length} keys, query {t_bad} puts only {share} of its weight on "
+                            f"the key {back} back (at least 90% needed), although shorter sequences passed. "
+                            "The margin a softmax over L keys needs grows like ln L (L - 1 keys share what "
+                            f"the right one does not get): your bias's margin is {margin:.3g}, fixed, and "
+                            f"L = {length} needs about {8 + math.log(9 * (length - 1)):.3g}")
             raise Wrong(f"with content scores in [-4, 4] working against it, query {t_bad} puts only {share} "
                         f"of its weight on the key {back} back (at least 90% needed): the bonus of that "
                         "offset over the others is too small")
@@ -203,8 +212,40 @@ def _ch06_probe_cases() -> list[tuple[str, int, list[tuple[int, int]], list[floa
              ("the paper's layout, base 500,000 (Llama 3)", 32, [(2 * i, 2 * i + 1) for i in range(16)],
               geometric(16, 32, 5e5)),
              ("partial rotary: features 0-7 rotated in the package's layout, 8-15 left alone", 16,
-              [(i, i + 4) for i in range(4)], geometric(4, 8, 1e4))]
+              [(i, i + 4) for i in range(4)], geometric(4, 8, 1e4)),
+             ("position interpolation (Chen et al. 2023): base 10,000 with every frequency divided by 4", 16,
+              [(2 * i, 2 * i + 1) for i in range(8)], [w / 4 for w in geometric(8, 16, 1e4)]),
+             ("Llama 3.1's rope scaling: base 500,000, the slow frequencies divided by 8 and a smooth ramp "
+              "between", 32, [(i, i + 16) for i in range(16)], _ch06_llama31(geometric(16, 32, 5e5)))]
     return cases
+
+
+def _ch06_llama31(omega: list[float], factor: float = 8.0, low: float = 1.0, high: float = 4.0,
+                  context: float = 8192.0) -> list[float]:
+    """Llama 3.1's rescaled rotary frequencies: wavelengths shorter than ``context / high`` kept, longer
+    than ``context / low`` divided by ``factor``, linear in ``context / wavelength`` between."""
+    out = []
+    for w in omega:
+        wavelength = 2 * math.pi / w
+        if wavelength < context / high:
+            out.append(w)
+        elif wavelength > context / low:
+            out.append(w / factor)
+        else:
+            smooth = (context / wavelength - low) / (high - low)
+            out.append((1 - smooth) * w / factor + smooth * w)
+    return out
+
+
+def _ch06_geometric_from_one(omega: torch.Tensor) -> float | None:
+    """The log-step of ``omega`` (one frequency per pair, in pair order) when it is the geometric law
+    ``base^(-2i/d)`` (first frequency 1, constant ratio); ``None`` otherwise."""
+    if len(omega) < 3 or not bool((omega > 0).all()) or abs(omega[0].item() - 1) > 1e-3:
+        return None
+    steps = omega[1:].log() - omega[:-1].log()
+    if not torch.allclose(steps, steps[0].expand_as(steps), rtol=1e-3, atol=1e-9):
+        return None
+    return steps[0].item()
 
 
 def _ch06_truth(d: int, pairs: list[tuple[int, int]],
@@ -282,14 +323,33 @@ def _check_rotary_probe(probe_rotary: Callable[..., tuple[torch.Tensor, torch.Te
         if torch.allclose(freq, base_10k, rtol=1e-3, atol=1e-12):
             raise Wrong(f"{where}: these are the frequencies of base 10,000, but this black box uses another "
                         "base: measure the frequencies rather than assume them")
+        firsts = [a for a, _ in pairs]
+        step = _ch06_geometric_from_one(freq[firsts])
+        if step is not None and _ch06_geometric_from_one(omega_true[firsts]) is None:
+            raise Wrong(f"{where}: your frequencies follow the law base^(-2i/d) for a base of "
+                        f"{math.exp(-step * len(firsts)):.4g}: you inferred them from a formula. This black "
+                        "box rescales its frequencies, as long-context models do: measure every pair")
         if bool((bad & rotated & (omega_true < 5e-3)).any()) and not bool((bad & (omega_true > 5e-2)).any()):
             j = int((bad & rotated).nonzero()[0])
             raise Wrong(f"{where}: the slow pairs are wrong (feature {j}: omega {freq[j].item():.3g}, "
                         f"should be {omega_true[j].item():.3g}) while the fast ones are right: a tiny angle "
                         "read from its cosine is lost to rounding (the cosine is 1 to machine precision); "
-                        "read it from the sine part")
-        if bool((bad & (omega_true > 0.3)).any()) and not bool((bad & rotated & (omega_true < 0.05)).any()):
+                        "read it from the sine part (and probe in float64: in float16 or bfloat16 a tiny "
+                        "sine is itself rounded)")
+        slowest = rotated & (omega_true == omega_true[rotated].min())
+        if bool((bad & (omega_true > 0.3)).any()) and not bool((bad & slowest).any()):
             j = int((bad & (omega_true > 0.3)).nonzero()[0])
+            for p in range(2, 65):
+                turn = p * omega_true[rotated]
+                folded = torch.atan2(turn.sin().abs(), turn.cos()) / p      # what both parts give at p
+                arcsin = turn.sin().abs().asin() / p                        # what the sine alone gives
+                if torch.allclose(freq[rotated], arcsin, rtol=1e-3, atol=1e-12) and \
+                        not torch.allclose(freq[rotated], folded, rtol=1e-3, atol=1e-12):
+                    raise Wrong(f"{where}: the fast pairs are wrong (feature {j}: omega "
+                                f"{freq[j].item():.3g}, should be {omega_true[j].item():.3g}) while the slow "
+                                f"ones are right: at position {p} the fast pairs turned by more than a "
+                                "quarter turn, and arcsin of the sine alone cannot tell an angle from its "
+                                "supplement. Use both parts, the sine and the cosine")
             raise Wrong(f"{where}: the fast pairs are wrong (feature {j}: omega {freq[j].item():.3g}, "
                         f"should be {omega_true[j].item():.3g}) while the slow ones are right: at the "
                         "position you probed, the fast pairs turned by more than half a turn, and an angle "
