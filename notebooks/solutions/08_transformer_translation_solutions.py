@@ -80,7 +80,10 @@ CH08 = "08_transformer_translation.ipynb"
 # reference nor `<pad>`. That sum is the sum over the whole vocabulary minus the reference's
 # and padding's terms; no $(B, T, V)$ target tensor is needed. The average runs over the real
 # tokens only: select them with the mask *before* averaging (multiplying the loss by the mask and
-# dividing by the number of all positions would shrink it). The checker names the conventions
+# dividing by the number of all positions would shrink it). Take the log-probabilities from
+# `F.log_softmax`, not `torch.log(torch.softmax(...))`: the smoothing term reads every token's
+# log-probability, the tiny ones included, and a probability below about $10^{-45}$ is 0 in float32,
+# its log $-\infty$ (the cell after the solution measures it). The checker names the conventions
 # that come close: PyTorch's ($\varepsilon / V$ to every token, padding included), fairseq's
 # ($\varepsilon / (V - 1)$ to every token but the reference), and the Annotated Transformer's
 # `KLDivLoss`, which is $\mathrm{KL}(q \,\|\, p)$: our loss minus the entropy of $q$, a constant, so
@@ -125,6 +128,19 @@ for V in (30, 400):
         gap[V, eps] = abs(mine.item() - pytorch.item())
 for eps in (0.1, 0.3):
     assert gap[400, eps] < gap[30, eps], "the two conventions should differ less on a larger vocabulary"
+
+# logits spread as a trained model's are, in float32: log(softmax) underflows, log_softmax does not
+logits, targets = torch.randn(2, 3, 9) * 60, torch.randint(1, 9, (2, 3))
+log_of_softmax = torch.log(torch.softmax(logits, -1))
+q = torch.full_like(logits, 0.1 / 7)
+q[..., PAD_ID] = 0.0
+q.scatter_(-1, targets[..., None], 0.9)
+naive = (-(q * log_of_softmax).sum(-1)).mean()
+print(f"logits up to {logits.abs().max().item():.0f} in float32: {int(torch.isinf(log_of_softmax).sum())} of "
+      f"{log_of_softmax.numel()} log(softmax) entries are -inf; with them the loss is {naive.item()}, with "
+      f"log_softmax {smoothed_loss(logits, targets, 0.1).item():.4f} (float64: "
+      f"{smoothed_loss(logits.double(), targets, 0.1).item():.4f})")
+assert not torch.isfinite(naive) and torch.isfinite(smoothed_loss(logits, targets, 0.1))
 
 # %% [markdown]
 # **2. Averaging the last checkpoints.** Three decisions make the average right. *Which*
@@ -265,11 +281,14 @@ assert all(0 <= r["ece"] <= 1 and math.isfinite(r["perplexity"]) for r in rows.v
 # bias bin by bin, so a model can be right on average and still miscalibrated within bins.
 # Smoothing pulls every confident prediction towards $1 - \varepsilon + \varepsilon/V$, which
 # removes over-confidence on the tokens a trained model is sure of; in a short run, where the
-# model is still unsure, the same pull can make it *under*-confident, and the ECE then grows
-# instead (Müller et al. measured fully trained models). Averaging the last snapshots of a
-# short run mixes weights that are still improving, so it can help or hurt; Vaswani et al.
-# averaged checkpoints written ten minutes apart at the end of a run of 100,000 steps, when the
-# weights only wander around a minimum. Re-run with more `steps` to see both change.
+# model is still unsure, the same pull makes it *under*-confident, and the ECE grows instead
+# (Müller et al. measured fully trained models). That is what this run printed: after 200 steps
+# both models are under-confident (their mean confidence is below their accuracy), the smoothed
+# one more so, and smoothing *raises* the ECE. Averaging the last snapshots of a short run mixes
+# weights that are still improving: here the average is an older, less confident and less
+# accurate model, so it lowers the ECE of both models but raises their perplexity. Vaswani et
+# al. averaged checkpoints written ten minutes apart at the end of a run of 100,000 steps, when
+# the weights only wander around a minimum. Re-run with more `steps` to see both change.
 
 # %% [markdown]
 # ## Questions
