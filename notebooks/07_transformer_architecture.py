@@ -2146,20 +2146,29 @@ def norm_placement(layer, d_model: int) -> str:
 exercises.check("07.norm_placement", norm_placement)
 
 # %% [markdown]
-# **3. The decoder's masks.** `src_mask` is `(B, S)` and `tgt_mask` is `(B, T)`, both bool and
-# `True` at real tokens. Return `(self_mask, cross_mask)` in the book's convention (`True` = may
-# attend), each broadcastable to the scores, `(B, h, T, T)` and `(B, h, T, S)`: target position
-# $t$ may attend to target position $u$ when $u \le t$ and $u$ is a real token, and to every real
-# source token.
+# **3. Several sentence pairs in one row.** A batch padded to its longest sentence spends
+# compute on the padding. Training pipelines often *pack* instead: several short sentence pairs
+# share one row, their source sentences one after another in the source row, their target
+# sentences in the same order in the target row, and padding only at the end of a row.
+# `src_seg` `(B, S)` and `tgt_seg` `(B, T)` are int64 *segment ids*: 1, 2, ... for the first,
+# second, ... pair packed in the row, 0 for padding; target sentence $k$ of a row belongs with
+# source sentence $k$ of the same row. Return `(self_mask, cross_mask)` in the book's
+# convention (`True` = may attend), each broadcastable to the scores, `(B, h, T, T)` and
+# `(B, h, T, S)`, under which every pair is treated as if it were alone in a batch of its own:
+# a decoder layer given these masks computes for each target token what it computes when the
+# token's pair is run by itself (positions, added before the first layer, would restart in each
+# sentence; they are not part of this exercise). The rows of padded target positions are never
+# used, and the checker does not look at them.
 
 # %%
-def decoder_masks(src_mask: Tensor, tgt_mask: Tensor) -> tuple[Tensor, Tensor]:
-    """src_mask: (B, S) bool, tgt_mask: (B, T) bool, True at real tokens -> (self_mask, cross_mask),
-    bool, True = may attend, broadcastable to (B, h, T, T) and (B, h, T, S)."""
+def packed_masks(src_seg: Tensor, tgt_seg: Tensor) -> tuple[Tensor, Tensor]:
+    """src_seg: (B, S) int64, tgt_seg: (B, T) int64, segment ids (1, 2, ... for the packed
+    sentences of a row, 0 for padding) -> (self_mask, cross_mask), bool, True = may attend,
+    broadcastable to (B, h, T, T) and (B, h, T, S)."""
     raise NotImplementedError  # your code here
 
 
-exercises.check("07.decoder_masks", decoder_masks)
+exercises.check("07.packed_masks", packed_masks)
 
 # %% [markdown]
 # **4. Find the planted bug.** Each decoder layer the checker hands you, as a function

@@ -13,7 +13,7 @@ from tfmlib import exercises
 
 
 def test_check_api_never_raises_without_must_pass(capsys):
-    assert exercises.names(7) == ["07.decoder_masks", "07.find_bug", "07.norm_placement", "07.rms_norm"]
+    assert exercises.names(7) == ["07.find_bug", "07.norm_placement", "07.packed_masks", "07.rms_norm"]
     for name in exercises.names(7):
         assert not exercises.check(name, _stub)
         out = capsys.readouterr().out
@@ -22,7 +22,7 @@ def test_check_api_never_raises_without_must_pass(capsys):
         assert "ZeroDivisionError" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("name", ["07.decoder_masks", "07.find_bug", "07.norm_placement", "07.rms_norm"])
+@pytest.mark.parametrize("name", ["07.find_bug", "07.norm_placement", "07.packed_masks", "07.rms_norm"])
 def test_07_hints_point_the_way_without_the_code(name):
     _hint_gives_no_code(name, ("keepdim", "torch.", "sqrt(", "x.mean", "x + sublayer", "norm(x", "[:, None",
                                "tril", "return ", "allclose", "layer(", "clone", "randn", "== "))
@@ -47,11 +47,22 @@ def _rms_norm_module(x, gamma, eps):
 
 
 def test_07_rms_norm_restores_the_library_function():
-    """The checker hides F.rms_norm while the answer runs, and puts it back afterwards."""
+    """The checker blocks the library's RMSNorm only while the answer runs."""
     before = (torch.nn.functional.rms_norm, torch.rms_norm)
     exercises.check("07.rms_norm", _rms_norm_module)
     exercises.check("07.rms_norm", lambda x, g, e: 1 / 0)
     assert (torch.nn.functional.rms_norm, torch.rms_norm) == before
+    x, g = torch.randn(2, 4, dtype=torch.double), torch.ones(4, dtype=torch.double)
+    torch.testing.assert_close(torch.nn.functional.rms_norm(x, (4,), g, 1e-6), rms_norm_ref(x, g, 1e-6))
+
+
+def _rms_norm_float32(x, g, e):  # review 2026-11-27-exercises-04-05-07-08-11, finding 2
+    x32 = x.float()
+    return g * x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + e)
+
+
+def _rms_norm_rsqrt(x, g, e):  # another correct form
+    return g * x * torch.rsqrt((x * x).mean(-1, keepdim=True) + e)
 
 
 @pytest.mark.parametrize(("wrong", "message"), [
@@ -65,10 +76,15 @@ def test_07_rms_norm_restores_the_library_function():
     (lambda x, g, e: rms_norm_ref(x, g, e) + g, "wrong values"),                   # a bias made of gamma
     (lambda x, g, e: torch.nn.functional.rms_norm(x, (x.shape[-1],), g, e), "yourself"),       # forbidden
     (_rms_norm_module, "yourself"),
+    (lambda x, g, e: torch.ops.aten.rms_norm(x, [x.shape[-1]], g, e), "yourself"),     # finding 2b
+    (lambda x, g, e: torch.rms_norm(x, [x.shape[-1]], g, e), "yourself"),
+    (_rms_norm_float32, "float32's precision"),
+    (lambda x, g, e: rms_norm_ref(x, g, e).float(), "return x's dtype"),
 ], ids=["centred", "eps-outside", "sum", "batch-axis", "no-root", "no-gain", "extra-bias", "F.rms_norm",
-        "nn.RMSNorm"])
+        "nn.RMSNorm", "aten-op", "torch.rms_norm", "float32-inside", "float32-result"])
 def test_07_rms_norm(wrong, message, capsys):
     _accepts("07.rms_norm", rms_norm_ref)
+    _accepts("07.rms_norm", _rms_norm_rsqrt)
     capsys.readouterr()
     _rejects("07.rms_norm", wrong)
     assert message in capsys.readouterr().out
@@ -220,89 +236,130 @@ def test_07_find_bug_correct_box_is_the_decoder_layer():
         assert torch.equal(_ch07_decoder_box(16, "ok", norm_first, 3)(y, memory, keep), want)
 
 
-# ----------------------------------------------------------------------------- 07.decoder_masks
+# ----------------------------------------------------------------------------- 07.packed_masks
 
 
-def decoder_masks_ref(src_mask, tgt_mask):
-    T = tgt_mask.shape[1]
+def packed_masks_ref(src_seg, tgt_seg):
+    T = tgt_seg.shape[1]
     causal = torch.ones(T, T, dtype=torch.bool).tril()
-    return causal & tgt_mask[:, None, None, :], src_mask[:, None, None, :]
+    self_mask = causal & (tgt_seg[:, :, None] == tgt_seg[:, None, :]) & (tgt_seg != 0)[:, None, :]
+    cross_mask = (tgt_seg[:, :, None] == src_seg[:, None, :]) & (src_seg != 0)[:, None, :]
+    return self_mask[:, None], cross_mask[:, None]
 
 
-def _masks_3d(src_mask, tgt_mask):  # (B, T, T) and (B, T, S): also a valid form
-    T = tgt_mask.shape[1]
+def _packed_3d_no_key_padding(src_seg, tgt_seg):  # (B, T, T), (B, T, S); padding differs in segment anyway
+    T = tgt_seg.shape[1]
     causal = torch.ones(T, T, dtype=torch.bool).tril()
-    return causal[None] & tgt_mask[:, None, :], src_mask[:, None, :].expand(-1, T, -1)
+    return causal & (tgt_seg[:, :, None] == tgt_seg[:, None, :]), tgt_seg[:, :, None] == src_seg[:, None, :]
 
 
-def _inverted(src_mask, tgt_mask):
-    s, c = decoder_masks_ref(src_mask, tgt_mask)
+def _packed_padded_queries_blank(src_seg, tgt_seg):  # rows of padded queries all False: never used, accepted
+    s, c = packed_masks_ref(src_seg, tgt_seg)
+    real = (tgt_seg != 0)[:, None, :, None]
+    return s & real, c & real
+
+
+def _inverted(src_seg, tgt_seg):
+    s, c = packed_masks_ref(src_seg, tgt_seg)
     return ~s, ~c
 
 
-def _causal_only(src_mask, tgt_mask):
-    T = tgt_mask.shape[1]
-    return torch.ones(T, T, dtype=torch.bool).tril(), src_mask[:, None, None, :]
+def _unpacked(src_seg, tgt_seg):  # chapter 05's causal & padding masks: the sentences see each other
+    T = tgt_seg.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    return causal & (tgt_seg != 0)[:, None, None, :], (src_seg != 0)[:, None, None, :]
 
 
-def _no_causal(src_mask, tgt_mask):
-    return tgt_mask[:, None, None, :], src_mask[:, None, None, :]
+def _segments_not_causal(src_seg, tgt_seg):
+    _, c = packed_masks_ref(src_seg, tgt_seg)
+    return ((tgt_seg[:, :, None] == tgt_seg[:, None, :]) & (tgt_seg != 0)[:, None, :])[:, None], c
 
 
-def _padding_on_queries(src_mask, tgt_mask):
-    T = tgt_mask.shape[1]
-    return torch.ones(T, T, dtype=torch.bool).tril() & tgt_mask[:, None, :, None], src_mask[:, None, None, :]
+def _cross_whole_row(src_seg, tgt_seg):
+    s, _ = packed_masks_ref(src_seg, tgt_seg)
+    return s, (src_seg != 0)[:, None, None, :]
 
 
-def _padding_on_queries_and_keys(src_mask, tgt_mask):
-    s, c = decoder_masks_ref(src_mask, tgt_mask)
-    return s & tgt_mask[:, None, :, None], c
+def _cross_causal(src_seg, tgt_seg):
+    s, c = packed_masks_ref(src_seg, tgt_seg)
+    T, S = tgt_seg.shape[1], src_seg.shape[1]
+    return s, c & torch.ones(T, S, dtype=torch.bool).tril()
 
 
-def _causal_cross(src_mask, tgt_mask):
-    T, S = tgt_mask.shape[1], src_mask.shape[1]
-    s, _ = decoder_masks_ref(src_mask, tgt_mask)
-    return s, src_mask[:, None, None, :] & torch.ones(T, S, dtype=torch.bool).tril()
+def _cross_previous_too(src_seg, tgt_seg):  # an off-by-one in the segment comparison
+    s, c = packed_masks_ref(src_seg, tgt_seg)
+    return s, c | (((tgt_seg[:, :, None] - 1) == src_seg[:, None, :]) & (src_seg != 0)[:, None, :])[:, None]
 
 
-def _float_masks(src_mask, tgt_mask):
-    s, c = decoder_masks_ref(src_mask, tgt_mask)
+def _cross_token_mask_2d(src_seg, tgt_seg):  # review finding 3: a (B, S) mask read as (T, S)
+    s, _ = packed_masks_ref(src_seg, tgt_seg)
+    return s, src_seg != 0
+
+
+def _float_masks(src_seg, tgt_seg):
+    s, c = packed_masks_ref(src_seg, tgt_seg)
     return s.float(), c.float()
 
 
 @pytest.mark.parametrize(("wrong", "message"), [
     (_inverted, "inverted"),
-    (_causal_only, "padded keys"),
-    (_no_causal, "must be causal"),
-    (_padding_on_queries, "masks the keys"),
-    (_causal_cross, "not causal"),
+    (_unpacked, "the sentence packed before it"),
+    (_segments_not_causal, "not causal: position t"),
+    (_cross_whole_row, "every real source token of its row"),
+    (_cross_causal, "cross-attention is not causal"),
+    (_cross_previous_too, "packed before its own too"),
+    (_cross_token_mask_2d, "a 2-D mask is read as (queries, keys)"),
+    (lambda s, t: (packed_masks_ref(s, t)[0].transpose(-1, -2), packed_masks_ref(s, t)[1]),
+     "self_mask is wrong"),
     (_float_masks, "bool"),
-    (lambda s, t: decoder_masks_ref(s, t)[0], "pair"),
-    (_padding_on_queries_and_keys, "padded *queries*"),
-], ids=["inverted", "causal-only", "no-causal", "padding-on-queries", "causal-cross", "float", "one-mask",
-        "queries-and-keys"])
-def test_07_decoder_masks(wrong, message, capsys):
-    _accepts("07.decoder_masks", decoder_masks_ref)
-    _accepts("07.decoder_masks", _masks_3d)
+    (lambda s, t: packed_masks_ref(s, t)[0], "pair"),
+], ids=["inverted", "unpacked", "not-causal", "cross-whole-row", "cross-causal", "cross-previous", "cross-2d",
+        "self-transposed", "float", "one-mask"])
+def test_07_packed_masks(wrong, message, capsys):
+    _accepts("07.packed_masks", packed_masks_ref)
+    _accepts("07.packed_masks", _packed_3d_no_key_padding)
+    _accepts("07.packed_masks", _packed_padded_queries_blank)
     capsys.readouterr()
-    _rejects("07.decoder_masks", wrong)
+    _rejects("07.packed_masks", wrong)
     assert message in capsys.readouterr().out
 
 
-def test_07_decoder_masks_reference_matches_the_decoder_layer():
-    """The reference masks are what DecoderLayer applies (causal inside, target padding as self_mask)."""
-    from tfmlib.attention import padding_mask
+def test_07_packed_masks_named_mistakes_differ_in_every_case():
+    """Each named mistake differs from the right masks on real query rows in every case (review finding 4)."""
+    from tfmlib.exercises.ch07 import _CH07_PACKED_CASES, _ch07_packed_mistakes, _ch07_segments
+
+    for case in _CH07_PACKED_CASES:
+        S, T = max(sum(src) for src, _ in case) + 1, max(sum(tgt) for _, tgt in case) + 2
+        assert len({len(case), S, T}) == 3, "B, S and T differ, so a transposed or 2-D mask cannot broadcast"
+        src_seg, tgt_seg = _ch07_segments([s for s, _ in case], S), _ch07_segments([t for _, t in case], T)
+        want_self, want_cross = packed_masks_ref(src_seg, tgt_seg)
+        rows = (tgt_seg != 0)[:, None, :, None]
+        self_wrong, cross_wrong = _ch07_packed_mistakes(src_seg, tgt_seg)
+        for wrong in self_wrong.values():
+            assert not torch.equal(wrong & rows, want_self & rows)
+        for wrong in cross_wrong.values():
+            assert not torch.equal(wrong & rows, want_cross & rows)
+
+
+def test_07_packed_masks_make_each_pair_behave_as_if_alone():
+    """With the reference masks, a DecoderLayer on a packed row gives each sentence pair the output it gets
+    alone (the layer has no positions of its own); with chapter 05's masks it does not."""
     from tfmlib.transformer import DecoderLayer
 
     torch.manual_seed(0)
-    layer = DecoderLayer(16, 4, 32, dropout=0.0).eval()
-    src_mask = torch.tensor([[True] * 5, [True, True, False, False, False]])
-    tgt_mask = torch.tensor([[True] * 4, [True, True, True, False]])
-    x, memory = torch.randn(2, 4, 16), torch.randn(2, 5, 16)
-    self_mask, cross_mask = decoder_masks_ref(src_mask, tgt_mask)
-    _, self_w, cross_w = layer(x, memory, padding_mask(src_mask), padding_mask(tgt_mask), need_weights=True)
-    assert torch.equal(self_w > 0, self_mask.expand_as(self_w))
-    assert torch.equal(cross_w > 0, cross_mask.expand_as(cross_w))
+    layer = DecoderLayer(16, 4, 32, dropout=0.0).double().eval()
+    src_len, tgt_len = [3, 2, 4], [2, 4, 1]
+    src_seg = torch.repeat_interleave(torch.arange(1, 4), torch.tensor(src_len))[None]
+    tgt_seg = torch.repeat_interleave(torch.arange(1, 4), torch.tensor(tgt_len))[None]
+    y, memory = torch.randn(1, sum(tgt_len), 16, dtype=torch.double), torch.randn(1, sum(src_len), 16,
+                                                                                  dtype=torch.double)
+    alone = torch.cat([layer(yk, mk)[0] for yk, mk in zip(y.split(tgt_len, 1), memory.split(src_len, 1),
+                                                          strict=True)], dim=1)
+    self_mask, cross_mask = packed_masks_ref(src_seg, tgt_seg)
+    packed = layer(y, memory, cross_mask, self_mask)[0]
+    torch.testing.assert_close(packed, alone)
+    self_05, cross_05 = _unpacked(src_seg, tgt_seg)
+    assert (layer(y, memory, cross_05, self_05)[0] - alone).abs().max() > 1e-3
 
 
 def test_07_checkers_leave_the_readers_random_state_alone():

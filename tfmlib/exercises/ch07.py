@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from .core import Wrong, checker, expect_close, mask_mismatch
 
@@ -39,9 +40,17 @@ def _rms_norm_mistakes(x: torch.Tensor, gamma: torch.Tensor, eps: float) -> dict
     }
 
 
-def _forbidden_rms_norm(*args: Any, **kwargs: Any) -> torch.Tensor:
-    raise Wrong("the exercise asks you to write RMSNorm yourself, without F.rms_norm or nn.RMSNorm (which "
-                "calls it); the solutions compare yours with them")
+class _NoLibraryRmsNorm(TorchFunctionMode):
+    """Inside it, every route to the library's RMSNorm raises :class:`Wrong`: ``F.rms_norm``,
+    ``torch.rms_norm``, ``torch.ops.aten.rms_norm`` and ``nn.RMSNorm`` (which calls them)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        if "rms_norm" in getattr(func, "__name__", str(func)):
+            raise Wrong("the exercise asks you to write RMSNorm yourself, without F.rms_norm, "
+                        "torch.rms_norm, nn.RMSNorm or the aten op behind them; the solutions compare yours "
+                        "with them")
+        return func(*args, **(kwargs or {}))
 
 
 @checker("07.rms_norm", hint="section 3's LayerNorm with two things left out, the centring and the "
@@ -51,18 +60,23 @@ def _check_rms_norm(rms_norm: Callable[..., torch.Tensor]) -> None:
     for seed in range(4):
         x, gamma, eps = _rms_norm_case(seed)
         want = torch.nn.functional.rms_norm(x, (x.shape[-1],), gamma, eps)
-        saved = torch.nn.functional.rms_norm, torch.rms_norm
-        torch.nn.functional.rms_norm = torch.rms_norm = _forbidden_rms_norm
-        try:
+        with _NoLibraryRmsNorm():
             got = rms_norm(x.clone(), gamma.clone(), eps)
-        finally:
-            torch.nn.functional.rms_norm, torch.rms_norm = saved
         if isinstance(got, torch.Tensor) and got.shape == want.shape and \
                 not torch.allclose(got.double(), want, atol=1e-6, rtol=1e-5):
             for reason, wrong in _rms_norm_mistakes(x, gamma, eps).items():
                 if wrong.shape == want.shape and torch.allclose(got.double(), wrong, atol=1e-6, rtol=1e-5):
                     raise Wrong(reason)
+        if isinstance(got, torch.Tensor) and got.dtype != x.dtype:
+            raise Wrong(f"rms_norm(x of dtype {x.dtype}) returned {got.dtype}: return x's dtype. A norm that "
+                        "changes the dtype of what flows through it breaks the model around it (in mixed "
+                        "precision, a float32 result where bfloat16 was expected)")
         expect_close(got, want, f"rms_norm(x of shape {tuple(x.shape)}, eps={eps})", atol=1e-6, rtol=1e-5)
+        if not torch.allclose(got, want, atol=1e-10, rtol=1e-9):
+            err = (got - want).abs().max().item()
+            raise Wrong(f"rms_norm(x of dtype {x.dtype}) is right only to about float32's precision (max abs "
+                        f"error {err:.2g}): compute in x's dtype. A norm that quietly drops to a lower "
+                        "precision loses what the caller chose float64 for")
 
 
 def _ch07_encoder_box(d: int, norm_first: bool, seed: int, *, affine: bool = False,
@@ -148,6 +162,10 @@ def _as_attention_mask(mask: Any, B: int, T: int, S: int, what: str) -> torch.Te
         raise Wrong(f"{what} should be a torch.Tensor, got {type(mask).__name__}")
     if mask.dtype != torch.bool:
         raise Wrong(f"{what} should be a bool tensor (True = may attend), got {mask.dtype}")
+    if mask.dim() == 2 and mask.shape[0] == B and B not in (1, T):
+        raise Wrong(f"{what} has shape {tuple(mask.shape)}: a 2-D mask is read as (queries, keys), the "
+                    "same for every example. Yours has one row per example: put the batch first and add "
+                    "the query axis (and the head axis, or let it broadcast)")
     if mask.dim() == 3:
         mask = mask[:, None]
     if mask.dim() not in (2, 4):
@@ -159,53 +177,101 @@ def _as_attention_mask(mask: Any, B: int, T: int, S: int, what: str) -> torch.Te
                     f"keys) = {(B, 'h', T, S)}") from None
 
 
-@checker("07.decoder_masks", hint="section 5 lists what each of the decoder's two attentions may see; "
-         "chapter 05's masks say True where a query may attend, and their last axis is the keys. "
-         "Self-attention combines two conditions, one on (query, key) positions and one on which keys are "
-         "real; place each on the axes it depends on so that they broadcast. Ask which of the two "
-         "cross-attention needs")
-def _check_decoder_masks(decoder_masks: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> None:
-    for seed in range(4):
-        g = torch.Generator().manual_seed(seed)
-        B, S, T = 2 + seed % 2, 3 + seed, 2 + 2 * seed
-        src_len = torch.randint(1, S + 1, (B,), generator=g)
-        tgt_len = torch.randint(1, T + 1, (B,), generator=g)
-        src_len[0], tgt_len[-1] = S, max(1, T - 1)
-        src_mask = torch.arange(S)[None, :] < src_len[:, None]
-        tgt_mask = torch.arange(T)[None, :] < tgt_len[:, None]
+# (source lengths, target lengths) of the sentence pairs packed into each row, per case; B, T and S differ
+_CH07_PACKED_CASES = [
+    [([3, 2], [2, 4]), ([4], [5]), ([1, 2, 1], [1, 3, 1])],
+    [([2, 3, 1], [3, 1, 2]), ([5, 1], [2, 3])],
+    [([1, 4], [3, 2]), ([2, 2], [1, 1]), ([3], [2]), ([2, 1, 2], [2, 2, 3])],
+    [([6, 2], [4, 4]), ([3, 3, 1], [2, 1, 4])],
+]
+
+
+def _ch07_segments(lengths: list[list[int]], width: int) -> torch.Tensor:
+    """``(B, width)`` int64 segment ids: 1, 2, ... for the sentences packed in each row, 0 for padding."""
+    seg = torch.zeros(len(lengths), width, dtype=torch.long)
+    for row, parts in enumerate(lengths):
+        seg[row, :sum(parts)] = torch.repeat_interleave(torch.arange(1, len(parts) + 1), torch.tensor(parts))
+    return seg
+
+
+def _ch07_packed_mistakes(src_seg: torch.Tensor, tgt_seg: torch.Tensor
+                          ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """What typical wrong versions of the two masks are, ``(B, 1, T, ·)``, with their diagnoses."""
+    T, S = tgt_seg.shape[1], src_seg.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    real_t, real_s = tgt_seg != 0, src_seg != 0
+    same_t = tgt_seg[:, :, None] == tgt_seg[:, None, :]
+    same_s = (tgt_seg[:, :, None] == src_seg[:, None, :]) & real_s[:, None, :]
+    self_wrong = {
+        "self_mask lets a target token see the sentence packed before it in the same row: causal and "
+        "padding masks are not enough once several sentences share a row. A token may attend only to "
+        "earlier tokens of its own sentence (the same segment id)": causal & real_t[:, None, :],
+        "self_mask lets a target token see every target token of the row, ahead of it too; it must be "
+        "causal and stay inside the token's own sentence": real_t[:, None, :].expand(-1, T, -1),
+        "self_mask keeps each sentence to itself but is not causal: position t may attend to earlier "
+        "positions of its sentence only": same_t & real_t[:, None, :],
+    }
+    cross_wrong = {
+        "cross_mask lets a target sentence read every real source token of its row, the other sentences "
+        "packed there included: each target token may read only the source sentence it was packed with "
+        "(the same segment id)": real_s[:, None, :].expand(-1, T, -1),
+        "cross-attention is not causal: every target token may read the whole of its own source "
+        "sentence": same_s & torch.ones(T, S, dtype=torch.bool).tril(),
+        "cross_mask lets a target token read the source sentence packed before its own too": same_s
+        | ((tgt_seg[:, :, None] - 1 == src_seg[:, None, :]) & real_s[:, None, :]),
+    }
+    return ({k: v[:, None] for k, v in self_wrong.items()}, {k: v[:, None] for k, v in cross_wrong.items()})
+
+
+@checker("07.packed_masks", hint="section 5 lists what each of the decoder's two attentions may see when a "
+         "row holds one sentence pair; here a row holds several, each with its own segment id, and every "
+         "pair must behave as if it were alone in a batch of its own. For each target token ask which "
+         "target keys and which source tokens it would have seen then, and express both through the "
+         "segment ids, placed on the axes (queries or keys) that they describe")
+def _check_packed_masks(packed_masks: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> None:
+    for case in _CH07_PACKED_CASES:
+        B = len(case)
+        S, T = max(sum(src) for src, _ in case) + 1, max(sum(tgt) for _, tgt in case) + 2
+        src_seg = _ch07_segments([src for src, _ in case], S)
+        tgt_seg = _ch07_segments([tgt for _, tgt in case], T)
         causal = torch.ones(T, T, dtype=torch.bool).tril()
-        want_self = (causal[None] & tgt_mask[:, None, :])[:, None]                  # (B, 1, T, T)
-        want_cross = src_mask[:, None, None, :].expand(B, 1, T, S)
-        got = decoder_masks(src_mask.clone(), tgt_mask.clone())
+        same = tgt_seg[:, :, None] == tgt_seg[:, None, :]
+        want_self = (causal & same & (tgt_seg != 0)[:, None, :])[:, None]
+        want_cross = ((tgt_seg[:, :, None] == src_seg[:, None, :]) & (src_seg != 0)[:, None, :])[:, None]
+        got = packed_masks(src_seg.clone(), tgt_seg.clone())
         if not isinstance(got, tuple) or len(got) != 2:
             raise Wrong("return a pair (self_mask, cross_mask)")
         self_mask = _as_attention_mask(got[0], B, T, T, "self_mask")
         cross_mask = _as_attention_mask(got[1], B, T, S, "cross_mask")
-        if torch.equal(self_mask, ~want_self) or torch.equal(cross_mask, ~want_cross):
+        rows = (tgt_seg != 0)[:, None, :, None]          # a padded query's row is never used: not checked
+        self_ok = torch.equal(self_mask & rows, want_self & rows)
+        cross_ok = torch.equal(cross_mask & rows, want_cross & rows)
+        if self_ok and cross_ok:
+            continue
+        if torch.equal(~self_mask & rows, want_self & rows) or \
+                torch.equal(~cross_mask & rows, want_cross & rows):
             raise Wrong("the masks are inverted: in this book True means 'may attend' (PyTorch's "
                         "nn.MultiheadAttention reads True as 'may not')")
-        if not torch.equal(self_mask, want_self):
-            if torch.equal(self_mask, causal[None, None].expand(B, 1, T, T)):
-                raise Wrong("self_mask must also hide the target's padded keys (tgt_mask), not only the "
-                            "future")
-            if torch.equal(self_mask, tgt_mask[:, None, None, :].expand(B, 1, T, T)):
-                raise Wrong("self_mask must be causal: position t may attend to positions 0..t only")
-            if torch.equal(self_mask, (causal[None] & tgt_mask[:, :, None])[:, None]):
-                raise Wrong("your self_mask hides whole rows, the padded *queries* (whether or not it also "
-                            "hides the padded keys: with padding at the end the two masks are the same). A "
-                            "padded query then has no key to attend to, NaN in a plain softmax. Padding "
-                            "masks the keys (the last axis) only; a padded query's output is never used")
-            raise Wrong("self_mask is wrong: position t may attend to u when u <= t and u is a real token\n"
-                        + mask_mismatch(self_mask[0, 0], want_self[0, 0], "the first example's self_mask"))
-        if not torch.equal(cross_mask, want_cross):
-            lower = [torch.ones(T, S, dtype=torch.bool).tril(k) for k in (0, S - T)]
-            if any(torch.equal(cross_mask, want_cross & tri) for tri in lower):
-                raise Wrong("cross-attention is not causal: every target position may read the whole source")
-            raise Wrong("cross_mask is wrong: every target position may attend to every real source token "
-                        "(src_mask on the keys), and to no padding\n"
-                        + mask_mismatch(cross_mask[0, 0], want_cross[0, 0], "the first example's cross_mask"))
-
-
+        self_wrong, cross_wrong = _ch07_packed_mistakes(src_seg, tgt_seg)
+        b = int(((self_mask != want_self) & rows).flatten(1).any(1).nonzero()[0]) if not self_ok else \
+            int(((cross_mask != want_cross) & rows).flatten(1).any(1).nonzero()[0])
+        segments = (f"row {b}: target segments {tgt_seg[b].tolist()}, source segments {src_seg[b].tolist()} "
+                    "(0 = padding; padded query rows are not compared)")
+        if not self_ok:
+            for reason, wrong in self_wrong.items():
+                if torch.equal(self_mask & rows, wrong & rows):
+                    raise Wrong(reason)
+            raise Wrong("self_mask is wrong: target position t may attend to u when u <= t and u belongs to "
+                        f"t's sentence. {segments}\n"
+                        + mask_mismatch(self_mask[b, 0] & rows[b, 0], want_self[b, 0] & rows[b, 0],
+                                        f"row {b}'s self_mask"))
+        for reason, wrong in cross_wrong.items():
+            if torch.equal(cross_mask & rows, wrong & rows):
+                raise Wrong(reason)
+        raise Wrong("cross_mask is wrong: target position t may attend to every token of the source sentence "
+                    f"packed with t's, and to nothing else. {segments}\n"
+                    + mask_mismatch(cross_mask[b, 0] & rows[b, 0], want_cross[b, 0] & rows[b, 0],
+                                    f"row {b}'s cross_mask"))
 
 
 _CH07_BUGS = ("ok", "future", "padding", "cross-causal")
