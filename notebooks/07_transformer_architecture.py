@@ -2114,14 +2114,15 @@ print(f"this sequence: {on_diagonal:.0%} of the weight on the diagonal; over all
 # **1. RMSNorm, a LayerNorm without the mean.** Zhang and Sennrich (2019) drop LayerNorm's
 # centring and its bias: each vector is divided by its root mean square alone, then multiplied by
 # a gain; many later models normalise this way. Derive it from section 3's LayerNorm and write it
-# without `F.rms_norm` or `nn.RMSNorm` (the checker hides them while your function runs). Then
+# without `F.rms_norm` or `nn.RMSNorm` (the checker blocks them while your function runs), in
+# the dtype of `x` (the checker passes float64 and expects float64 precision back). Then
 # compare it with section 3's LayerNorm (with $\beta = 0$): for which vectors do the two agree,
 # and what does RMSNorm make of a vector whose mean is large compared with its spread?
 
 # %%
 def rms_norm(x: Tensor, gamma: Tensor, eps: float) -> Tensor:
-    """x: (..., d), gamma: (d,), eps: a float -> (..., d): each vector x[..., :] divided by its root
-    mean square (eps where section 3's LayerNorm puts it), times gamma."""
+    """x: (..., d), gamma: (d,), eps: a float -> (..., d), x's dtype: each vector x[..., :] divided by
+    its root mean square (eps where section 3's LayerNorm puts it), times gamma."""
     raise NotImplementedError  # your code here
 
 
