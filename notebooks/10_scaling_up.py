@@ -1767,7 +1767,8 @@ assert reads.total < 3 * len(table_packed), "fit reads the losses together, not 
 # $o = \sum_j e^{s_j - m} v_j / \ell$ (normalised). Given the states of two blocks, return the
 # state of both together, `(m, l, o)`; shapes `m, l` $(\dots, T)$, `o` $(\dots, T, d_v)$. A row
 # whose keys in a block are all masked has the state $m = -\infty$, $\ell = 0$, $o = 0$ there, and
-# a row masked in both blocks must come out with that state too. This is the step that lets
+# a row masked in both blocks must come out with that state too. Return the states' dtype; the
+# checker also merges float32 states of scores near 100, as logits can be. This is the step that lets
 # FlashAttention and its split-key variants spread keys across blocks, or devices.
 
 # %%
@@ -1813,10 +1814,13 @@ exercises.check("10.document_tiles", document_tiles)
 # buffer summed over many micro-batches, say). Write one step of a *compensated* sum:
 # `add(total, compensation, x)` takes the running total, a second float16 tensor that carries
 # what earlier additions lost (both start at zero), and the next value $x$, all float16 of the
-# same shape, and returns the new `(total, compensation)`, still float16. After all values have
-# been added, `total` must be within about one float16 rounding of the exact sum, where a plain
-# float16 running sum is off by tens or hundreds of them. Everything the sum remembers must be in
-# the two tensors it returns.
+# same shape, and returns the new `(total, compensation)`, still float16; every operation inside the
+# step is float16 too (the checker rejects a float32 or float64 result inside it: a wider type would
+# keep the small terms by itself). After all values have been added, `total` must be the sum: within
+# about one float16 rounding of the sum of the magnitudes, $\epsilon \sum_i |x_i|$ (Higham's bound for
+# a compensated sum; where nothing cancels, that is one rounding of the total itself), where a plain
+# float16 running sum is off by tens or hundreds of them. Everything the sum remembers must be in the
+# two tensors it returns.
 
 # %%
 def compensated_add(total: torch.Tensor, compensation: torch.Tensor,
@@ -1839,7 +1843,9 @@ exercises.check("10.compensated_sum", compensated_add)
 # $p - \mathrm{lr}\, \nabla p$ when every gradient is finite, leaves *every* parameter as it is
 # when any gradient holds an inf, a -inf or a NaN, skips parameters whose `grad` is `None`, reads
 # no value back to the host (no `if` on a tensor, no `.item()`), and returns a 0-d bool tensor,
-# true when the step was applied. The checker counts host reads with `count_host_reads`.
+# true when the step was applied. The checker counts host reads with `count_host_reads`, and runs
+# your step once more on the `meta` device, whose tensors have shapes but no values, so that a read
+# `count_host_reads` does not see (`torch.equal`, `torch.is_nonzero`) fails there too.
 
 # %%
 def sgd_step_unless_nonfinite(params: list[torch.Tensor], lr: float) -> torch.Tensor:

@@ -96,6 +96,85 @@ def test_merge_rejects_wrong_answers_with_specific_messages():
     _rejects("10.merge_softmax_states", lambda *a: merge_ref(*a)[2])                    # not a triple
 
 
+def _shift_of(m1, m2):
+    m = torch.maximum(m1, m2)
+    return m, torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+
+
+def _safe(total):
+    return torch.where(total > 0, total, torch.ones_like(total))[..., None]
+
+
+def merge_unshifted(m1, l1, o1, m2, l2, o2):
+    """Exponentiates the maxes themselves: fine in float64 with scores up to 150, inf/NaN in float32
+    with scores around 100 (review 2026-11-27-exercises-06-09-10, finding 12)."""
+    m = torch.maximum(m1, m2)
+    A1, A2 = l1 * torch.exp(m1), l2 * torch.exp(m2)
+    A = A1 + A2
+    total = torch.where(A > 0, A / torch.exp(m), torch.zeros_like(A))
+    o = torch.where((A > 0)[..., None], (A1[..., None] * o1 + A2[..., None] * o2) / _safe(A),
+                    torch.zeros_like(o1))
+    return m, total, o
+
+
+def merge_factor_only(m1, l1, o1, m2, l2, o2):         # o weighted by e^(m_k - m) without l_k
+    m, shift = _shift_of(m1, m2)
+    e1, e2 = torch.exp(m1 - shift), torch.exp(m2 - shift)
+    return m, l1 * e1 + l2 * e2, (e1[..., None] * o1 + e2[..., None] * o2) / _safe(e1 + e2)
+
+
+def merge_swapped(m1, l1, o1, m2, l2, o2):             # side 1's output with side 2's mass
+    m, shift = _shift_of(m1, m2)
+    a1, a2 = l1 * torch.exp(m1 - shift), l2 * torch.exp(m2 - shift)
+    return m, a1 + a2, (a2[..., None] * o1 + a1[..., None] * o2) / _safe(a1 + a2)
+
+
+def merge_inverse_factor(m1, l1, o1, m2, l2, o2):      # e^(m - m_k) instead of e^(m_k - m)
+    m, shift = _shift_of(m1, m2)
+    e1 = torch.where(l1 > 0, torch.exp(shift - m1), torch.zeros_like(l1))
+    e2 = torch.where(l2 > 0, torch.exp(shift - m2), torch.zeros_like(l2))
+    a1, a2 = l1 * e1, l2 * e2
+    return m, a1 + a2, (a1[..., None] * o1 + a2[..., None] * o2) / _safe(a1 + a2)
+
+
+def merge_to_smaller_max(m1, l1, o1, m2, l2, o2):      # both sides moved to the smaller max
+    m, _ = _shift_of(m1, m2)
+    low = torch.minimum(m1, m2)
+    low = torch.where(torch.isfinite(low), low, torch.where(torch.isfinite(m), m, torch.zeros_like(m)))
+    a1, a2 = l1 * torch.exp(m1 - low), l2 * torch.exp(m2 - low)
+    return m, a1 + a2, (a1[..., None] * o1 + a2[..., None] * o2) / _safe(a1 + a2)
+
+
+def merge_float32_result(m1, l1, o1, m2, l2, o2):      # right values, returned in float32
+    return tuple(t.float() for t in merge_ref(m1, l1, o1, m2, l2, o2))
+
+
+def merge_logaddexp(m1, l1, o1, m2, l2, o2):
+    """Right another way: log-sum-exp of each side, merged with logaddexp."""
+    lse1, lse2 = m1 + torch.log(l1), m2 + torch.log(l2)
+    lse = torch.logaddexp(lse1, lse2)
+    m, shift = _shift_of(m1, m2)
+    w1, w2 = torch.exp(lse1 - lse).nan_to_num(0.0), torch.exp(lse2 - lse).nan_to_num(0.0)
+    return m, torch.exp(lse - shift), w1[..., None] * o1 + w2[..., None] * o2
+
+
+def test_merge_accepts_a_logaddexp_merge():
+    _accepts("10.merge_softmax_states", merge_logaddexp)
+
+
+@pytest.mark.parametrize("answer, fragments", [
+    (merge_unshifted, ("float32 with scores around 100", "overflows")),
+    (merge_factor_only, ("factors e^(m_k - m) alone", "rescaled mass")),
+    (merge_swapped, ("weights are swapped",)),
+    (merge_inverse_factor, ("upside down",)),
+    (merge_to_smaller_max, ("smaller of the two maxes",)),
+    (merge_float32_result, ("states' dtype (torch.float64)", "torch.float32")),
+])
+def test_merge_names_the_second_readers_slips(answer, fragments):
+    """Review 2026-11-27-exercises-06-09-10, findings 12, 16 and 24."""
+    _rejects_with("10.merge_softmax_states", answer, *fragments)
+
+
 def test_merge_checks_a_fully_masked_block():
     """A merge that is right on finite states but turns a row whose block is fully masked (m = -inf,
     l = 0) into NaN is rejected for that reason."""
@@ -253,19 +332,68 @@ def float32_state(total, comp, x):
 _hidden = {"sum": None, "last": None}
 
 
-def hidden_float64(total, comp, x):
-    """Keeps the real sum in float64 outside the state, and returns it rounded: exact, and forbidden.
-    A call on a state it did not return starts a new sum."""
+def hidden_python_sum(total, comp, x):
+    """Keeps the real sum in Python floats outside the state, and returns it rounded: exact, and
+    forbidden. A call on a state it did not return starts a new sum."""
     if total is not _hidden["last"]:
-        _hidden["sum"] = torch.zeros(x.shape, dtype=torch.float64)
-    _hidden["sum"] = _hidden["sum"] + x.double()
-    _hidden["last"] = _hidden["sum"].half()
+        _hidden["sum"] = [0.0] * x.numel()
+    _hidden["sum"] = [a + b for a, b in zip(_hidden["sum"], x.tolist(), strict=True)]
+    _hidden["last"] = torch.tensor(_hidden["sum"], dtype=torch.half)
     return _hidden["last"], torch.zeros_like(comp)
+
+
+def float32_inside(total, comp, x):
+    """The state stays float16, the step computes in float32 (review finding 15): not float16
+    arithmetic, which the exercise is about."""
+    s32 = total.float() + x.float() + comp.float()
+    s = s32.half()
+    return s, (s32 - s.float()).half()
+
+
+def neumaier_apart(total, comp, x):
+    """Neumaier's algorithm as usually written: the total is the plain running sum and the
+    compensation is added only at the end (review finding 14)."""
+    s = total + x
+    big = torch.where(total.abs() >= x.abs(), total, x)
+    small = torch.where(total.abs() >= x.abs(), x, total)
+    return s, comp + ((big - s) + small)
+
+
+def twosum_add(total, comp, x):
+    """Knuth's TwoSum for the rounding error, fed back as in Kahan's: right."""
+    y = x - comp
+    s = total + y
+    b = s - total
+    return s, -((total - (s - b)) + (y - b))
+
+
+def test_compensated_sum_measures_against_the_magnitudes():
+    """Kahan's bound is eps * sum|x_i| (Higham 4.3), not eps * |sum x_i|: on 20 seeds of the
+    checker's signed case the reference stays within 0.2 of those units (against |sum| it was off by
+    up to 64 units on 8 of them: review finding 13), and the plain sum stays far off where nothing
+    cancels."""
+    from tfmlib.exercises.ch10 import _ulps
+    worst = []
+    for seed in range(20):
+        g = torch.Generator().manual_seed(seed)
+        values = (torch.randn(400, 8, generator=g) * torch.logspace(-4, 0, 8)).half()
+        state = (torch.zeros(8, dtype=torch.half), torch.zeros(8, dtype=torch.half))
+        for x in values:
+            state = kahan_add(*state, x)
+        worst.append(_ulps(state[0], values))
+    assert max(worst) < 0.2, worst
+    ones = torch.full((1200, 2), 1e-4).half()
+    ones[0] = 1.0
+    plain = ones.sum(0, dtype=torch.half) * 0
+    for x in ones:
+        plain = plain + x
+    assert _ulps(plain, ones) > 50
 
 
 def test_compensated_sum_accepts_kahan_and_neumaier():
     _accepts("10.compensated_sum", kahan_add)
     _accepts("10.compensated_sum", neumaier_add)
+    _accepts("10.compensated_sum", twosum_add)
 
 
 def test_kahan_in_float16_beats_the_plain_sum():
@@ -287,7 +415,10 @@ def test_kahan_in_float16_beats_the_plain_sum():
     (kahan_plus, ("wrong sign",)),
     (kahan_flipped, ("wrong sign",)),
     (float32_state, ("float32", "float16")),
-    (hidden_float64, ("side by side", "besides (total, compensation)")),
+    (hidden_python_sum, ("side by side", "besides (total, compensation)")),
+    (float32_inside, ("computes in torch.float32", "float16 arithmetic")),
+    (lambda total, comp, x: ((total.double() + x.double()).half(), comp), ("computes in torch.float64",)),
+    (neumaier_apart, ("kept apart", "fold the compensation into the total")),
     (lambda total, comp, x: (total + x, comp, x), ("pair of tensors",)),
     (lambda total, comp, x: (total[:1] + x[:1], comp[:1]), ("keep the shape",)),
 ])
@@ -340,8 +471,74 @@ def test_skip_nonfinite_step_accepts_the_solution():
     _accepts("10.skip_nonfinite_step", sgd_step_unless_nonfinite)
 
 
+def step_via_equal(params, lr):
+    """Decides in Python through torch.equal, which count_host_reads does not see (review finding 11)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    ok = all(torch.equal(torch.isfinite(g), torch.ones_like(g, dtype=torch.bool)) for g in grads)
+    with torch.no_grad():
+        if ok:
+            for p in params:
+                if p.grad is not None:
+                    p.sub_(lr * p.grad)
+    return torch.tensor(ok)
+
+
+def step_via_is_nonzero(params, lr):
+    finite = _finite_flag(params)
+    with torch.no_grad():
+        if torch.is_nonzero(finite):        # a host read through C++, no Tensor method
+            for p in params:
+                if p.grad is not None:
+                    p.sub_(lr * p.grad)
+    return finite
+
+
+def step_with_cpu_flag(params, lr):
+    """Right on the CPU, but its flag starts as a 1-element CPU tensor, which a GPU (or meta)
+    parameter cannot be combined with."""
+    ok = torch.ones(1, dtype=torch.bool)
+    for p in params:
+        if p.grad is not None:
+            ok = ok & torch.isfinite(p.grad).all()
+    with torch.no_grad():
+        for p in params:
+            if p.grad is not None:
+                p.copy_(torch.where(ok, p - lr * p.grad, p))
+    return ok[0]
+
+
+def test_skip_nonfinite_step_accepts_the_fused_flag_and_a_0d_start():
+    def fused_flag(params, lr):
+        grads = [p.grad.clone() for p in params if p.grad is not None]
+        found = torch.zeros(1, device=grads[0].device)
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, torch.ones(1, device=found.device))
+        ok = (found == 0).squeeze()
+        with torch.no_grad():
+            for p in params:
+                if p.grad is not None:
+                    p.copy_(torch.where(ok, p - lr * p.grad, p))
+        return ok
+
+    def flag_from_a_0d_true(params, lr):        # a 0-d CPU tensor combines with any device's tensors
+        ok = torch.tensor(True)
+        for p in params:
+            if p.grad is not None:
+                ok = ok & torch.isfinite(p.grad).all()
+        with torch.no_grad():
+            for p in params:
+                if p.grad is not None:
+                    p.copy_(torch.where(ok, p - lr * p.grad, p))
+        return ok
+
+    _accepts("10.skip_nonfinite_step", fused_flag)
+    _accepts("10.skip_nonfinite_step", flag_from_a_0d_true)
+
+
 @pytest.mark.parametrize("answer, fragments", [
     (step_with_if, ("read values back to the host", "__bool__")),
+    (step_via_equal, ("read a value back to the host", "meta", "torch.equal")),
+    (step_via_is_nonzero, ("read a value back to the host", "meta", "item()")),
+    (step_with_cpu_flag, ("create any new tensor on the parameters' device",)),
     (_step_variant(lambda p, g, lr, ok: p - lr * g * ok), ("became NaN", "inf times 0")),
     (_step_variant(lambda p, g, lr, ok: torch.where(torch.isfinite(g).all(), p - lr * g, p)),
      ("only the parameter whose gradient",)),

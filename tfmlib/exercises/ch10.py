@@ -39,6 +39,64 @@ def _as_triple(out: Any) -> Triple:
     return out
 
 
+def _as_same_dtype(out: Any, dtype: torch.dtype) -> Triple:
+    """The answer's triple, checked to be in the states' dtype before anything compares it."""
+    triple = _as_triple(out)
+    if any(t.dtype != dtype for t in triple):
+        raise Wrong(f"return m, l and o in the states' dtype ({dtype}), got "
+                    f"{', '.join(str(t.dtype) for t in triple)}: compute in the dtype you were given")
+    return triple
+
+
+def _rescaled(state: Triple, to: torch.Tensor) -> torch.Tensor:
+    """A side's sum l moved to the max ``to``: l e^(m_k - to) (0 for a side with no key)."""
+    return torch.where(state[1] > 0, state[1] * torch.exp(state[0] - to), torch.zeros_like(state[1]))
+
+
+def _diagnose_merged_sum(where: str, state1: Triple, state2: Triple, total: torch.Tensor,
+                         m: torch.Tensor) -> None:
+    """Name the usual slips in the merged sum l (finite states only)."""
+    if torch.allclose(total, state1[1] + state2[1]):
+        raise Wrong(f"{where}: your l is l1 + l2, but l1 and l2 are sums relative to different maxes: "
+                    "rescale each to the merged max before adding")
+    one_side = [_rescaled(state1, m) + state2[1], state1[1] + _rescaled(state2, m)]
+    if any(torch.allclose(total, w) for w in one_side):
+        raise Wrong(f"{where}: only one side of l was rescaled to the merged max: both sides were summed "
+                    "relative to their own max, so both need the factor")
+    inverse = state1[1] * torch.exp(m - state1[0]) + state2[1] * torch.exp(m - state2[0])
+    if torch.allclose(total, inverse):
+        raise Wrong(f"{where}: your factor is upside down: the factor that moves a sum to a larger max is "
+                    "e^(m_k - m), at most 1, not its inverse")
+    smaller = torch.minimum(state1[0], state2[0])
+    if torch.allclose(total, _rescaled(state1, smaller) + _rescaled(state2, smaller)):
+        raise Wrong(f"{where}: you rescaled both sums to the smaller of the two maxes: rescale to the larger "
+                    "one (the merged m), so that every factor is at most 1; a factor above 1 can overflow")
+
+
+def _diagnose_merged_output(where: str, state1: Triple, state2: Triple, o: torch.Tensor, m: torch.Tensor,
+                            total: torch.Tensor, o_want: torch.Tensor) -> None:
+    """Name the usual slips in the merged output o (finite states only)."""
+    o1, o2 = state1[2], state2[2]
+    if torch.allclose(o, (o1 + o2) / 2):
+        raise Wrong(f"{where}: you averaged the two outputs; each side must count in proportion to its share "
+                    "of the softmax mass (its rescaled l over the merged l)")
+    unscaled = (state1[1][..., None] * o1 + state2[1][..., None] * o2) / (state1[1] + state2[1])[..., None]
+    if torch.allclose(o, unscaled):
+        raise Wrong(f"{where}: your output weights the sides by l1 and l2 as they are; they are relative to "
+                    "different maxes, so rescale them first")
+    if torch.allclose(o, o_want * total[..., None]):
+        raise Wrong(f"{where}: your o is not normalised: the states hold normalised outputs (each side's own "
+                    "attention output), so divide by the merged l")
+    e1, e2 = torch.exp(state1[0] - m), torch.exp(state2[0] - m)
+    if torch.allclose(o, (e1[..., None] * o1 + e2[..., None] * o2) / (e1 + e2)[..., None]):
+        raise Wrong(f"{where}: your output weights the sides by the factors e^(m_k - m) alone: each side "
+                    "counts by its rescaled mass l_k e^(m_k - m), not by the factor alone")
+    a1, a2 = _rescaled(state1, m), _rescaled(state2, m)
+    if torch.allclose(o, (a2[..., None] * o1 + a1[..., None] * o2) / total[..., None]):
+        raise Wrong(f"{where}: the weights are swapped: side 1's output goes with side 1's mass, "
+                    "l1 e^(m1 - m), and side 2's with side 2's")
+
+
 @checker("10.merge_softmax_states", hint="section 2: each side's sum l and output were computed relative to "
          "its own max, so they cannot simply be added; the online softmax's update shows how a sum moves "
          "to a larger max, and the output of both blocks is a weighted mean of the two sides' outputs "
@@ -56,37 +114,20 @@ def _check_merge_softmax_states(merge: Callable[..., Triple]) -> None:
         state2 = _softmax_state(s[..., S1:], v[:, S1:])
         m_want, l_want, o_want = _softmax_state(s, v)
         where = f"(batch={batch}, T={T}, blocks of {S1} and {S2} keys, scores spread {spread})"
-        m, total, o = _as_triple(merge(*state1, *state2))
+        m, total, o = _as_same_dtype(merge(*state1, *state2), s.dtype)
         expect_close(m, m_want, f"the merged max m {where}", atol=1e-9)
-        if isinstance(total, torch.Tensor) and total.shape == l_want.shape:
-            if torch.allclose(total, state1[1] + state2[1]) and not torch.allclose(total, l_want):
-                raise Wrong(f"{where}: your l is l1 + l2, but l1 and l2 are sums relative to different "
-                            "maxes: rescale each to the merged max before adding")
-            one_side = [state1[1] * torch.exp(state1[0] - m_want) + state2[1],
-                        state1[1] + state2[1] * torch.exp(state2[0] - m_want)]
-            if any(torch.allclose(total, w) for w in one_side) and not torch.allclose(total, l_want):
-                raise Wrong(f"{where}: only one side of l was rescaled to the merged max: both sides were "
-                            "summed relative to their own max, so both need the factor")
+        if total.shape == l_want.shape and not torch.allclose(total, l_want):
+            _diagnose_merged_sum(where, state1, state2, total, m_want)
         expect_close(total, l_want, f"the merged sum l {where}", atol=1e-9, rtol=1e-9)
-        if isinstance(o, torch.Tensor) and o.shape == o_want.shape and not torch.allclose(o, o_want):
-            if torch.allclose(o, (state1[2] + state2[2]) / 2):
-                raise Wrong(f"{where}: you averaged the two outputs; each side must count in proportion to "
-                            "its share of the softmax mass (its rescaled l over the merged l)")
-            unscaled = (state1[1][..., None] * state1[2] + state2[1][..., None] * state2[2]) / \
-                (state1[1] + state2[1])[..., None]
-            if torch.allclose(o, unscaled):
-                raise Wrong(f"{where}: your output weights the sides by l1 and l2 as they are; they are "
-                            "relative to different maxes, so rescale them first")
-            if torch.allclose(o, o_want * l_want[..., None]):
-                raise Wrong(f"{where}: your o is not normalised: the states hold normalised outputs "
-                            "(each side's own attention output), so divide by the merged l")
+        if o.shape == o_want.shape and not torch.allclose(o, o_want):
+            _diagnose_merged_output(where, state1, state2, o, m_want, l_want, o_want)
         expect_close(o, o_want, f"the merged output o {where}", atol=1e-9, rtol=1e-7)
         # merging is associative: three blocks, merged one after the other, give attention over all keys
         if S1 > 1:
             cut = S1 // 2
             first = merge(*_softmax_state(s[..., :cut], v[:, :cut]),
                           *_softmax_state(s[..., cut:S1], v[:, cut:S1]))
-            _, _, o3 = _as_triple(merge(*_as_triple(first), *state2))
+            _, _, o3 = _as_same_dtype(merge(*_as_same_dtype(first, s.dtype), *state2), s.dtype)
             expect_close(o3, o_want, f"the output of three blocks merged one after the other {where}",
                          atol=1e-9, rtol=1e-7)
     # a block whose keys are all masked for some rows (m = -inf, l = 0, o = 0) must change nothing
@@ -94,7 +135,7 @@ def _check_merge_softmax_states(merge: Callable[..., Triple]) -> None:
     v = torch.randn(2, 6, 4, generator=g, dtype=torch.double)
     s[0, 1, 3:] = -math.inf
     state1, state2 = _softmax_state(s[..., :3], v[:, :3]), _softmax_state(s[..., 3:], v[:, 3:])
-    m, total, o = _as_triple(merge(*state1, *state2))
+    m, total, o = _as_same_dtype(merge(*state1, *state2), s.dtype)
     if not bool(torch.isfinite(o).all()):
         raise Wrong("a block whose keys are all masked for a row (m = -inf, l = 0, o = 0) gave NaN or inf: "
                     "e to the power of -inf minus a finite max is 0, so that side must simply drop out")
@@ -105,7 +146,7 @@ def _check_merge_softmax_states(merge: Callable[..., Triple]) -> None:
     s[1, 2, :] = -math.inf
     state1, state2 = _softmax_state(s[..., :3], v[:, :3]), _softmax_state(s[..., 3:], v[:, 3:])
     m_want, l_want, o_want = _softmax_state(s, v)
-    m, total, o = _as_triple(merge(*state1, *state2))
+    m, total, o = _as_same_dtype(merge(*state1, *state2), s.dtype)
     if not (isinstance(m, torch.Tensor) and isinstance(total, torch.Tensor) and isinstance(o, torch.Tensor)) \
             or m.shape != m_want.shape or total.shape != l_want.shape or o.shape != o_want.shape:
         raise Wrong("with a row masked in both blocks, m, l and o must keep their shapes")
@@ -121,6 +162,22 @@ def _check_merge_softmax_states(merge: Callable[..., Triple]) -> None:
     expect_close(m, m_want, "the merged max when a row is masked in both blocks", atol=1e-9)
     expect_close(total, l_want, "the merged sum when a row is masked in both blocks", atol=1e-9)
     expect_close(o, o_want, "the merged output when a row is masked in both blocks", atol=1e-9)
+    # float32 with scores around 100, as logits can be: e^100 overflows float32 (its largest number is
+    # about e^88.7), which is why the state carries m and every factor is e^(m_k - m) <= 1
+    s = torch.randn(2, 4, 16, generator=g) * 3 + 100
+    s[:, 1::2, 8:] += 5.0
+    v = torch.randn(2, 16, 8, generator=g)
+    state1, state2 = _softmax_state(s[..., :8], v[:, :8]), _softmax_state(s[..., 8:], v[:, 8:])
+    m_want, l_want, o_want = _softmax_state(s.double(), v.double())
+    m, total, o = _as_same_dtype(merge(*state1, *state2), torch.float32)
+    where = "in float32 with scores around 100"
+    if not all(bool(torch.isfinite(t).all()) for t in (m, total, o)):
+        raise Wrong(f"{where}, your merge gave NaN or inf: e to the power of a raw max overflows float32 "
+                    "(e^89 is already past its largest number); never exponentiate a max itself: rescale "
+                    "each side by e^(m_k - m), which is at most 1")
+    expect_close(m, m_want, f"the merged max m {where}", atol=1e-4, rtol=1e-5)
+    expect_close(total, l_want, f"the merged sum l {where}", atol=1e-5, rtol=1e-4)
+    expect_close(o, o_want, f"the merged output o {where}", atol=1e-5, rtol=1e-4)
 
 
 
@@ -244,7 +301,13 @@ Pair = tuple[torch.Tensor, torch.Tensor]
 def _fold(add: Callable[..., Any], values: torch.Tensor) -> Pair:
     state: Any = tuple(torch.zeros(values.shape[1], dtype=torch.half) for _ in range(2))
     for x in values:
-        state = add(state[0], state[1], x.clone())
+        with _Float16Only() as mode:
+            state = add(state[0], state[1], x.clone())
+        if mode.wider:
+            wider = ", ".join(sorted(str(d) for d in mode.wider))
+            raise Wrong(f"your step computes in {wider}: the exercise "
+                        "is float16 arithmetic, every operation rounded to float16 (a wider type inside the "
+                        "step is what keeps the small terms then, not the compensation)")
         if not isinstance(state, tuple) or len(state) != 2 or \
                 not all(isinstance(t, torch.Tensor) for t in state):
             raise Wrong("return a pair of tensors (total, compensation) from every call")
@@ -300,32 +363,57 @@ def _sum_cases() -> list[tuple[str, torch.Tensor]]:
     ]
 
 
-def _ulps(got: torch.Tensor, exact: torch.Tensor) -> float:
-    """The largest error of ``got`` in units of float16's epsilon relative to ``exact``."""
+def _ulps(got: torch.Tensor, values: torch.Tensor) -> float:
+    """The largest error of ``got`` against the exact sum of ``values`` (n, D), in units of
+    eps * sum|x_i| (float16's epsilon times the sum of the magnitudes): the bound of a compensated sum
+    (Higham 2002, section 4.3). Where nothing cancels this is eps * |sum|, about one float16 rounding of
+    the total; where values cancel, no float16 algorithm that rounds each step can promise better."""
     eps = torch.finfo(torch.float16).eps
-    return float(((got.double() - exact).abs() / (eps * exact.abs().clamp_min(1e-4))).max())
+    exact = values.double().sum(0)
+    return float(((got.double() - exact).abs() / (eps * values.double().abs().sum(0).clamp_min(1e-4))).max())
+
+
+class _Float16Only(torch.overrides.TorchFunctionMode):
+    """Records the wider floating dtypes that any torch call inside it returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wider: set[torch.dtype] = set()
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, tuple | list) else (out,):
+            if isinstance(t, torch.Tensor) and t.dtype in (torch.float32, torch.float64):
+                self.wider.add(t.dtype)
+        return out
 
 
 @checker("10.compensated_sum", hint="section 3 keeps the weights in float32 so that small updates "
-         "added to them are not lost; in float16 they would be rounded away; look up Kahan's compensated "
-         "summation (Higham, Accuracy and Stability of Numerical Algorithms, section 4.3): the second number "
-         "of the state remembers what the last addition lost, and the next value is corrected by it before "
-         "it is added; mind the sign, and keep the order of the operations, since rounding happens after "
-         "each one")
+         "added to them are not lost; in float16 they would be rounded away; look up compensated summation "
+         "(Higham, Accuracy and Stability of Numerical Algorithms, 2002, section 4.3); ask what an addition "
+         "of a small number to a large one loses, and how you could compute that loss in float16 itself")
 def _check_compensated_sum(add: Callable[..., Any]) -> None:
     cases = _sum_cases()
     states = [_fold(add, values) for _, values in cases]
-    errors = [_ulps(state[0], values.double().sum(0))
-              for state, (_, values) in zip(states, cases, strict=True)]
+    errors = [_ulps(state[0], values) for state, (_, values) in zip(states, cases, strict=True)]
     if max(errors) > 1.5:
         k = max(range(len(cases)), key=errors.__getitem__)
-        where = f"{cases[k][0]}: your total is {errors[k]:.1f} float16 epsilons away from the exact sum"
+        where = f"{cases[k][0]}: your total is {errors[k]:.1f} units of eps * sum|x| (float16's epsilon " \
+                "times the sum of the magnitudes) away from the exact sum"
 
         def same(variant: Callable[..., Pair]) -> bool:
             """The answer's states are the variant's on every case."""
             return all(torch.equal(state[0], want[0]) and torch.equal(state[1], want[1])
                        for state, want in zip(states, (_fold(variant, v) for _, v in cases), strict=True))
 
+        apart = max(_ulps(state[0].double() + state[1].double(), values)
+                    for state, (_, values) in zip(states, cases, strict=True))
+        if apart < max(errors) / 4:
+            raise Wrong(f"{where}: your compensation collects what the additions lost but is kept apart: "
+                        f"total + compensation is off by {apart:.1f} units at worst; the total the exercise "
+                        "asks for is the compensated one, so fold the compensation into the total the step "
+                        "returns (a compensation that only grows is itself a plain float16 sum of the lost "
+                        "parts)")
         if same(_kahan_added) or same(_kahan_reversed):
             raise Wrong(f"{where}: the compensation has the wrong sign: it holds what the rounded addition "
                         "added too much, so it is subtracted from the next value (or computed the other way "
@@ -447,3 +535,21 @@ def _check_skip_nonfinite_step(step: Callable[..., Any]) -> None:
             raise Wrong(f"{what}: the parameters changed although the step must be skipped")
         if bool(applied):
             raise Wrong(f"{what}: the parameters were left alone, but your flag says the step was applied")
+    # torch.equal, torch.is_nonzero, torch.allclose and the like hand a value to Python from C++ without
+    # the Tensor methods that count_host_reads counts; on the meta device tensors have shapes and no
+    # values, so every read of a value (and every shape that depends on one, as nonzero's) raises there
+    params = [torch.randn(*p.shape, device="meta").requires_grad_() for p in _params(g)]
+    for p in params[:3]:
+        p.grad = torch.randn(p.shape, device="meta")
+    try:
+        step(params, lr)
+    except Exception as exc:        # noqa: BLE001 - any failure on value-less tensors is the diagnosis
+        text = f"{type(exc).__name__}: {str(exc).splitlines()[0][:100]}"
+        if "expected device" in str(exc) or "same device" in str(exc):
+            raise Wrong(f"with parameters on another device than the CPU (here 'meta', which holds shapes "
+                        f"but no values) your step failed ({text}): create any new tensor on the "
+                        "parameters' device") from None
+        raise Wrong(f"your step read a value back to the host (or made a shape depend on one): with "
+                    f"parameters on the 'meta' device, which holds shapes but no values, it failed ({text}); "
+                    "torch.equal, torch.is_nonzero, torch.allclose and an if on a tensor all wait for the "
+                    "device to finish and send the value; decide on the device instead") from None
