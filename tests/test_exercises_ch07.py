@@ -25,7 +25,8 @@ def test_check_api_never_raises_without_must_pass(capsys):
 @pytest.mark.parametrize("name", ["07.find_bug", "07.norm_placement", "07.packed_masks", "07.rms_norm"])
 def test_07_hints_point_the_way_without_the_code(name):
     _hint_gives_no_code(name, ("keepdim", "torch.", "sqrt(", "x.mean", "x + sublayer", "norm(x", "[:, None",
-                               "tril", "return ", "allclose", "layer(", "clone", "randn", "== "))
+                               "tril", "return ", "allclose", "layer(", "clone", "randn", "== ", "_seg",
+                               "[:, :, None"))
 
 
 # ----------------------------------------------------------------------------- 07.rms_norm
