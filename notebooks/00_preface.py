@@ -226,7 +226,7 @@ def unknown_rate_curve(train: list[str], test: list[str], sizes: list[int]) -> l
     ``train`` and ``test`` are sentences (strings, tokenized as the book tokenizes them); for each
     ``n`` in ``sizes`` (in that order) the vocabulary is built from ``train[:n]`` (``n = 0``: an empty
     one). Returns a list of ``len(sizes)`` floats in [0, 1]: the fraction of all test tokens, every
-    occurrence counted, that the vocabulary does not contain.
+    occurrence counted (of a repeated test sentence too), that the vocabulary does not contain.
     """
     raise NotImplementedError  # your code here
 

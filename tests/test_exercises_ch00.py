@@ -81,6 +81,9 @@ WRONG_CURVES = {
     "one-sentence-too-few": (curve_with(first=lambda n: n - 1), "off by one"),
     "whole-training-split": (curve_with(first=lambda n: 10**9), "does not depend on n"),
     "test-in-vocabulary": (leaky_curve, "has seen the test sentences"),
+    # review 2026-11-27, finding 1: a repeated test sentence is counted once
+    "deduplicated-test": (lambda tr, te, sz: right_curve(tr, list(dict.fromkeys(te)), sz),
+                          "repeated ones too"),
     "known-rate": (lambda *a: [1 - r for r in right_curve(*a)], "the fractions it lacks"),
     "sorted-sizes": (lambda tr, te, sz: right_curve(tr, te, sorted(sz)), "in the order of sizes"),
     "one-number": (lambda tr, te, sz: right_curve(tr, te, sz)[-1], "one rate per size"),

@@ -37,7 +37,9 @@ from tfmlib.synthetic import load_bundled
 #   it; on real, capitalised text both inflate the rate (the checker's sentences are capitalised
 #   for that reason).
 # * **Count tokens, not words.** The model reads `<unk>` at every occurrence of an unknown word,
-#   so an unknown word that occurs twice counts twice, and all test tokens are pooled before
+#   so an unknown word that occurs twice counts twice, and so does a test sentence that occurs
+#   twice (the bundled test split has none, but a split of sentence *pairs* repeats a sentence
+#   once per translation it has; the checker's second case has one). All test tokens are pooled before
 #   dividing: a mean of per-sentence rates lets a two-word sentence weigh as much as a long one.
 #   The `<eos>` that `encode` can append is not a token of the text, and counting it lowers the rate.
 # * **The first `n` sentences, for each `n`.** A fresh vocabulary per size, from exactly

@@ -16,16 +16,18 @@ Tokenizer = Callable[[str], list[str]]
 
 def _rates(train: Sequence[str], test: Sequence[str], sizes: Sequence[int], *, split: Tokenizer | None = None,
            first: Callable[[int], int] = lambda n: n, distinct: bool = False, per_sentence: bool = False,
-           eos: bool = False, with_test: bool = False) -> list[float]:
+           eos: bool = False, with_test: bool = False, dedupe: bool = False) -> list[float]:
     """The unknown rate of ``test`` for vocabularies of the first ``n`` training sentences, one per size.
 
     The keyword arguments make the usual mistakes, so that the checker can name them: another
     tokenizer, another number of sentences, distinct words, a mean of per-sentence rates, ``<eos>``
-    counted as a token, test sentences in the vocabulary.
+    counted as a token, test sentences in the vocabulary, repeated test sentences counted once.
     """
     from tfmlib.data import Vocab, tokenize
 
     split = split or tokenize
+    if dedupe:
+        test = list(dict.fromkeys(test))
     test_tokens = [split(s) for s in test]
     out = []
     for n in sizes:
@@ -43,11 +45,12 @@ def _rates(train: Sequence[str], test: Sequence[str], sizes: Sequence[int], *, s
 
 def _unknown_rate_cases() -> list[tuple[list[str], list[str], list[int]]]:
     # capitals (the tokenizer lowercases), elisions and punctuation (tokens of their own), unknown
-    # words that occur twice, sentences of different lengths, sizes out of order and n = 0
+    # words that occur twice, sentences of different lengths, sizes out of order and n = 0, and a
+    # test sentence that occurs twice (real test splits repeat sentences)
     train = ["Le chat voit l'oiseau.", "Les chats dorment.", "Un chien voit le chat !", "L'ours dort.",
              "les oiseaux voient un ours ."]
     test = ["le chien voit l'ours.", "Les chats voient le chien et le zèbre !", "Un oiseau dort."]
-    return [(train, test, [0, 1, 2, 3, 4, 5]), (train, test[::-1], [4, 2, 5, 1])]
+    return [(train, test, [0, 1, 2, 3, 4, 5]), (train, test[::-1] + test[:1], [4, 2, 5, 1])]
 
 
 def _mistakes() -> list[tuple[str, dict]]:
@@ -76,6 +79,8 @@ def _mistakes() -> list[tuple[str, dict]]:
          "for each size", dict(first=lambda n: 10**9)),
         ("your vocabulary has seen the test sentences: build it from training sentences only",
          dict(with_test=True)),
+        ("a test sentence that occurs twice counts twice: count every test sentence, repeated ones too "
+         "(the model reads each occurrence)", dict(dedupe=True)),
     ]
 
 
