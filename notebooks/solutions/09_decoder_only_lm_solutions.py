@@ -22,6 +22,8 @@
 # chapter already trusts. Then an answer to every question. Try the exercises in the chapter first.
 
 # %%
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -45,10 +47,14 @@ run = setup(seed=0, smoke=dict(), cpu=dict(), gpu=dict())
 # not `repeat` (head 0, 1, 0, 1, ...): the second pairs query head $h$ with key-value head
 # $h \bmod G$, which a model trained with consecutive groups never did. The one new query is the
 # newest position and may see every cached key, so no causal mask is passed: `is_causal=True`
-# aligns its mask top-left and would let the query see key 0 only (section 5's pitfall). Two more
+# aligns its mask top-left and would let the query see key 0 only (section 5's pitfall). More
 # wrong answers the checker names: widening the cache first and writing into that copy (the
-# write is lost when the step returns), and attending over the whole buffer, whose tail holds
-# positions not written yet.
+# write is lost when the step returns); attending over the whole buffer, whose tail holds
+# positions not written yet; attending before the write (the query then reads the garbage at
+# position `length`) or over the `length` cached keys only (the new token is part of what its own
+# query sees); dividing the scores by $d$ instead of $\sqrt{d}$; a softmax over the heads instead
+# of the keys; and a result cast to float32 (the step computes in the inputs' dtype; the checker
+# passes float64).
 
 # %%
 def gqa_step(q: Tensor, k: Tensor, v: Tensor, K: Tensor, V: Tensor, length: int) -> tuple[Tensor, int]:
@@ -96,7 +102,8 @@ assert mha_bytes == (H // G) * gqa_bytes
 # itself. The wrong answers the checker names: writing at `pos` (it runs off the buffer),
 # overwriting the wrong slot, reading unwritten slots before the buffer fills, reading only slots
 # $0 \dots \text{pos} \bmod W$ once it has wrapped (treating the ring as a line), a window of
-# $W - 1$, the top-left causal mask, and unscaled scores.
+# $W - 1$ (the oldest token dropped, or the new one: the window includes the token itself), the
+# top-left causal mask, unscaled scores, and a result in another dtype than the inputs'.
 
 # %%
 def window_step(q: Tensor, k: Tensor, v: Tensor, K: Tensor, V: Tensor, pos: int) -> Tensor:
@@ -136,10 +143,14 @@ assert gap < 1e-5
 # before it, the running count of the keep-mask minus one (padding gets 0, any valid index will
 # do); giving every row `0 .. T-1` would shift a short prompt's positions by its padding.
 # (c) A mask that is causal *and* hides padded keys. A padded query may see nothing at all; the
-# checker's model turns such a fully masked row into zeros, while PyTorch's fused kernel returns
-# NaN for it, which then leaks into every row of the next layer (zero weight times NaN is NaN),
-# so the demonstration below lets a padded query see itself. Each step appends one column: the
-# new tokens, one more position per row, and a mask row and column.
+# checker's model turns such a fully masked row into zeros. A softmax written out, over scores
+# filled with $-\infty$, returns NaN for it, which then leaks into every row of the next layer
+# (zero weight times NaN is NaN). What PyTorch's fused kernel returns for it is not a promise of
+# its documentation and may depend on the version and the backend: the cell after the solution
+# prints what the installed one does (zeros, in the committed run). Each step appends one column: the new tokens, one more position per row, and a mask row
+# and column. A generated token is a real token whatever its id, even 0: the keep-mask grows by a
+# column of True, and is not re-derived from `ids != PAD_ID` (the checker's last model can
+# generate id 0, and then that shortcut hides a real token).
 
 # %%
 def left_padded_generate(model, prompts: list[list[int]], steps: int) -> Tensor:
@@ -161,6 +172,14 @@ def left_padded_generate(model, prompts: list[list[int]], steps: int) -> Tensor:
 
 exercises.check("09.left_padded_generate", left_padded_generate, must_pass=True)
 
+# a query that may see no key at all: the written-out softmax and the installed fused kernel
+scores_q = torch.randn(1, 1, 3, 4, dtype=torch.double)
+sees = torch.tensor([[True, False, False], [False, False, False], [True, True, True]])
+written_out = torch.softmax((scores_q @ scores_q.transpose(-2, -1)).masked_fill(~sees, -math.inf), -1)
+fused_row = F.scaled_dot_product_attention(scores_q, scores_q, scores_q, attn_mask=sees)[0, 0, 1]
+print(f"torch {torch.__version__}: a fully masked row gives {written_out[0, 0, 1].tolist()} from the "
+      f"written-out softmax and {fused_row.tolist()} from F.scaled_dot_product_attention")
+
 # %% [markdown]
 # The same function drives the chapter's `DecoderLM`. Its positions are rotary: a query-key
 # score depends only on the *offset* between their positions, and left padding shifts all of a
@@ -180,7 +199,9 @@ class MaskedLM:
 
     def __call__(self, ids: Tensor, positions: Tensor, mask: Tensor) -> Tensor:
         allowed = mask if self.mask_padding else torch.ones_like(mask).tril()
-        allowed = allowed | torch.eye(ids.shape[1], dtype=torch.bool)   # a padded query sees itself: no NaN
+        # a padded query sees itself, so that nothing depends on what the kernel does with a row that
+        # sees nothing (the cell above prints what this PyTorch does)
+        allowed = allowed | torch.eye(ids.shape[1], dtype=torch.bool)
 
         def kernel(q, k, v, _mask, _causal, dropout_p):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None], dropout_p=dropout_p)
@@ -205,9 +226,11 @@ assert not torch.equal(unmasked, alone), "attending to <pad> changes the short p
 
 # %% [markdown]
 # The batch reproduces every prompt alone, token for token. With the padding unmasked, the
-# continuation of at least one padded prompt changes (the rows above show which): the silent error
-# that the package's `generate` avoids by refusing `<pad>` in a prompt. The longest prompt has no
-# padding and is never affected.
+# continuation of at least one padded prompt changes (the cell asserts it): in the committed run
+# `[7, 7, 19]` continues with other tokens from its first new one, while `[12, 4]`, padded more,
+# happens to keep its tokens (this untrained model mostly repeats one token). That is
+# the silent error that the package's `generate` avoids by refusing `<pad>` in a prompt. The
+# longest prompt has no padding and is never affected.
 
 # %% [markdown]
 # ## Questions
@@ -220,8 +243,8 @@ assert not torch.equal(unmasked, alone), "attending to <pad> changes the short p
 #
 # **2. Which model is closer to the floor, and with more training?** The chapter's table answers
 # the first part for its runs: the "above floor" column (the median over the seeds) and the
-# per-seed gaps beside it, with the count of seeds at which the GRU ends closer (all three in the
-# committed run). The margin is a few hundredths of a bit, about as large as the spread between
+# per-seed gaps beside it, with the count of seeds at which the GRU ends closer (the printed
+# count). The margin is a few hundredths of a bit, about as large as the spread between
 # seeds, so one run alone would not settle it, and three seeds at one budget say nothing yet
 # about a ten times longer run. With ten times the training the order
 # need not hold: the GRU's fixed state must compress the whole prefix, while attention reads it
