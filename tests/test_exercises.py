@@ -219,6 +219,22 @@ def convert_bias_only_one_per_row(W_ih, W_hh, b_ih, b_hh):
     return convert_never_raises(W_ih, W_hh, b_ih, b_hh)
 
 
+def convert_gates_by_column(W_ih, W_hh, b_ih, b_hh):
+    """Re-indexes the reset gates the wrong way round: row k gets the gate of the unit whose row points
+    at k (the inverse, which a swap hides but a repeated unit does not)."""
+    H = W_hh.shape[1]
+    nonzero = W_hh[2 * H:] != 0
+    if (nonzero.sum(1) > 1).any():
+        raise ValueError("two nonzero entries in a row")
+    src = nonzero.int().argmax(0)
+    W_ih, W_hh, b_ih, b_hh = (t.clone() for t in (W_ih, W_hh, b_ih, b_hh))
+    for t in (W_ih, W_hh, b_ih, b_hh):
+        t[:H] = t[:H][src]
+    b_ih[2 * H:] += b_hh[2 * H:]
+    b_hh[2 * H:] = 0
+    return W_ih, W_hh, b_ih, b_hh
+
+
 def _convert_if(test):
     """The bias move, guarded by a wrong test of whether a conversion exists (review 2026-11-27,
     finding 2)."""
@@ -324,6 +340,7 @@ def test_01_reset_before_as_nn_gru_one_per_row_converts_exactly():
     (convert_always_raises, "exact nn.GRU equivalent"),
     (convert_diagonal_only, "could nn.GRUCell's unit k compute that gate"),
     (convert_bias_only_one_per_row, "which weights compute that row"),
+    (convert_gates_by_column, "reset-before cell with a W_hn with one nonzero entry per row"),
     (convert_if_symmetric, "symmetric W_hn"),
     (convert_if_triangular, "upper triangular"),
     (convert_if_some_zero, "upper triangular"),
@@ -331,8 +348,8 @@ def test_01_reset_before_as_nn_gru_one_per_row_converts_exactly():
     (lambda *w: convert_ref(*w)[:3], "tuple of four tensors"),
     (lambda *w: list(convert_ref(*w)[::-1]), "has shape"),
 ], ids=["unchanged", "dropped", "twice", "wrong-block", "never-raises", "none", "always-raises",
-        "diagonal-only", "bias-only-one-per-row", "symmetric", "triangular", "some-zero", "nearly-diagonal",
-        "three", "reversed"])
+        "diagonal-only", "bias-only-one-per-row", "gates-by-column", "symmetric", "triangular", "some-zero",
+        "nearly-diagonal", "three", "reversed"])
 def test_01_reset_before_as_nn_gru_names_the_mistake(wrong, says):
     _rejects("01.reset_before_as_nn_gru", wrong, says)
 

@@ -163,9 +163,10 @@ def _conversion_mistakes(w: Weights, src: torch.Tensor) -> list[tuple[str, Weigh
 def _one_per_row(H: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """A ``W_hn`` (H, H) with at most one nonzero entry per row, mostly off the diagonal, and ``src``:
     row ``k``'s nonzero column (``k`` for the empty row). Unit 0 points at unit 1, unit 1 at unit 0 (a
-    swap), the last row is empty, and the rows between point at random units (repeats allowed)."""
+    swap), unit 2 at unit 1 again (not a permutation), the last row is empty, and the rows between
+    point at random units."""
     src = torch.randint(0, H, (H,), generator=g)
-    src[:2] = torch.tensor([1, 0])
+    src[:3] = torch.tensor([1, 0, 1])[:H]
     src[-1] = H - 1
     W_hn = torch.zeros(H, H)
     W_hn[torch.arange(H), src] = torch.randn(H, generator=g)
@@ -199,6 +200,8 @@ def _not_convertible(H: int, g: torch.Generator) -> list[tuple[str, torch.Tensor
 def _check_reset_before_as_nn_gru(convert: Callable[..., Weights]) -> None:
     for seed in range(5):
         B, D, H, g = _ch01_cases(seed)
+        if seed == 4:
+            H = 5  # room for a swap, a repeated unit, a random row and an empty one
         w = _gru_weights(D, H, g, diagonal_hn=True)
         src = torch.arange(H)
         what = "a diagonal W_hn"
