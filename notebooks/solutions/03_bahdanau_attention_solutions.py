@@ -84,8 +84,8 @@ with torch.no_grad():
 
 # %% [markdown]
 # The two runs read the same words; only what was fed back differs, and the third step's
-# weights differ with it. (In the real model, trained, the fed-back vector tells the step which
-# source words have been translated.)
+# weights differ with it, a little here, with random weights. (In a trained model the fed-back
+# vector tells the step which source words have been translated.)
 #
 # **2. Local-p attention.** Three details decide the result, and each is a wrong answer the
 # checker names. The centre is the sigmoid times the sentence's *own* length: with the padded
