@@ -42,7 +42,11 @@ run = setup(seed=0, smoke=dict(parity_steps=40), cpu=dict(parity_steps=250), gpu
 # as in section 3, so that a nearly zero vector is amplified at most $1/\sqrt{\epsilon}$ times;
 # the gain comes after normalising, and there is no bias. The checker names the usual slips:
 # centring anyway (that is LayerNorm), the sum instead of the mean, $\epsilon$ outside the root,
-# the statistic over the batch axis, and dividing by the mean square without its root.
+# the statistic over the batch axis, and dividing by the mean square without its root. It also
+# rejects a result in another dtype than `x`'s, or computed in float32 for a float64 `x`: a norm
+# is called on whatever flows through the model, and must not change its precision. And it runs
+# the answer with every route to the library's RMSNorm blocked (`F.rms_norm`, `nn.RMSNorm`, the
+# aten op behind them), not only the two names.
 
 # %%
 def rms_norm(x: Tensor, gamma: Tensor, eps: float) -> Tensor:
@@ -90,8 +94,9 @@ assert abs(ln_offset.mean().item()) < 1e-6 and rms_offset.std().item() < 0.05, "
 # LayerNorm, so the output stays bounded however large the input is. In a pre-LN layer the
 # input reaches the output through a plain sum, $x + F(\mathrm{LN}(x))$: multiply the input by
 # $c$ and the output grows like $c$, while what the sublayers add, output minus input, stops
-# depending on $c$ once $c$ is large (their inputs are normalised). So: feed a large input and
-# look at the size of the output. The shallow tests fail on the checker's harder layers: "the
+# depending on $c$ once $c$ is large (their inputs are normalised). So: feed the same input at
+# two large scales, 100 times apart, and see whether the output grows with it (a test of growth
+# needs no threshold on the output's size, which the gains would set). The shallow tests fail on the checker's harder layers: "the
 # output has mean 0 and spread 1" reads a post-LN layer's $\beta$ and $\gamma$, which training
 # moves away from 0 and 1; "the output stays near the input" fails for a pre-LN layer whose
 # sublayers add a lot, and for a post-LN layer fed inputs that are already normalised.
@@ -99,9 +104,8 @@ assert abs(ln_offset.mean().item()) < 1e-6 and rms_offset.std().item() < 0.05, "
 # %%
 def norm_placement(layer, d_model: int) -> str:
     x = torch.randn(2, 5, d_model, dtype=torch.float64)
-    big = layer(1e4 * x)                                           # (2, 5, d_model)
-    bounded = big.abs().max() < 1e2                                # a LayerNorm ends every path: post-LN
-    return "post" if bounded else "pre"
+    growth = layer(1e4 * x).norm() / layer(1e2 * x).norm()         # ~1 post-LN, ~100 pre-LN
+    return "post" if growth < 10 else "pre"                        # a LayerNorm ends every path: post-LN
 
 
 exercises.check("07.norm_placement", norm_placement, must_pass=True)
@@ -148,46 +152,67 @@ with torch.no_grad():
 # on the gains and biases drawn; that the output stays bounded depends only on where the
 # LayerNorm sits.
 #
-# **3. The decoder's masks.** Self-attention: position $t$ may attend to $u$ when $u \le t$
-# (causal) and $u$ is a real target token (padding on the *keys*, the last axis).
-# Cross-attention: every target position may attend to every real source token and is not
-# causal: the whole source is known before decoding starts. The usual slips the checker names:
-# the padding put on the queries (the rows) instead of the keys, which leaves a padded query
-# with no key at all (NaN in a plain softmax); a causal cross mask; masks inverted to PyTorch's
-# `True` = may *not* attend.
+# **3. Several sentence pairs in one row.** Ask what each target token saw when its pair was
+# alone. In self-attention, the earlier tokens of its own target sentence: the causal condition
+# $u \le t$ (on the query and key axes, as in chapter 05) and the same segment id, a comparison
+# of the query's id (rows) with the key's id (columns). No separate padding condition is needed
+# for a real query: a padded key's id, 0, differs from every real sentence's, so "same segment"
+# already hides it (the solution keeps the padding condition anyway, so that it also reads
+# right for the padded rows nobody uses). In cross-attention, every token of the source
+# sentence packed with its own: the target token's id on the rows against the source token's id
+# on the columns, and not causal, since the whole source is known before decoding starts. The
+# mistakes the checker names: chapter 05's causal and padding masks unchanged (each target
+# sentence then sees the sentences packed before it), a cross mask with every real source token
+# of the row, a causal cross mask, a segment comparison off by one, and a `(B, S)` mask returned
+# as it is, which attention reads as `(queries, keys)`.
 
 # %%
-def decoder_masks(src_mask: Tensor, tgt_mask: Tensor) -> tuple[Tensor, Tensor]:
-    T = tgt_mask.shape[1]
-    causal = torch.ones(T, T, dtype=torch.bool, device=tgt_mask.device).tril()   # (T, T)
-    self_mask = causal & tgt_mask[:, None, None, :]                               # (B, 1, T, T)
-    cross_mask = src_mask[:, None, None, :]                                       # (B, 1, 1, S)
-    return self_mask, cross_mask
+def packed_masks(src_seg: Tensor, tgt_seg: Tensor) -> tuple[Tensor, Tensor]:
+    T = tgt_seg.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=tgt_seg.device).tril()        # (T, T)
+    same_target = tgt_seg[:, :, None] == tgt_seg[:, None, :]                          # (B, T, T)
+    self_mask = causal & same_target & (tgt_seg != 0)[:, None, :]                     # (B, T, T)
+    same_source = (tgt_seg[:, :, None] == src_seg[:, None, :]) & (src_seg != 0)[:, None, :]   # (B, T, S)
+    return self_mask[:, None], same_source[:, None]                                   # (B, 1, T, ·)
 
 
-exercises.check("07.decoder_masks", decoder_masks, must_pass=True)
+exercises.check("07.packed_masks", packed_masks, must_pass=True)
 
 # %% [markdown]
-# The package's `DecoderLayer` adds the causal mask itself, and takes the padding masks from
-# `padding_mask`. Giving it the two masks above instead changes nothing, and its weights are
-# non-zero exactly where the masks allow:
+# What the masks buy, on the package's `DecoderLayer` (float64, no dropout): three sentence
+# pairs packed into one row give, with these masks, the outputs each pair gets alone; with
+# chapter 05's causal and padding masks they do not. And what packing saves: the same three
+# pairs padded to the longest, one pair per row, against one packed row.
 
 # %%
 torch.manual_seed(0)
-layer = DecoderLayer(16, 4, 32, dropout=0.0).eval()
-src_mask = torch.tensor([[True] * 6, [True, True, True, False, False, False]])
-tgt_mask = torch.tensor([[True] * 5, [True, True, True, True, False]])
-y, memory = torch.randn(2, 5, 16), torch.randn(2, 6, 16)
-self_mask, cross_mask = decoder_masks(src_mask, tgt_mask)
+layer = DecoderLayer(16, 4, 32, dropout=0.0).double().eval()
+src_len, tgt_len = [5, 2, 4], [4, 3, 2]
+src_seg = torch.repeat_interleave(torch.arange(1, 4), torch.tensor(src_len))[None]     # (1, 11)
+tgt_seg = torch.repeat_interleave(torch.arange(1, 4), torch.tensor(tgt_len))[None]     # (1, 9)
+y = torch.randn(1, sum(tgt_len), 16, dtype=torch.double)
+memory = torch.randn(1, sum(src_len), 16, dtype=torch.double)
 with torch.no_grad():
-    out_a, self_w, cross_w = layer(y, memory, padding_mask(src_mask), padding_mask(tgt_mask), need_weights=True)
-    out_b, _, _ = layer(y, memory, cross_mask, self_mask, need_weights=True)
-print(f"package masks vs the solution's: max output difference {(out_a - out_b).abs().max().item():.1e}, "
-      f"bit for bit equal: {torch.equal(out_a, out_b)}")
-assert torch.equal(out_a, out_b), "the solution's masks must act as the package's"
-assert torch.equal(self_w > 0, self_mask.expand_as(self_w)) and torch.equal(cross_w > 0, cross_mask.expand_as(cross_w))
+    alone = torch.cat([layer(y_k, m_k)[0] for y_k, m_k in
+                       zip(y.split(tgt_len, 1), memory.split(src_len, 1), strict=True)], dim=1)
+    self_mask, cross_mask = packed_masks(src_seg, tgt_seg)
+    packed = layer(y, memory, cross_mask, self_mask)[0]
+    unpacked = layer(y, memory, padding_mask(src_seg != 0), padding_mask(tgt_seg != 0))[0]
+gap_packed, gap_05 = (packed - alone).abs().max().item(), (unpacked - alone).abs().max().item()
+print(f"max |packed row - each pair alone|: {gap_packed:.1e} with the packed masks, {gap_05:.2f} with "
+      "chapter 05's causal and padding masks")
+per_row = 3 * (max(src_len) + max(tgt_len))
+print(f"token slots: {per_row} padded (one pair per row), {sum(src_len) + sum(tgt_len)} packed")
+assert gap_packed < 1e-12 < 0.1 < gap_05, "the packed masks must isolate the pairs, chapter 05's must not"
 
 # %% [markdown]
+# With the packed masks the row computes what the three separate runs compute, to rounding
+# (the first number); with chapter 05's masks, the second and third pairs read the first, and
+# their outputs move by the printed amount, as large as the outputs themselves. The second line
+# counts what the padded batch would have spent on padding for the same three pairs. The
+# attention itself still costs $T^2$ per row, so packing pays where sentences are short next to
+# the row and the rest of the layer, which is per token, dominates.
+#
 # **4. Find the planted bug.** Each of the three properties is tested with one change to the
 # input and one look at the output:
 #
