@@ -57,6 +57,10 @@ run = setup(seed=0, smoke=dict(repeats=3, batch=8, length=32),
 # weight. The fix is the chapter's own `_safe_max`: shift by 0 where the merged max is $-\infty$
 # (then $e^{-\infty - 0} = 0$), and divide only where $\ell > 0$. The state of such a row is the
 # state of no key at all, $(-\infty, 0, 0)$, which merges with any later block correctly.
+# Rescaling to the *larger* max is what keeps every factor $e^{m_k - m}$ at most 1. A merge that
+# exponentiates the maxes themselves, $\ell_k e^{m_k}$, is the same algebra and passes in float64,
+# but float32 overflows past $e^{88.7}$ and logits can be that large: the checker's float32 case,
+# with scores near 100, turns it into inf and NaN.
 #
 # ![FlashAttention's tiling: one tile of scores at a time, the running max, sum and output kept per query row](../figures/10_flash_tiling.svg)
 #
@@ -180,11 +184,12 @@ assert (out - want).abs().max() < 1e-5, "skipping the tiles that hold no attendi
 
 # %% [markdown]
 # The saving depends on the ratio of sentence length to tile size and block length. These
-# sentences are shorter than a tile (the average is printed above), so in a 1024-token block most
-# of the causal triangle lies between documents and most of its tiles are skipped; bigger tiles
-# save less, since a bigger tile is more likely to hold some pair from one sentence. In a 64-token
-# block with 16-token tiles the diagonal tiles, which always hold pairs, are a large share of the
-# triangle, so the least is saved. Real
+# sentences are much shorter than the 64- and 128-token tiles (the average is printed above), so in
+# a 1024-token block most of the causal triangle lies between documents and most of its tiles are
+# skipped; bigger tiles save less, since a bigger tile is more likely to hold some pair from one
+# sentence. With 16-token tiles the average sentence is about as long as a tile, and in a 64-token
+# block the diagonal tiles, which always hold pairs, are a large share of the triangle, so the least
+# is saved. Real
 # pretraining documents are hundreds or thousands of tokens, and the saving there is smaller
 # again: a document mask matters most when many short documents share a long block.
 #
@@ -199,7 +204,14 @@ assert (out - want).abs().max() < 1e-5, "skipping the tiles that hold no attendi
 # The order of the operations is the algorithm: written $y - (t - \mathrm{total})$ the sign
 # flips and the error is added twice; a compensation computed but not subtracted from the next
 # value leaves the plain sum. The total stays a float16 number: what the compensation buys is that
-# the *sum of all the values* is exact to about one rounding, not that each total is wider.
+# the *sum of all the values* is exact to about one rounding, not that each total is wider. "One
+# rounding" is Higham's bound, $\epsilon \sum_i |x_i|$ with $\epsilon$ float16's epsilon: where the
+# values do not cancel, $\sum_i |x_i| = |\sum_i x_i|$ and that is one rounding of the total itself;
+# where they cancel, the total can be small next to the values, and no float16 algorithm that rounds
+# after every operation promises one rounding of *it* (the checker measures in units of
+# $\epsilon \sum_i |x_i|$). Every operation of the step is float16: computing $t + x + c$ in float32
+# and rounding once would also keep the small terms, but then the wider type does the work, not the
+# compensation, and the checker rejects it.
 
 # %%
 def compensated_add(total: torch.Tensor, compensation: torch.Tensor,
@@ -247,7 +259,11 @@ assert rel_err(state[0]).median() < rel_err(plain).median() / 3, "on a typical e
 # rounded once at the end, the best a float16 result can be. Two float16 numbers do the work of one float32:
 # that is the trade of fp32 master weights (section 3) made the other way, memory for two extra
 # subtractions per addition. Neumaier's variant, which also handles a value larger than the
-# running total, passes the checker too.
+# running total, passes the checker too when the compensation is added into the total at every step
+# (the exercise's total must be the sum). As usually written it keeps the plain running sum and adds
+# the compensation only at the end; the checker says so ("kept apart"), and in float16 that end
+# result is worse as well: a compensation that only grows is itself a plain float16 sum of the lost
+# parts.
 #
 # **10.skip_nonfinite_step.** A GPU step should never wait for the device, so the decision to
 # skip cannot be a Python `if`: `if finite:` calls `bool()` on a tensor, a host read (the
@@ -268,6 +284,11 @@ assert rel_err(state[0]).median() < rel_err(plain).median() / 3, "on a typical e
 # with an optimizer that is not fused it then reads the flag back to decide in Python whether to
 # call `optimizer.step()` at all, while fused optimizers take `found_inf` as a tensor argument and
 # skip on the device, as here.
+#
+# `count_host_reads` counts the Tensor methods that hand a value to Python (`item`, `bool`, ...);
+# `torch.equal`, `torch.is_nonzero` and `torch.allclose` hand one over from C++ without them. So the
+# checker also runs the step on the `meta` device, whose tensors have shapes and no values: every
+# value read fails there, while `isfinite`, `stack`, `all`, `where` and `copy_` work.
 
 # %%
 def sgd_step_unless_nonfinite(params: list[torch.Tensor], lr: float) -> torch.Tensor:
@@ -404,8 +425,11 @@ assert default_count < static_count, "automatic dynamic shapes recompile less"
 # and only if the two cores are free: two processes on a machine that is busy with other work
 # fight for the same cores. The cell below times, in this process, one rank's share of the work
 # (half the batch, one thread) against the whole batch on one and on two threads, and counts the
-# bytes the all-reduce moves; compare the printed times (they depend on this machine and on what
-# else runs on it), and chapter 10's table for the real 2-process run.
+# bytes the all-reduce moves, and says from its printed ratios which way it went on this run (the
+# times depend on this machine and on what else runs on it); chapter 10's table has the real
+# 2-process run. When two threads come out *slower* than one, the second core was busy with other
+# work or the operations are too small to split: the threads meet at every small operation, and a
+# thread that waits for a core stalls the other.
 #
 # ![Data parallelism: two processes, each a model replica with its slice of the global batch, gradients all-reduced, identical optimiser steps](../figures/10_data_parallel.svg)
 
@@ -436,6 +460,14 @@ times = interleaved_medians({"full batch, 1 thread": step(run.batch, 1),
                             repeats=run.repeats, device=run.device)
 for name, seconds in times.items():
     print(f"{name:40s} {1000 * seconds:7.1f} ms per step")
+one, two = times["full batch, 1 thread"], times["full batch, 2 threads"]
+half = times["half batch, 1 thread (one rank's work)"]
+print("two threads on the full batch: " + (f"{one / two:.2f} times as fast as one" if two < one else
+      f"{two / one:.2f} times as slow as one: the threads cost more than they split"))
+print(f"one rank's half batch takes {half / one:.0%} of the full batch on one thread, "
+      f"{half / min(one, two):.0%} of the better full-batch time: "
+      + ("two free cores would gain from two processes, before the all-reduce"
+         if half < 0.75 * min(one, two) else "two processes could hardly gain here"))
 grad_bytes = sum(p.numel() * p.element_size() for p in lm_small.parameters())
 print(f"gradient bytes all-reduced per step: {grad_bytes / 1e6:.2f} MB ({count_parameters(lm_small, False):,} "
       "parameters in fp32)")
