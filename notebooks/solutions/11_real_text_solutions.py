@@ -202,11 +202,25 @@ print("first 8 merges by frequency: ", by_frequency[:8])
 print("first 8 merges by likelihood:", by_likelihood[:8])
 shared = len(set(by_frequency) & set(by_likelihood))
 print(f"merges in common: {shared} of {n_merges}")
+per_word = {}
 for name, merges in (("frequency", by_frequency), ("likelihood", by_likelihood)):
     coder = BPE(merges)
-    pieces = sum(len(coder.encode_word(w)) * c for w, c in counts.items())
-    print(f"{name:10s}: {pieces / sum(counts.values()):.3f} pieces per running word of the corpus")
+    per_word[name] = sum(len(coder.encode_word(w)) * c for w, c in counts.items()) / sum(counts.values())
+    print(f"{name:10s}: {per_word[name]:.3f} pieces per running word of the corpus")
+print(f"the likelihood's merges leave {per_word['likelihood'] / per_word['frequency']:.2f} times as many pieces "
+      "per running word")
 assert by_frequency != by_likelihood, "the two scores learn different merges"
+assert per_word["likelihood"] > per_word["frequency"], "frequency merges shorten running text more"
+
+# %% [markdown]
+# The two scores share few merges (the printed count), and the same number of likelihood merges
+# leaves the running text in more pieces, about twice as many on Multi30k (the printed ratio):
+# frequency spends its merges on what running text repeats (`n</w>`, `e</w>`, `ei`), likelihood on
+# pairs whose symbols rarely occur apart, however rare the pair. On Multi30k its first merges are
+# not pieces of words at all but the markers `tokenize` writes where it splits a hyphen or a quote
+# off a word (`@-@`, `@“`, `„@`, in the style of Moses's `@-@`): their symbols never occur apart,
+# so they score high whatever their count. They are artefacts of the tokenisation, and a reader of
+# a merge list should recognise them before reading anything into it.
 
 # %% [markdown]
 # ## Questions
@@ -233,15 +247,26 @@ for text in ("Straße", "€", "東京", "😀"):
 #
 # **3. Why WordPiece's score needs a frequency threshold.** A pair seen once, made of two
 # symbols seen once each, scores $1/(1 \cdot 1) = 1$, the highest score possible: without a
-# minimum count the likelihood score first glues together the characters of rare words (names,
-# numbers, typos), pieces that help little elsewhere. `min_frequency` keeps those pairs out.
-# Measured on the same words with four words added once each, whose letters are rare here:
+# minimum count the likelihood score merges such a pair before any other, and in general it
+# favours the characters of rare words (names, numbers, typos), pieces that help little
+# elsewhere. `min_frequency` keeps those pairs out. Measured on the same words with five words
+# added once each: `ωψ`, whose two letters occur nowhere else, and four whose letters are rare
+# here but do occur elsewhere (`zürich`, `kafka`, `qwerty`, `jazz`):
 
 # %%
-mixed = {**top, "zürich": 1, "kafka": 1, "qwerty": 1, "jazz": 1}
+mixed = {**top, "ωψ": 1, "zürich": 1, "kafka": 1, "qwerty": 1, "jazz": 1}
 for minimum in (1, 2):
     merges = learn_merges_wordpiece(mixed, 20, minimum)
-    rare = [a + b for a, b in merges if sum(c for w, c in mixed.items() if a + b in w) < 2]
-    print(f"min_frequency={minimum}: first merges {merges[:6]}; {len(rare)} of 20 make a string found in "
-          f"only one running word {rare[:6]}")
+    rare = [(rank + 1, a + b) for rank, (a, b) in enumerate(merges)
+            if sum(c for w, c in mixed.items() if a + b in w) < 2]
+    print(f"min_frequency={minimum}: first merges {merges[:4]}; {len(rare)} of 20 make a string found in "
+          f"only one running word (merge number, string): {rare}")
     assert (len(rare) > 0) == (minimum == 1), "only without a threshold are pairs of one word merged"
+    if minimum == 1:
+        assert rare[0] == (1, "ωψ"), "a pair of two symbols seen once each scores 1 and is merged first"
+
+# %% [markdown]
+# Without a threshold the pair of `ωψ` is the very first merge, ahead of every pair of the
+# corpus; the four words whose letters also occur elsewhere score lower, and on Multi30k only one
+# of their pairs makes the first 20 (`qw`, at the printed merge number). With a threshold of 2
+# neither is merged, and the first merges are the same pairs as without it.
