@@ -989,14 +989,14 @@ def padding_mask(lengths: Tensor, max_len: int) -> Tensor:
 exercises.check("02.padding_mask", padding_mask)
 
 # %% [markdown]
-# **2. The loss averaged per sentence.** Section 4's loss is a mean over the real target tokens
-# of the batch, so a sentence of 30 tokens weighs ten times one of 3. Question 3 asks what
-# happens with other averages; write the one in which every sentence counts once: each
-# sentence's mean token loss, then the mean over the sentences. (`ignore_index` gives the token
-# mean, which is not this.)
+# **2. The loss averaged per sentence, each sentence once.** Section 4's loss is a mean over the
+# real target tokens of the batch, so a sentence of 30 tokens weighs ten times one of 3.
+# Question 3 sums each sentence's token losses, which weighs long sentences even more; this
+# exercise averages them instead, so that each sentence counts once: each sentence's mean token
+# loss, then the mean over the sentences. (`ignore_index` gives the token mean, which is not this.)
 
 # %%
-def per_sentence_loss(logits: Tensor, targets: Tensor) -> Tensor:
+def sentence_mean_loss(logits: Tensor, targets: Tensor) -> Tensor:
     """logits (B, T, V); targets (B, T) ids, PAD_ID after each sentence's end.
 
     Returns a 0-d tensor: the mean over the B sentences of each sentence's mean cross-entropy over
@@ -1005,7 +1005,7 @@ def per_sentence_loss(logits: Tensor, targets: Tensor) -> Tensor:
     raise NotImplementedError  # your code here
 
 
-exercises.check("02.per_sentence_loss", per_sentence_loss)
+exercises.check("02.sentence_mean_loss", sentence_mean_loss)
 
 # %% [markdown]
 # **3. Teacher-forced accuracy by target position.** Section 8 blames the fall on long sentences
@@ -1043,8 +1043,9 @@ class FirstStateSeq2Seq(Seq2Seq):
     FirstStateSeq2Seq(src_vocab_size, tgt_vocab_size, embed=..., hidden=...); encode as Seq2Seq
     (s_0 = tanh(W_init c) in the EncoderOutput's state, (B, H)); decode_step(prev (B,), state (B, H),
     enc) -> StepOutput(logits (B, V), new state (B, H)); decode_teacher_forced(tgt_in (B, T), enc)
-    -> logits (B, T, V), equal to decode_step applied step by step. After s_0 nothing may read
-    enc.context or enc.memory.
+    -> logits (B, T, V), equal to decode_step applied step by step. After s_0, decode_step and
+    decode_teacher_forced may not read enc at all (decode_teacher_forced reads enc.state once, as
+    its first state).
     """
 
     def __init__(self, src_vocab_size: int, tgt_vocab_size: int, *, embed: int = 128, hidden: int = 256):

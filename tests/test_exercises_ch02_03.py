@@ -41,7 +41,7 @@ def _nll(logits, targets):
     return F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
 
 
-def per_sentence_loss_ref(logits, targets):
+def sentence_mean_loss_ref(logits, targets):
     real = targets != 0
     return ((_nll(logits, targets) * real).sum(1) / real.sum(1)).mean()
 
@@ -49,15 +49,15 @@ def per_sentence_loss_ref(logits, targets):
 @pytest.mark.parametrize(("wrong", "diagnosis"), [
     (lambda lg, t: F.cross_entropy(lg.flatten(0, 1), t.flatten(), ignore_index=0), "what ignore_index gives"),
     (lambda lg, t: _nll(lg, t).mean(1).mean(), "padding counted"),
-    (lambda lg, t: (_nll(lg, t) * (t != 0)).sum(1).mean(), "not their sum"),
+    (lambda lg, t: (_nll(lg, t) * (t != 0)).sum(1).mean(), "Question 3's sum per sentence"),
     (lambda lg, t: ((_nll(lg, t) * (t != 0)).sum(1) / t.shape[1]).mean(), "by its own length"),
     (lambda lg, t: ((_nll(lg, t) * (t != 0)).sum(0) / (t != 0).sum(0)).mean(), "at each position first"),
     (lambda lg, t: (_nll(lg, t) * (t != 0)).sum(1) / (t != 0).sum(1), "return one number"),
 ], ids=["ignore-index-token-mean", "counts-padding", "sentence-sum", "padded-width",
         "position-first", "not-reduced"])
-def test_02_per_sentence_loss(wrong, diagnosis, capsys):
-    _accepts("02.per_sentence_loss", per_sentence_loss_ref)
-    _rejects_with("02.per_sentence_loss", wrong, diagnosis, capsys)
+def test_02_sentence_mean_loss(wrong, diagnosis, capsys):  # review 2026-11-27-exercises-00-03, finding 8
+    _accepts("02.sentence_mean_loss", sentence_mean_loss_ref)
+    _rejects_with("02.sentence_mean_loss", wrong, diagnosis, capsys)
 
 
 def accuracy_ref(logits, targets):
@@ -160,6 +160,44 @@ class NoRecurrence(FirstStateRef):
                             for t in range(tgt_in.shape[1])], 1)
 
 
+class S0EveryStep(FirstStateRef):
+    """s_0 fed to the GRU at every step beside the word: Cho's "c at every step" with tanh(W_init c)
+    for c (review 2026-11-27-exercises-00-03, finding 7: the noise probe left enc.state alone)."""
+
+    def __init__(self, src_vocab_size, tgt_vocab_size, *, embed=128, hidden=256):
+        super().__init__(src_vocab_size, tgt_vocab_size, embed=embed, hidden=hidden)
+        self.decoder = nn.GRU(embed + hidden, hidden, batch_first=True)
+
+    def decode_step(self, prev, state, enc):
+        e = self.tgt_embed(prev)
+        out, new_state = self.decoder(torch.cat([e, enc.state], -1)[:, None], state[None])
+        return StepOutput(self.output(out[:, 0], out[:, 0, :0], e), new_state[0])
+
+    def decode_teacher_forced(self, tgt_in, enc):
+        e = self.tgt_embed(tgt_in)
+        s0 = enc.state[:, None].expand(-1, tgt_in.shape[1], -1)
+        states, _ = self.decoder(torch.cat([e, s0], -1), enc.state[None])
+        return self.output(states, states[..., :0], e)
+
+
+class S0InOutput(FirstStateRef):
+    """The output layer reads [s_i; s_0; E y] (review 2026-11-27-exercises-00-03, finding 7)."""
+
+    def __init__(self, src_vocab_size, tgt_vocab_size, *, embed=128, hidden=256):
+        super().__init__(src_vocab_size, tgt_vocab_size, embed=embed, hidden=hidden)
+        self.output = DeepOutput(hidden, hidden, embed, tgt_vocab_size, maxout_units=hidden)
+
+    def decode_step(self, prev, state, enc):
+        e = self.tgt_embed(prev)
+        out, new_state = self.decoder(e[:, None], state[None])
+        return StepOutput(self.output(out[:, 0], enc.state, e), new_state[0])
+
+    def decode_teacher_forced(self, tgt_in, enc):
+        e = self.tgt_embed(tgt_in)
+        states, _ = self.decoder(e, enc.state[None])
+        return self.output(states, enc.state[:, None].expand_as(states), e)
+
+
 @pytest.mark.parametrize(("wrong", "diagnosis"), [
     (Seq2Seq, "still reads the source after s_0"),
     (CInOutputOnly, "still reads the source after s_0"),
@@ -167,9 +205,11 @@ class NoRecurrence(FirstStateRef):
     (StaleState, "disagrees with the whole-sequence"),
     (ShiftedTeacherForcing, "disagrees with the whole-sequence"),
     (NoRecurrence, "must carry its state"),
+    (S0EveryStep, "s_0 reaches a later step other than through the recurrence"),
+    (S0InOutput, "s_0 reaches a later step other than through the recurrence"),
     (lambda src_vocab_size, tgt_vocab_size, embed, hidden: nn.GRU(embed, hidden), "subclass of Seq2Seq"),
 ], ids=["c-every-step", "c-in-output", "zero-s0", "stale-state", "shifted-fast-path", "no-recurrence",
-        "not-a-model"])
+        "s0-every-step", "s0-in-output", "not-a-model"])
 def test_02_first_state_only(wrong, diagnosis, capsys):
     _accepts("02.first_state_only", FirstStateRef)
     _rejects_with("02.first_state_only", wrong, diagnosis, capsys)
@@ -240,7 +280,7 @@ def test_02_package_functions_are_no_answers():
 
 def test_chapter_02_exercises_are_registered():
     assert exercises.names(2) == ["02.accuracy_by_position", "02.first_state_only", "02.padding_mask",
-                                  "02.per_sentence_loss", "02.reverse_source"]
+                                  "02.reverse_source", "02.sentence_mean_loss"]
 
 
 # ----------------------------------------------------------------------------- chapter 03
@@ -259,7 +299,7 @@ def input_feeding_ref(prev_embedded, attentional, state, annotations, mask, cell
 
 
 def _feeding_wrong(attend_before=False, swap_input=False, swap_join=False, no_tanh=False, unmasked=False,
-                   batch_softmax=False, return_context=False, feed_state=False):
+                   batch_softmax=False, return_context=False, feed_state=False, old_state_joined=False):
     def step(prev_embedded, attentional, state, annotations, mask, cell, W_a, W_c):
         fed = state if feed_state else attentional
         x = torch.cat([fed, prev_embedded] if swap_input else [prev_embedded, fed], -1)
@@ -270,7 +310,8 @@ def _feeding_wrong(attend_before=False, swap_input=False, swap_join=False, no_ta
             scores = scores.masked_fill(~mask, float("-inf"))
         weights = torch.softmax(scores, 0 if batch_softmax else -1).nan_to_num(0.0)
         context = torch.einsum("bs,bsa->ba", weights, annotations)
-        joined = torch.cat([new_state, context] if swap_join else [context, new_state], -1) @ W_c.T
+        joined_state = state if old_state_joined else new_state
+        joined = torch.cat([joined_state, context] if swap_join else [context, joined_state], -1) @ W_c.T
         out = context if return_context else joined if no_tanh else torch.tanh(joined)
         return new_state, out, weights
     return step
@@ -285,9 +326,10 @@ def _feeding_wrong(attend_before=False, swap_input=False, swap_join=False, no_ta
     (_feeding_wrong(unmasked=True), "padded source positions got a non-zero weight"),
     (_feeding_wrong(batch_softmax=True), "each row should sum to 1"),
     (_feeding_wrong(return_context=True), "return tanh(W_c [c_t; s_t])"),
+    (_feeding_wrong(old_state_joined=True), "not with s_{t-1}"),  # review 2026-11-27-exercises-00-03, 12
     (lambda *a: input_feeding_ref(*a)[:2], "return a tuple of 3"),
 ], ids=["attend-before-step", "input-order", "feeds-state", "join-order", "no-tanh", "unmasked",
-        "softmax-over-batch", "context-as-output", "two-outputs"])
+        "softmax-over-batch", "context-as-output", "old-state-in-join", "two-outputs"])
 def test_03_input_feeding_step(wrong, diagnosis, capsys):
     _accepts("03.input_feeding_step", input_feeding_ref)
     _rejects_with("03.input_feeding_step", wrong, diagnosis, capsys)
@@ -345,7 +387,7 @@ def coverage_ref(weights, tgt_mask, src_mask, low, high):
 
 
 def _coverage_wrong(all_steps=False, over_source=False, mean=False, with_padding=False, with_eos=False,
-                    strict_swap=False):
+                    strict_swap=False, words_by_coverage=False, last_column=False):
     def coverage_fn(weights, tgt_mask, src_mask, low, high):
         w = weights if all_steps else weights * tgt_mask[:, :, None]
         if over_source:
@@ -355,6 +397,10 @@ def _coverage_wrong(all_steps=False, over_source=False, mean=False, with_padding
         words = torch.arange(src_mask.shape[1])[None, :] < (lengths - (0 if with_eos else 1))[:, None]
         if with_padding:
             words = torch.ones_like(words) if with_eos else words | ~src_mask
+        if words_by_coverage:  # "padding is where the coverage is 0"
+            words = words & (coverage > 0)
+        if last_column:        # the grid's last column dropped, not each row's end token
+            words = src_mask & (torch.arange(src_mask.shape[1])[None, :] < src_mask.shape[1] - 1)
         if strict_swap:
             return coverage, ((coverage > low) & words).sum(1), ((coverage < high) & words).sum(1)
         return coverage, ((coverage < low) & words).sum(1), ((coverage > high) & words).sum(1)
@@ -368,9 +414,12 @@ def _coverage_wrong(all_steps=False, over_source=False, mean=False, with_padding
     (_coverage_wrong(with_padding=True), "padded source positions have coverage 0"),
     (_coverage_wrong(with_eos=True), "leave out the end token"),
     (_coverage_wrong(strict_swap=True), "skipped is coverage below low"),
+    # review 2026-11-27-exercises-00-03, finding 11: both passed, or got a vaguer message, before
+    (_coverage_wrong(words_by_coverage=True), "tell words from padding with src_mask, not with the coverage"),
+    (_coverage_wrong(last_column=True), "at its own length - 1, not in the last column"),
     (lambda w, t, s, lo, hi: coverage_ref(w, t, s, lo, hi)[0], "return a tuple of 3"),
 ], ids=["all-target-steps", "sum-over-source", "mean", "counts-padding", "counts-eos", "thresholds-swapped",
-        "coverage-only"])
+        "words-by-coverage", "last-column", "coverage-only"])
 def test_03_coverage(wrong, diagnosis, capsys):
     _accepts("03.coverage", coverage_ref)
     _rejects_with("03.coverage", wrong, diagnosis, capsys)

@@ -65,23 +65,25 @@ exercises.check("02.padding_mask", padding_mask, must_pass=True)
 print(padding_mask(torch.tensor([3, 1, 2]), 4).int())
 
 # %% [markdown]
-# **2. The loss averaged per sentence.** The order of the two means is the point. Average each
+# **2. The loss averaged per sentence, each sentence once.** Question 3 *sums* each sentence's
+# token losses; this exercise *averages* them, so that each sentence counts once. The order of
+# the two means is the point. Average each
 # sentence over *its own* real tokens first (its length, not the padded width, and never the
 # padding), then average the $B$ results. The tempting one-liner
 # `cross_entropy(..., ignore_index=PAD_ID)` computes the other quantity, the mean over all real
 # tokens, in which each sentence weighs as many times as it has tokens; the checker says so.
-# Summing a sentence's losses instead of averaging them is Question 3's other variant, which
-# weighs sentences by length *and* makes the loss scale with the batch's lengths.
+# Summing a sentence's losses instead of averaging them is Question 3's variant, which weighs
+# sentences by length *and* makes the loss scale with the batch's lengths; the checker names it.
 
 # %%
-def per_sentence_loss(logits: Tensor, targets: Tensor) -> Tensor:
+def sentence_mean_loss(logits: Tensor, targets: Tensor) -> Tensor:
     real = targets != PAD_ID                                                    # (B, T)
     token_losses = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # (B, T)
-    per_sentence = (token_losses * real).sum(dim=1) / real.sum(dim=1)           # (B,), own lengths
-    return per_sentence.mean()
+    sentence_means = (token_losses * real).sum(dim=1) / real.sum(dim=1)         # (B,), own lengths
+    return sentence_means.mean()
 
 
-exercises.check("02.per_sentence_loss", per_sentence_loss, must_pass=True)
+exercises.check("02.sentence_mean_loss", sentence_mean_loss, must_pass=True)
 
 # %% [markdown]
 # **3. Teacher-forced accuracy by target position.** `tgt_out` is already the shifted sequence
@@ -109,7 +111,12 @@ exercises.check("02.accuracy_by_position", accuracy_by_position, must_pass=True)
 # then use two different models. `encode` stays as it is: $s_0 = \tanh(W_{\text{init}}\, c)$ is
 # now the only door from the source to the decoder, which the checker tests by replacing the
 # summary and the encoder states with noise (the output must not move) and by moving $s_0$ (it
-# must).
+# must). $s_0$ is where the recurrence starts, not an input: feeding it to the GRU or to the
+# output layer at every step would be Cho's "$c$ at every step" again, with
+# $\tanh(W_{\text{init}}\, c)$ for $c$. The checker catches that too: it hands `decode_step` an
+# `enc` filled with noise, `state` included (the step is given its state, so nothing in `enc` may
+# matter), and restarts the fast path from the state after step 1 (the later logits must not
+# change).
 
 # %%
 class FirstStateSeq2Seq(Seq2Seq):
@@ -191,8 +198,8 @@ exercises.check("02.reverse_source", reverse_source, must_pass=True)
 # worst, but also larger and noisier steps on the hardest batches (clipping and Adam's
 # normalisation absorb part of it), and a loss whose value depends on the lengths, so it cannot
 # be compared between batches or read as nats per token. (Averaging each *sentence's* mean
-# loss, so that every sentence counts once, would do the opposite: short sentences, whose
-# tokens each weigh more, would dominate.)
+# loss, so that every sentence counts once, as exercise 2 does, would do the opposite: short
+# sentences, whose tokens each weigh more, would dominate.)
 
 # %% [markdown]
 # **4. A word never seen in training.** The source vocabulary maps it to `<unk>` (`UNK_ID`), so
@@ -406,7 +413,7 @@ print_table(plain_table, "teacher-forced next-word accuracy of the plain model, 
 # bottleneck, measured without greedy decoding. Exposure bias is real as well (section 5), but it
 # cannot explain a failure that happens with the reference prefix in hand.
 #
-# The same function makes the per-sentence average of exercise 2 concrete: on the test batches,
+# The same function makes the sentence mean of exercise 2 concrete: on the test batches,
 # the token mean and the sentence mean of the loss differ, the more so the more the lengths in
 # a batch differ:
 
@@ -417,7 +424,7 @@ with torch.no_grad():
     model = models["plain"]
     logits = model(mixed.src, mixed.src_mask, mixed.tgt_in)
     token_mean = translation_loss(model, mixed)[0].item()
-    sentence_mean = per_sentence_loss(logits, mixed.tgt_out).item()
+    sentence_mean = sentence_mean_loss(logits, mixed.tgt_out).item()
 lengths = mixed.tgt_mask.sum(1).float()
 print(f"64 test sentences of {int(lengths.min())} to {int(lengths.max())} target tokens: token mean "
       f"{token_mean:.3f}, sentence mean {sentence_mean:.3f} nats (the sentence mean is the "

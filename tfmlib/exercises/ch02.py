@@ -4,9 +4,10 @@ Registered on import by ``tfmlib.exercises``; a reader calls ``exercises.check("
 
 The exercises ask for what the chapter discusses but does not build: Sutskever et al.'s decoder,
 which sees the sentence vector only in its first state (Question 1); teacher-forced accuracy by
-target position, which separates the bottleneck from exposure bias; the per-sentence average of
-the loss (Question 3); and the reversed source that the solutions train. ``02.padding_mask`` is a
-warm-up (and the example chapter 00's tests use for the ``check`` API).
+target position, which separates the bottleneck from exposure bias; the loss averaged per
+sentence as each sentence's mean token loss (Question 3 sums them instead); and the reversed
+source that the solutions train. ``02.padding_mask`` is a warm-up (and the example chapter 00's
+tests use for the ``check`` API).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def _padded_logits_and_targets(seed: int, pad_wins: bool = False) -> tuple[torch
     return logits, targets
 
 
-# ----------------------------------------------------------------------------- per-sentence loss
+# ----------------------------------------------------------------------------- sentence-mean loss
 
 
 def _token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -50,18 +51,20 @@ def _token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 @checker(
-    "02.per_sentence_loss",
-    hint=("Question 3 contrasts the two averages, and section 4's check scores each sentence alone; "
-          "padding belongs to no sentence, so it must not enter any sentence's average, and a sentence's "
-          "length is its own, not the batch's"),
+    "02.sentence_mean_loss",
+    hint=("section 4 averages over all the batch's tokens and Question 3 sums each sentence's token "
+          "losses; this exercise averages them within each sentence, so that each sentence counts once "
+          "whatever its length; padding belongs to no sentence, so it must not enter any sentence's "
+          "average, and a sentence's length is its own, not the batch's"),
 )
-def _check_per_sentence_loss(per_sentence_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+def _check_sentence_mean_loss(
+        sentence_mean_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
     for seed in range(4):
         logits, targets = _padded_logits_and_targets(seed)
         nll, real = _token_nll(logits, targets), targets != PAD
         lengths = real.sum(1)
         want = ((nll * real).sum(1) / lengths).mean()
-        got = per_sentence_loss(logits.clone(), targets.clone())
+        got = sentence_mean_loss(logits.clone(), targets.clone())
         if isinstance(got, torch.Tensor) and got.dim() != 0:
             raise Wrong(f"return one number (a 0-d tensor), the mean over the sentences; got shape "
                         f"{tuple(got.shape)}")
@@ -69,8 +72,8 @@ def _check_per_sentence_loss(per_sentence_loss: Callable[[torch.Tensor, torch.Te
             (nll[real].mean(), "that is the mean over all real tokens (what ignore_index gives): a "
                                "long sentence weighs as much as its tokens; here each sentence counts once"),
             (nll.mean(1).mean(), "padding counted: a sentence's mean runs over its real tokens only"),
-            ((nll * real).sum(1).mean(), "each sentence's loss is the mean of its tokens' losses, not their "
-                                         "sum"),
+            ((nll * real).sum(1).mean(), "that is Question 3's sum per sentence: here each sentence's loss "
+                                         "is the mean of its tokens' losses, not their sum"),
             (((nll * real).sum(1) / targets.shape[1]).mean(), "divide each sentence's sum by its own length, "
                                                                "not by the padded width"),
             (((nll * real).sum(0) / real.sum(0).clamp(min=1)).mean(),
@@ -81,7 +84,7 @@ def _check_per_sentence_loss(per_sentence_loss: Callable[[torch.Tensor, torch.Te
             if isinstance(got, torch.Tensor) and torch.allclose(got.double(), value.double(), atol=1e-5) \
                     and not torch.allclose(value, want, atol=1e-5):
                 raise Wrong(message)
-        expect_close(got, want, f"per_sentence_loss(logits {tuple(logits.shape)}, "
+        expect_close(got, want, f"sentence_mean_loss(logits {tuple(logits.shape)}, "
                                 f"targets {tuple(targets.shape)})")
 
 
@@ -209,6 +212,28 @@ def _check_first_state_only(model_class: Any) -> None:
         if torch.allclose(late, logits[:, 3:], atol=1e-6):
             raise Wrong("changing the word at step 1 changed nothing at steps 3 and later: the decoder must "
                         "carry its state from step to step")
+        # s_0 is where the recurrence starts, not an input: decode_step is handed its state, so nothing
+        # of enc (s_0 included) may matter to it, and restarting the fast path from the state after
+        # step 1 must give the same later logits (a decoder fed s_0 at every step fails both).
+        s0_reused = ("s_0 reaches a later step other than through the recurrence: it may only be the first "
+                     "state (decode_step is handed its state; neither the GRU's input nor the output layer "
+                     "may read enc.state, enc.context or enc.memory)")
+        blind = enc._replace(
+            state=torch.randn(enc.state.shape, generator=noise),
+            memory=torch.randn(enc.memory.shape, generator=noise),
+            context=None if enc.context is None else torch.randn(enc.context.shape, generator=noise),
+            keys=None if enc.keys is None else torch.randn(enc.keys.shape, generator=noise))
+        state, steps = enc.state, []
+        for t in range(T):
+            step = model.decode_step(tgt_in[:, t], state, blind)
+            state = step.state
+            steps.append(step.logits)
+        if not torch.allclose(torch.stack(steps, 1), logits, atol=1e-5):
+            raise Wrong(s0_reused)
+        after_first = model.decode_step(tgt_in[:, 0], enc.state, enc).state
+        restarted = model.decode_teacher_forced(tgt_in[:, 1:], enc._replace(state=after_first))
+        if not torch.allclose(restarted, logits[:, 1:], atol=1e-5):
+            raise Wrong(s0_reused)
 
 
 # ----------------------------------------------------------------------------- reversed source

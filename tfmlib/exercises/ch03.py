@@ -73,6 +73,7 @@ def _input_feeding_reference(c: dict[str, Any]) -> dict[str, torch.Tensor]:
             swapped=torch.tanh(torch.cat([new_state, context], -1) @ c["W_c"].T),
             old_weights=old_weights,
             old_attentional=torch.tanh(torch.cat([old_context, new_state], -1) @ c["W_c"].T),
+            old_state_joined=torch.tanh(torch.cat([context, c["state"]], -1) @ c["W_c"].T),
             swapped_input=c["cell"](torch.cat([c["attentional"], c["prev_embedded"]], -1), c["state"]),
             no_feeding=c["cell"](torch.cat([c["prev_embedded"], torch.zeros_like(c["attentional"])], -1),
                                  c["state"]),
@@ -124,6 +125,9 @@ def _check_input_feeding_step(step: Callable[..., tuple[torch.Tensor, torch.Tens
         if _close(attentional, ref["swapped"]):
             raise Wrong("attentional: join [c_t; s_t] in that order, the context first, as W_c's columns "
                         "expect")
+        if _close(attentional, ref["old_state_joined"]):
+            raise Wrong("attentional: join the new context with the new state s_t, not with s_{t-1} "
+                        "(both come from the same step)")
         if _close(attentional, ref["old_attentional"]):
             raise Wrong("attentional: the context must come from the new state's weights, not s_{t-1}'s")
         expect_close(attentional, ref["attentional"], f"attentional (B={B}, H={H})")
@@ -216,18 +220,31 @@ def _coverage_case(seed: int) -> dict[str, Any]:
     # Peaked rows (as trained attention is), over the real source positions only; the rows of padded
     # target steps hold weights too, as teacher-forced attention over padding does.
     weights = _masked_weights(torch.randn(B, T, S, generator=g) * 4, src_mask[:, None, :].expand(B, T, S))
+    # One real word that no step attends to at all (coverage exactly 0), as float32 softmax underflow
+    # and hard or windowed attention give: the clearest skip, which "coverage > 0" would take for padding.
+    # The full-length row's end token gets none either, so that counting the end tokens and dropping
+    # the grid's last column (which holds only that row's end token) give different counts.
+    weights[0, :, 1 + seed % 3] = 0.0
+    weights[0, :, S - 1] = 0.0
+    weights[0] /= weights[0].sum(-1, keepdim=True)
     return dict(weights=weights, tgt_mask=tgt_mask, src_mask=src_mask, low=0.5, high=1.5)
 
 
 def _coverage_reference(c: dict[str, Any], *, tgt: bool = True, eos: bool = False, padding: bool = False,
-                        reduce: str = "sum") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                        reduce: str = "sum", nonzero: bool = False, last_column: bool = False,
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     w = c["weights"] * c["tgt_mask"][:, :, None] if tgt else c["weights"]
     coverage = w.sum(1) if reduce == "sum" else w.sum(1) / c["tgt_mask"].sum(1, keepdim=True)
     lengths = c["src_mask"].sum(1)
-    words = c["src_mask"] & (torch.arange(c["src_mask"].shape[1])[None, :] < (lengths - 1)[:, None])
+    positions = torch.arange(c["src_mask"].shape[1])[None, :]
+    words = c["src_mask"] & (positions < (lengths - 1)[:, None])
     counted = c["src_mask"] if eos else words
     if padding:
         counted = torch.ones_like(counted) if eos else words | ~c["src_mask"]
+    if nonzero:        # padding told from words by "coverage > 0"
+        counted = counted & (coverage > 0)
+    if last_column:    # the grid's last column dropped instead of each row's end token
+        counted = c["src_mask"] & (positions < c["src_mask"].shape[1] - 1)
     skipped = ((coverage < c["low"]) & counted).sum(1)
     repeated = ((coverage > c["high"]) & counted).sum(1)
     return coverage, skipped, repeated
@@ -266,6 +283,13 @@ def _check_coverage(coverage_fn: Callable[..., tuple[torch.Tensor, torch.Tensor,
                 continue
             padded = _coverage_reference(c, padding=True)[1 if what == "skipped" else 2]
             with_eos = _coverage_reference(c, eos=True)[1 if what == "skipped" else 2]
+            if what == "skipped" and torch.equal(got_count.long(), _coverage_reference(c, nonzero=True)[1]):
+                raise Wrong("skipped: a word no step attended to has coverage 0 and is the clearest skip: "
+                            "tell words from padding with src_mask, not with the coverage")
+            if torch.equal(got_count.long(), _coverage_reference(c, last_column=True)[1 if what == "skipped"
+                                                                                      else 2]):
+                raise Wrong(f"{what}: the end token of each row is at its own length - 1, not in the last "
+                            "column: leave out each row's end token (src_mask gives the lengths)")
             if torch.equal(got_count.long(), padded):
                 raise Wrong(f"{what}: padded source positions have coverage 0, but they are no words: "
                             "count real positions only")
