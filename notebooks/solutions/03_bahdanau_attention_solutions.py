@@ -119,8 +119,9 @@ weights, center = local_attention(torch.randn(1, 12, generator=g), demo_mask, to
 print(f"centre {center.item():.2f}; weights {weights[0].numpy().round(3)}; row sum {weights.sum().item():.3f}")
 
 # %% [markdown]
-# At most $2D + 1$ positions get weight, so the cost per step no longer grows with the source
-# length. Luong et al. (2015, Table 1) found local-p with the general score their best single
+# At most $2D + 1$ positions get weight. That saves work only if only the window is scored: the
+# cost per step then no longer grows with the source length. Here the scores come in for all $S$
+# positions, so this function's cost still does; it shows the weights, not the saving. Luong et al. (2015, Table 1) found local-p with the general score their best single
 # model on English–German.
 #
 # **3. Coverage.** A column of the attention matrix, summed over the real target steps, is how
@@ -131,6 +132,11 @@ print(f"centre {center.item():.2f}; weights {weights[0].numpy().round(3)}; row s
 # about 1. And the counts must skip positions that are no words: padding has coverage 0 and
 # would count as "skipped", and the end token collects the attention of the final step (and of
 # words the model writes without a source word, such as French articles that English lacks).
+# Tell the words from the padding with `src_mask` (each row's length), not with "coverage > 0":
+# a word no step attended to has coverage 0 as well (float32 softmax underflows to exactly 0,
+# and a windowed attention such as exercise 2's gives exact zeros by design), and it is the
+# clearest skip of all. The end token sits at each row's own length $- 1$, not in the last
+# column of the padded grid.
 
 # %%
 def coverage(weights: Tensor, tgt_mask: Tensor, src_mask: Tensor, low: float,
@@ -232,9 +238,9 @@ for low, high in ((0.0, 0.25), (0.25, 0.5), (0.5, 0.75), (0.75, 1.01)):
 # $O(T)$ for chapter 02's decoder, which reads one fixed vector); the loop: $c_i$ depends on
 # $s_{i-1}$, so the decoder cannot run as one fused GRU call over the target, and runs $T$
 # small steps from Python; and the memory for the $T \times S$ weights and the stored contexts
-# for the backward pass. The additive score adds a $\tanh$ layer of size $D$ over all $S$
-# positions per step ($O(S \cdot T \cdot D)$), which is why the bilinear scores of section 5 step
-# faster.
+# for the backward pass. The additive score adds a $\tanh$ layer of size $d_a$ (the attention
+# size, `attn_size`) over all $S$ positions per step ($O(S \cdot T \cdot d_a)$), which is why
+# the bilinear scores of section 5 step faster.
 #
 # **3. Monotone alignments without positions.** The score itself has no notion of order, but
 # the annotations do: $h_j$ comes from GRUs that read the sentence in both directions, so it
