@@ -744,7 +744,7 @@ if run.device.type == "cpu" and run.profile != "smoke":
 # CPU, and the cell's last lines put the measured ratios beside it, with the verdict of this run.
 # These are wall-clock medians of a few interleaved runs on a machine shared with other work:
 # they move from run to run and with the load (runs of this notebook have measured from 1.9x to
-# 4.9x at 256 tokens and from 7.9x to 29x at 1024), so whether the goal at 1024 is met depends on
+# 4.9x at 256 tokens and from 5.4x to 29x at 1024), so whether the goal at 1024 is met depends on
 # the run, while the one at 256 was missed in every run with this model; read the ratios as
 # orders of magnitude. The short lengths gain less
 # because a cached step of a model this small is bounded by the fixed cost of Python and kernel
@@ -752,7 +752,7 @@ if run.device.type == "cpu" and run.profile != "smoke":
 # from the cache (`benchmarks/kv_cache.py` measures a $d = 256$, 4-layer one). Pre-allocating
 # saves the copy of the whole cache that concatenation makes at every step, but at these widths
 # and lengths that copy is small next to a step's fixed costs: the printed ratio between the two
-# cached columns is small and noisy next to the gap to recomputation (0.83 to 1.39 in the
+# cached columns is small and noisy next to the gap to recomputation (0.98 to 1.14 in the
 # committed run: concatenating was even faster at 64 tokens). It matters where the cache
 # is large (long contexts, big batches, many layers).
 #
