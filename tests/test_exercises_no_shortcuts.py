@@ -26,7 +26,6 @@ import functools
 import importlib
 import os
 import pkgutil
-import random
 import re
 import signal
 import sys
@@ -36,13 +35,13 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
-import numpy as np
 import pytest
 import torch
 
 import tfmlib
 from tfmlib import exercises
 from tfmlib.exercises import core
+from tfmlib.rng import capture_rng_state, restore_rng_state
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -55,8 +54,6 @@ SECONDS_PER_CALL = 5.0
 # Callables never handed to a checker, each with the reason. Keep this short: every entry is a
 # hole in the sweep.
 NOT_TRIED = {
-    # starts worker processes (torch.multiprocessing) with whatever it is given
-    "tfmlib.distributed.launch": "spawns processes",
     # compiles whatever it is given: seconds of work past the limit, and no computation of its own
     "tfmlib.compiling.default_compiler": "torch.compile",
     # builds and splits the bundled corpus (seconds); returns sentence pairs, never a tensor answer
@@ -76,7 +73,7 @@ def _on_alarm(signum: int, frame: Any) -> None:
 def _isolated(tmp: Path, seconds: float) -> Iterator[None]:
     """Run one candidate with a time limit, in ``tmp``, and undo what it may change globally."""
     threads, dtype, grad = torch.get_num_threads(), torch.get_default_dtype(), torch.is_grad_enabled()
-    rng, py_rng, np_rng = torch.get_rng_state(), random.getstate(), np.random.get_state()
+    generators = capture_rng_state()
     cwd = os.getcwd()
     env = dict(os.environ)
     old = signal.signal(signal.SIGALRM, _on_alarm)
@@ -92,9 +89,7 @@ def _isolated(tmp: Path, seconds: float) -> Iterator[None]:
         torch.set_num_threads(threads)
         torch.set_default_dtype(dtype)
         torch.set_grad_enabled(grad)
-        torch.set_rng_state(rng)
-        random.setstate(py_rng)
-        np.random.set_state(np_rng)
+        restore_rng_state(generators)
         os.environ.clear()
         os.environ.update(env)
         plt.close("all")
