@@ -43,6 +43,9 @@ from tfmlib import exercises
 from tfmlib.exercises import core
 from tfmlib.rng import capture_rng_state, restore_rng_state
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import book  # noqa: E402  (tools/book.py: which statements of a chapter are its definitions)
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch._dynamo  # noqa: E402, F401  (imported once here: the first torch.compile call takes seconds to import it)
@@ -168,12 +171,6 @@ def _chapter_file(chapter: int) -> Path:
     return path
 
 
-def _is_run_setup(node: ast.stmt) -> bool:
-    """``run = setup(...)``: the profile every chapter's functions take their defaults from."""
-    return (isinstance(node, ast.Assign) and len(node.targets) == 1
-            and isinstance(node.targets[0], ast.Name) and node.targets[0].id == "run")
-
-
 @functools.cache
 def chapter_definitions(chapter: int) -> tuple[dict[str, Any], dict[str, str]]:
     """The functions and classes a chapter defines before its Exercises heading, executed with the
@@ -187,13 +184,12 @@ def chapter_definitions(chapter: int) -> tuple[dict[str, Any], dict[str, str]]:
     module = types.ModuleType(f"_chapter_{chapter:02d}_sweep")  # dataclasses look their module up
     sys.modules[module.__name__] = module
     errors: dict[str, str] = {}
-    wanted = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
     saved_env, threads = dict(os.environ), torch.get_num_threads()
     os.environ["TFM_PROFILE"] = "smoke"
     try:  # setup() styles matplotlib for the chapter: keep that out of every later test
         with contextlib.redirect_stdout(None), matplotlib.rc_context():
             for node in tree.body:
-                if not (isinstance(node, wanted) or _is_run_setup(node)):
+                if not book.is_definition(node):
                     continue
                 code = compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec")
                 try:

@@ -756,18 +756,25 @@ def _key(path: Path) -> str:
 EXERCISES_HEADING = re.compile(r"^#+\s*(?:\d+[.:]?\s*)?Exercises\b", re.M)
 
 
+def is_definition(node: ast.stmt) -> bool:
+    """Whether a chapter's top-level statement is one that an exercise needs and that runs without
+    any training: an import, a function or class definition, or ``run = setup(...)`` (the profile
+    every chapter's functions take their defaults from). Shared by ``refresh --exercise-cells`` and
+    the exercises' no-shortcuts sweep, which executes a chapter's definitions the same way."""
+    definitions = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    is_run_setup = (isinstance(node, ast.Assign) and len(node.targets) == 1
+                    and isinstance(node.targets[0], ast.Name) and node.targets[0].id == "run")
+    return isinstance(node, definitions) or is_run_setup
+
+
 def _definitions(source: str) -> list[str]:
-    """The statements of a code cell that an exercise stub may lean on without any training: its
-    imports, ``run = setup(...)`` and its function and class definitions (none if the cell is
-    not plain Python)."""
+    """The statements of a code cell that :func:`is_definition` keeps, as source (none if the cell
+    is not plain Python)."""
     try:
         body = ast.parse(source).body
     except SyntaxError:
         return []
-    kinds = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef)
-    is_setup = [isinstance(n, ast.Assign) and [ast.unparse(t) for t in n.targets] == ["run"] for n in body]
-    return [ast.unparse(node) for node, setup_ in zip(body, is_setup, strict=True)
-            if isinstance(node, kinds) or setup_]
+    return [ast.unparse(node) for node in body if is_definition(node)]
 
 
 def refresh_exercise_cells(ipynb: Path, profile: str, timeout: int) -> str | None:
