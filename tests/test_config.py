@@ -230,3 +230,37 @@ def test_setup_sets_the_book_figure_theme(monkeypatch):
     mpl.rcdefaults()
     assert dict(mpl.rcParams) != themed, "the theme should change something (else this test proves nothing)"
     assert BOOK_THEME, "the theme is described by BOOK_THEME"
+
+
+# --------------------------------------------------------------------------- TF32 on CUDA
+
+
+@pytest.fixture
+def keep_tf32():
+    """Restore the process-wide TF32 switches a test changes."""
+    matmul, cudnn = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    yield
+    torch.set_float32_matmul_precision(matmul)
+    torch.backends.cudnn.allow_tf32 = cudnn
+
+
+def test_setup_turns_tf32_off_on_cuda_and_says_so(monkeypatch, capsys, keep_tf32):
+    # cuDNN's TF32 is on by default: a float32 GRU on an Ampere GPU would compute in TF32 and the
+    # book's exact comparisons with the CPU would fail. setup() must turn it off and print it.
+    from tfmlib import precision
+
+    torch.backends.cudnn.allow_tf32 = True
+    torch.set_float32_matmul_precision("high")
+    monkeypatch.setattr(config, "pick_device", lambda device=None: torch.device("cuda"))
+    run = config.setup(0, verbose=True)
+    assert run.tf32 is False
+    assert not precision.fp32_matmul_is_tf32() and not precision.cudnn_is_tf32()
+    assert "tf32=off" in capsys.readouterr().out
+
+
+def test_setup_on_a_cpu_leaves_tf32_unmentioned(monkeypatch, capsys, keep_tf32):
+    monkeypatch.setenv("TFM_DEVICE", "cpu")
+    torch.backends.cudnn.allow_tf32 = True
+    run = config.setup(0, verbose=True)
+    assert run.tf32 is None and "tf32" not in capsys.readouterr().out
+    assert torch.backends.cudnn.allow_tf32, "on a CPU setup() leaves the CUDA switches as they were"

@@ -218,3 +218,18 @@ def test_a_non_finite_loss_is_still_an_error_in_fp16():
     with pytest.raises(ValueError, match="loss became nan at step 2"):
         fit(model, batches, mse, torch.optim.SGD(model.parameters(), lr=1e-4), epochs=1, verbose=False,
             precision="fp16")
+
+
+def test_set_tf32_switches_matmul_and_cudnn_together():
+    matmul, cudnn = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    try:
+        precision_module.set_tf32(True)
+        assert precision_module.fp32_matmul_is_tf32() and precision_module.cudnn_is_tf32()
+        precision_module.set_tf32(False)
+        assert not precision_module.fp32_matmul_is_tf32() and not precision_module.cudnn_is_tf32()
+        assert torch.backends.cudnn.rnn.fp32_precision != "tf32", "the RNN flag follows the legacy switch"
+        with pytest.raises(TypeError, match="enabled must be a bool"):
+            precision_module.set_tf32(1)
+    finally:
+        torch.set_float32_matmul_precision(matmul)
+        torch.backends.cudnn.allow_tf32 = cudnn

@@ -125,6 +125,7 @@ class Run:
     seed: int
     sizes: dict[str, Any] = field(default_factory=dict)
     threads: int | None = None  # torch's CPU threads in this process, as setup() left them
+    tf32: bool | None = None  # on CUDA: may float32 work use TF32 (setup() turns it off); None elsewhere
 
     def __getattr__(self, name: str) -> Any:
         sizes = self.__dict__.get("sizes", {})
@@ -140,11 +141,12 @@ class Run:
     def __repr__(self) -> str:
         sizes = ", ".join(f"{k}={v}" for k, v in self.sizes.items())
         threads = "" if self.threads is None else f", threads={self.threads}"
-        return (f"Run(profile={self.profile!r}, device={str(self.device)!r}{threads}, seed={self.seed}, "
-                f"{sizes})")
+        tf32 = "" if self.tf32 is None else f", tf32={'on' if self.tf32 else 'off'}"
+        return (f"Run(profile={self.profile!r}, device={str(self.device)!r}{threads}{tf32}, "
+                f"seed={self.seed}, {sizes})")
 
 
-RUN_FIELDS = frozenset({"profile", "device", "seed", "sizes", "threads"})
+RUN_FIELDS = frozenset({"profile", "device", "seed", "sizes", "threads", "tf32"})
 
 
 def setup(seed: int = 0, *, device: str | None = None, verbose: bool = True,
@@ -156,7 +158,9 @@ def setup(seed: int = 0, *, device: str | None = None, verbose: bool = True,
     so a reader sees every setting in one place. With no dicts, only the profile, device and seed
     are set. ``TFM_THREADS`` (see :func:`apply_threads`) sets torch's CPU threads; the one-line
     summary printed with ``verbose`` shows the count in use, and, when MPS is the device, a second
-    line says how to fall back to the CPU.
+    line says how to fall back to the CPU. On CUDA, TF32 is turned off for float32 matrix products
+    and cuDNN (:func:`tfmlib.precision.set_tf32`; cuDNN's is on by default), so that float32 means
+    float32 and the book's exact comparisons stay exact; the summary says ``tf32=off``.
     """
     unknown = set(profiles) - set(PROFILES)
     if unknown:
@@ -182,7 +186,13 @@ def setup(seed: int = 0, *, device: str | None = None, verbose: bool = True,
     book_theme()  # one look for every figure of the book
     dev = pick_device(device)
     threads = apply_threads()
-    run = Run(profile, dev, seed, dict(profiles.get(profile, {})), threads=threads)
+    tf32 = None
+    if dev.type == "cuda":
+        from tfmlib.precision import cudnn_is_tf32, fp32_matmul_is_tf32, set_tf32
+
+        set_tf32(False)
+        tf32 = fp32_matmul_is_tf32() or cudnn_is_tf32()
+    run = Run(profile, dev, seed, dict(profiles.get(profile, {})), threads=threads, tf32=tf32)
     if verbose:
         print(run)
         if dev.type == "mps":

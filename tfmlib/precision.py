@@ -42,8 +42,13 @@ plain float32 (and 989 in bf16). PyTorch leaves it off for matrix products by de
 (``torch.get_float32_matmul_precision() == "highest"``); ``torch.set_float32_matmul_precision("high")``
 (or ``torch.backends.cuda.matmul.allow_tf32 = True``) turns it on, as nanoGPT's ``train.py`` does.
 :func:`tf32_matmul` switches it for a block, :func:`fp32_matmul_is_tf32` says whether it is on;
-:func:`tfmlib.throughput.peak_flops` follows it for fp32. On a CPU the setting changes nothing
-(there is no TF32 unit: the float32 products are the same, bit for bit).
+:func:`tfmlib.throughput.peak_flops` follows it for fp32. cuDNN (convolutions and the fused RNNs
+of ``nn.GRU``/``nn.LSTM``) has its own switch, and it is *on* by default
+(``torch.backends.cudnn.allow_tf32``): a float32 GRU on an Ampere GPU computes in TF32 unless told
+not to. The book keeps exact comparisons exact, so :func:`tfmlib.config.setup` turns both off on
+CUDA (:func:`set_tf32`) and says so in its summary (``tf32=off``); chapter 10 turns TF32 on for a
+block to show what it does. On a CPU the settings change nothing (there is no TF32 unit: the
+float32 products are the same, bit for bit).
 """
 
 from __future__ import annotations
@@ -189,6 +194,30 @@ def fp32_matmul_is_tf32() -> bool:
     if new == "ieee":
         return False
     return torch.get_float32_matmul_precision() in ("high", "medium")
+
+
+def cudnn_is_tf32() -> bool:
+    """Whether cuDNN's float32 convolutions and RNNs may use TF32 (``torch.backends.cudnn.allow_tf32``,
+    true by default). Where a program set cuDNN's convolution and RNN precisions apart with torch's
+    newer per-operator flags, the legacy flag cannot be read; then true if either may use TF32."""
+    try:
+        return bool(torch.backends.cudnn.allow_tf32)
+    except RuntimeError:  # torch >= 2.9: conv and rnn flags set apart through the new API
+        cudnn = torch.backends.cudnn
+        flags = (getattr(cudnn.conv, "fp32_precision", None), getattr(cudnn.rnn, "fp32_precision", None))
+        return "tf32" in flags
+
+
+def set_tf32(enabled: bool) -> None:
+    """Let float32 work on CUDA use TF32 (``enabled=True``) or keep it IEEE float32 (``False``): both
+    the matrix products (``torch.set_float32_matmul_precision("high" / "highest")``) and cuDNN's
+    convolutions and RNNs (``torch.backends.cudnn.allow_tf32``). Process-wide; on a CPU it changes
+    nothing measurable. (Set through the legacy cuDNN flag, which sets the convolution and RNN
+    flags together: torch refuses to read the legacy flag once the two were set apart.)"""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"set_tf32: enabled must be a bool, got {enabled!r}")
+    torch.set_float32_matmul_precision("high" if enabled else "highest")
+    torch.backends.cudnn.allow_tf32 = enabled
 
 
 @contextlib.contextmanager
