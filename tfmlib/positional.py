@@ -197,9 +197,12 @@ class RotaryEmbedding(nn.Module):
     Feature ``i`` and feature ``i + d_k/2`` of a head form a 2-D pair that, at position ``p``, is
     rotated by the angle ``p * omega_i`` with ``omega_i = base^(-2i / d_k)``. Rotations compose, so
     ``<R_p q, R_s k> = <q, R_{s-p} k>``: the score of a query and a key depends on their content and
-    on the offset ``s - p``, not on ``p`` itself. (Pairing ``i`` with ``i + d_k/2`` rather than
-    neighbours is a fixed permutation of the features; the maths is the same and it is cheaper.)
-    The angles are computed in float64 and then rounded to the input's dtype (in float32,
+    on the offset ``s - p``, not on ``p`` itself. Pairing ``i`` with ``i + d_k/2`` ("halves") rather
+    than the paper's neighbours ``(2i, 2i + 1)`` is GPT-NeoX's and Hugging Face's convention: a fixed
+    permutation of the features, the same maths, but checkpoints of the two layouts are not
+    interchangeable without permuting the rows of ``W_Q`` and ``W_K``. It is a convention, not a
+    speed-up: chapter 06's solutions time this implementation against the paper's layout written
+    two ways. The angles are computed in float64 and then rounded to the input's dtype (in float32,
     ``p * omega`` loses about ``1e-3`` radians by position ``1e5``).
 
     ``forward(q (B, h, T, d_k), k (B, h, S, d_k), q_positions=None, k_positions=None) -> (q, k)``
