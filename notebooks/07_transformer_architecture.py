@@ -29,8 +29,9 @@
 #
 # 1. the position-wise feed-forward network, and why attention needs one: for fixed weights a
 #    stack of attention layers is a *linear* map of its input (checked), and on a task that
-#    needs computation on what attention gathers, attention alone fails where one feed-forward
-#    network succeeds (proved for one layer, measured);
+#    needs computation on what attention gathers, one attention layer fails where one layer
+#    with a feed-forward network succeeds (proved, measured); attention alone needs a second
+#    layer (question 1);
 # 2. residual connections: without them a deep stack collapses every token onto the same vector
 #    within a few layers (and, without LayerNorm, the gradient vanishes); with them, neither
 #    (measured at initialisation, 24 layers);
@@ -425,7 +426,14 @@ if run.profile != "smoke":
 # %% [markdown]
 # This is the division of labour in a Transformer layer: attention moves information between
 # positions, with weights that depend on content; the feed-forward network transforms what
-# arrived, at each position, non-linearly. Neither can do the other's job.
+# arrived, at each position, non-linearly. One attention layer cannot do the second job: the
+# proof above holds whatever the weights. Two attention layers can: from the second layer on,
+# the query at `<cls>` depends on the count, the degree bound is gone, and question 1's solution
+# trains two- and four-layer attention-only stacks (residual + LayerNorm, no feed-forward
+# network) to 100% on every seed it tries. So attention is not without a non-linearity (the
+# softmax is one); what the feed-forward network gives each layer is a non-linearity applied
+# *after* gathering, at every position, which attention alone gets only by stacking. (The
+# other direction is trivial: without attention, `<cls>` never sees a bit.)
 #
 # ## 2. Residual connections
 #
@@ -564,11 +572,12 @@ if run.profile != "smoke":
 # $\sigma$ itself, and $\epsilon$ is an implementation convention that keeps the division safe.
 # PyTorch's `nn.LayerNorm`, which we check against below, puts it **inside** the square root
 # ($\epsilon = 10^{-5}$ by default), where it bounds the gain $1/\sqrt{\sigma^2 + \epsilon}$ by
-# $1/\sqrt{\epsilon}$ when a vector is nearly constant. A write-up that circulates in course
-# notes gives $\mu = \sum_j x_j$ (a sum) and $(x - \mu)/(\sqrt{\sigma} + \epsilon)$ (the root of
-# the standard deviation, $\epsilon$ outside): neither matches Ba et al.'s definition, and neither
-# is what `nn.LayerNorm` computes (measured below). Unlike batch normalisation, nothing is
-# averaged over the batch or over positions, so a token's output does not depend on its
+# $1/\sqrt{\epsilon}$ when a vector is nearly constant. Mis-statements of the formula are common
+# enough to measure: a sum where the mean belongs, $\mu = \sum_j x_j$, and
+# $(x - \mu)/(\sqrt{\sigma} + \epsilon)$ (the root of the standard deviation, $\epsilon$ outside)
+# are two; neither matches Ba et al.'s definition, and neither is what `nn.LayerNorm` computes
+# (measured below, with a third slip, which the Annotated Transformer makes). Unlike batch
+# normalisation, nothing is averaged over the batch or over positions, so a token's output does not depend on its
 # neighbours or on the padding in its batch, and training and inference compute the same thing.
 
 # %%
@@ -622,9 +631,9 @@ assert max(errors) < 1e-12, "LayerNormScratch must equal nn.LayerNorm, forward a
 
 # %% [markdown]
 # How far off are the mis-statements? Four wrong variants, each with one change from the
-# formula except the write-up's, which combines two: the sum instead of the mean; $\epsilon$
-# outside the root, $(x - \mu)/(\sigma + \epsilon)$; the write-up's $(x - \mu)/(\sqrt{\sigma} +
-# \epsilon)$ (its $\sigma$ is the standard deviation, so this is a fourth root of the variance,
+# formula except the third, which combines two: the sum instead of the mean; $\epsilon$
+# outside the root, $(x - \mu)/(\sigma + \epsilon)$; $(x - \mu)/(\sqrt{\sigma} +
+# \epsilon)$ (with $\sigma$ the standard deviation, so this is a fourth root of the variance,
 # with $\epsilon$ outside); and the unbiased variance (`x.var(-1)`
 # and `x.std(-1)` divide by $d - 1$ by default, a classic slip). We measure each against
 # `nn.LayerNorm` (here with $\gamma = 1$, $\beta = 0$) on a typical vector, and look at what each
@@ -681,9 +690,11 @@ assert variant_rows["eps outside: sigma + eps"][1] > 10 * variant_rows["correct"
 # $$x \leftarrow \mathrm{LN}_1\big(x + \mathrm{Dropout}(\mathrm{SelfAttn}(x))\big), \qquad
 #   x \leftarrow \mathrm{LN}_2\big(x + \mathrm{Dropout}(\mathrm{FFN}(x))\big).$$
 #
-# Most later models (GPT-2 and its descendants, most large translation systems) normalise the
-# *input* of each sublayer instead and leave the residual sum alone (Wang et al. 2019, §2.1;
-# Xiong et al. 2020, Figure 1). This is **pre-LN**:
+# Many later models normalise the *input* of each sublayer instead and leave the residual sum
+# alone (Wang et al. 2019, §2.1; Xiong et al. 2020, Figure 1): GPT-2 and its descendants, and
+# in translation tensor2tensor's later settings (`transformer_base_v2`) and Wang et al.'s deep
+# encoders; fairseq's Transformer keeps the paper's order by default
+# (`encoder_normalize_before=False`). This is **pre-LN**:
 #
 # $$x \leftarrow x + \mathrm{Dropout}\big(\mathrm{SelfAttn}(\mathrm{LN}_1(x))\big), \qquad
 #   x \leftarrow x + \mathrm{Dropout}\big(\mathrm{FFN}(\mathrm{LN}_2(x))\big).$$
@@ -1894,9 +1905,22 @@ elif run.profile != "smoke":
 # half a nat, for every seed, and the finer comparisons for the median seed, so that a longer or
 # not bit-reproducible run on a GPU, where two configurations may end on the same floor, does
 # not fail on a tie.) The warm-up is a patch for post-LN's large early gradients
-# (the previous figure); pre-LN removes the need for it, one reason most models since GPT-2 use
+# (the previous figure); pre-LN removes the need for it, one reason many models since GPT-2 use
 # it. How sharp the contrast is depends on the learning rate and the depth: the setup cell's
 # `stability` sizes let you try others.
+#
+# **What pre-LN costs.** None of this makes pre-LN simply the better choice. These runs last
+# 150 steps: they show which configuration *starts* to train at a large learning rate, not
+# where each one ends, and on that the literature finds the other order. Liu et al. (2020b)
+# trace post-LN's instability to its heavy dependence on each layer's residual branch, which
+# amplifies small changes of the parameters, and find that pre-LN's light dependence "limits
+# the model potential": trained to the end, pre-LN models fall behind post-LN ones that are
+# helped through the start (by a warm-up, or by their Admin initialisation). Nguyen and Salazar
+# (2019) find pre-norm better for low-resource translation pairs and worse on the high-resource
+# WMT'14 English-German; Xiong et al. (2020) show pre-LN reaching a given quality sooner, not a
+# better end point. The choice is a trade: post-LN's final quality against pre-LN's stability
+# and its freedom from a tuned warm-up. Chapter 08 trains for minutes, not days, and takes
+# pre-LN.
 #
 # ## 10. Does it learn? A sanity run
 #
@@ -2033,9 +2057,10 @@ print(f"this sequence: {on_diagonal:.0%} of the weight on the diagonal; over all
 #   residual connection with a LayerNorm. Attention moves information between positions: for
 #   fixed weights a stack of attention layers is one linear map of its input (checked), its only
 #   non-linearity the softmax that chooses where to look. The feed-forward network transforms
-#   each position non-linearly. One attention layer with two heads provably cannot compute the
-#   parity of five bits (it scores at most 31/32); one layer with a feed-forward network learned
-#   it for every seed, after a plateau (section 1).
+#   each position non-linearly, after gathering. One attention layer with two heads provably
+#   cannot compute the parity of five bits (it scores at most 31/32); one layer with a
+#   feed-forward network learned it for every seed, after a plateau; a second attention layer
+#   would do too (section 1, question 1).
 # * Without residual connections, a deep attention stack maps every token of a sentence onto the
 #   same vector within a few layers (Dong et al.'s rank collapse, doubly exponential), and
 #   without LayerNorm its gradient vanishes too; feed-forward networks and LayerNorm do not
@@ -2099,7 +2124,7 @@ print(f"this sequence: {on_diagonal:.0%} of the weight on the diagonal; over all
 #    differently?
 # 7. Adam divides each update by a running estimate of the gradient's second moment. Why is
 #    that estimate unreliable in the first steps, and how does a warm-up protect against it?
-#    (Liu et al. 2020, "On the variance of the adaptive learning rate and beyond", make this
+#    (Liu et al. 2020a, "On the variance of the adaptive learning rate and beyond", make this
 #    argument.) Why would post-LN suffer more than pre-LN?
 # 8. In cross-attention, the keys and values come from the encoder's output, which does not
 #    change while the decoder writes. What could a decoder compute once per sentence instead of
@@ -2224,5 +2249,12 @@ exercises.check("07.find_bug", find_bug)
 #   MLPs, layer normalisation (§3.1-3.3).
 # * B. Zhang, R. Sennrich (2019). *Root mean square layer normalization.* NeurIPS. LayerNorm
 #   without the re-centring, normalised by the root mean square alone (§3, §4; coding exercise 1).
-# * L. Liu, H. Jiang, P. He, W. Chen, X. Liu, J. Gao, J. Han (2020). *On the variance of the
+# * L. Liu, H. Jiang, P. He, W. Chen, X. Liu, J. Gao, J. Han (2020a). *On the variance of the
 #   adaptive learning rate and beyond.* ICLR. Why Adam's early steps need a warm-up (§3).
+# * L. Liu, X. Liu, J. Gao, W. Chen, J. Han (2020b). *Understanding the difficulty of training
+#   Transformers.* EMNLP. Post-LN's heavy dependence on its residual branches as the source of
+#   its instability, pre-LN's lighter dependence as a limit on what it reaches, and the Admin
+#   initialisation that trains post-LN stably.
+# * T. Q. Nguyen, J. Salazar (2019). *Transformers without tears: improving the normalization of
+#   self-attention.* IWSLT. Pre-norm against post-norm in translation: better for low-resource
+#   pairs, worse on WMT'14 English-German.
