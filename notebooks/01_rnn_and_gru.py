@@ -28,8 +28,9 @@
 # **Where the chapter ends.** Section 5 trains a small GRU language model (about 130,000
 # parameters, a few minutes of CPU) on the English side of the book's
 # bundled corpus, a language drawn from a known grammar. Here are four sentences it wrote in the
-# `cpu` profile, sampled word by word from its predicted distribution (section 5 prints them,
-# from the model that the notebook trains):
+# committed `cpu` run, sampled word by word from its predicted distribution (section 5 prints
+# them, from the model that the notebook trains; another machine or thread count rounds a few
+# floats differently, which is enough to change a sample):
 #
 # > *the famous girl without a red hat that looks for her behind the dirty house without a brave
 # > horse can wait for the spiders.*
@@ -39,8 +40,8 @@
 # > *the dog that the kings draw is new because the white frog meets this spider.*
 # >
 # > *the beautiful clean rabbits that the sad baby never chases sometimes follows the tired babies
-# > without the famous doctor when the brave bird brings the blue apple that the beautiful black
-# > elephants carry to the baby.*
+# > without the famous doctor when the brave bird brings the blue boat to a beautiful happy
+# > queen.*
 #
 # Mostly grammatical sentences, with subjects that agree with their verbs across a relative clause
 # (*the dog that the kings draw is*), and not copied: section 5 checks them against the training
@@ -127,8 +128,9 @@ run = setup(
              floor_draws=50_000),
     # gpu: the gradient-reach cells of sections 2-3 run on the CPU (Python-stepped cells on random
     # weights), so they keep the cpu sizes. Training, on one H100 (cuDNN GRU LM: 4-10 ms per step):
-    # 50,000 / 128 = 391 steps per epoch x 6 epochs x 6 runs = 14,076 steps -> about 56-141 s;
-    # every run is also capped at lm_budget_s of training (6 x 25 s = 150 s) for slower GPUs.
+    # 50,000 / 128 = 391 steps per epoch x 6 epochs x 9 runs (3 models x 3 seeds) = 21,114 steps
+    # -> about 84-211 s (the widened RNN, H' ~ 870 at these sizes, costs more per step than the
+    # H = 128 one); every run is also capped at lm_budget_s of training (9 x 25 s = 225 s).
     gpu=dict(grad_steps=60, grad_hidden=64, grad_seeds=8,
              lm_sentences=50_000, valid_sentences=2_500, lm_epochs=6, embed=128, hidden=512,
              batch_size=128, lr=2e-3, lm_seeds=(0, 1, 2), lm_budget_s=25,
@@ -637,7 +639,9 @@ assert all(a > 100 * b for a, b in zip(gru_keep, gru_default, strict=True)), \
     "the update-gate bias should be what keeps the gradient"
 
 # %% [markdown]
-# * A **GRU at its default initialisation also vanishes**, a little more slowly than the RNN.
+# * A **GRU at its default initialisation also vanishes.** Its printed factor per step is a
+#   little higher than the RNN's (about 0.6 against 0.5), which after 20 steps leaves it some
+#   fifty times more gradient (the printed curves at distance 20), still a vanishing fraction.
 #   With $z \approx 0.5$ the $\operatorname{diag}(z_t)$ path keeps only about half of the
 #   gradient per step. Gates are not magic: they help only once they are set to keep.
 # * A GRU whose update gate is near one keeps most of its gradient over the whole window, and
@@ -1007,8 +1011,13 @@ def train_loop(model: nn.Module, loader: Any, loss_fn: LossFn, step: TrainingSte
 
 
 # %% [markdown]
-# One training run is one draw: the initialisation and the order of the batches depend on the seed, so each model is trained once per seed in `run.lm_seeds`
-# (three in the `cpu` profile), and the table reports every run, then each model's median [min,
+# One training run is one draw: the initialisation and the order of the batches depend on the
+# seed, so each model is trained once per seed in `run.lm_seeds` (three in the `cpu` profile).
+# A seed fixes the initialisation and the batch order, not every float: the same seed with
+# another thread count or on another machine sums in another order, and over four epochs that
+# moved one RNN's last-epoch perplexity by 0.27 between two of our runs (15.39 with one thread,
+# 15.66 with two, seed 1), one more reason to read the spread over seeds rather than one run.
+# The table reports every run, and the table reports every run, then each model's median [min,
 # max] over the seeds and, for each pair compared, how many seeds the GRU wins. In the `gpu` profile each run
 # also has a wall-clock cap (`time_budget_s`), so a slower GPU ends on time with fewer steps.
 #
@@ -1139,11 +1148,15 @@ print(f"GRU / vanilla RNN time per step: {step_times.ratio('GRU', 'vanilla RNN')
 #
 # Is the gap only size? The GRU has more parameters (the printed counts), so the third model
 # gives the RNN as many: widened to the printed $H'$, it comes within a fraction of a percent
-# of the GRU's count. In the `cpu` run the extra width buys the RNN nothing: its median is no
-# lower than the narrow RNN's, at the last or at the best epoch (compare the two RNNs' rows).
-# The GRU ends below it for every seed, at both epochs, by a little more than below the narrow
-# RNN (the second pair of verdict lines, asserted for every seed): at equal parameter count the
-# gates still buy perplexity that width does not. Equal parameters is not equal time, though. The GRU costs more time per step than
+# of the GRU's count. In the `cpu` run the widened RNN is no better than the narrow one: its
+# median is no lower, at the last or at the best epoch (compare the two RNNs' rows; the
+# differences are a few hundredths to two tenths, the size of the float noise described above),
+# and its training loss at the last epochs is *higher* (the epoch lines printed during
+# training), so at this learning rate, chosen once for all three models, the extra width goes
+# unused; a smaller rate may let the wide RNN use it (we did not tune the rate per model). The
+# GRU ends below the widened RNN for every seed, at both epochs, by a little more than below the
+# narrow RNN (the second pair of verdict lines, asserted for every seed): with this recipe, at
+# equal parameter count, the gates buy perplexity that width does not. Equal parameters is not equal time, though. The GRU costs more time per step than
 # the RNN of its width (three affine maps, for $r$, $z$ and $n$, instead of one) and, on this
 # run's machine, also more than the widened RNN: the printed ratios of the timing cell. Time
 # per step is a measurement of this machine at this moment, not a constant of the models; on a
@@ -1157,6 +1170,10 @@ print(f"GRU / vanilla RNN time per step: {step_times.ratio('GRU', 'vanilla RNN')
 #
 # Samples show what the perplexity means: greedy decoding picks the most likely word every
 # time, sampling at temperature 0.8 draws from the model's distribution, slightly sharpened.
+# Expect the greedy lines to loop (a relative clause nested in the same relative clause again):
+# the most probable next word, chosen at every step, need not make a probable sentence, and
+# once a loop is the most probable continuation nothing breaks it. Sampling does not loop like
+# that; chapter 08 returns to decoding with beam search.
 
 # %%
 def show(ids: list[int]) -> str:
