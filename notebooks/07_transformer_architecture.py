@@ -42,7 +42,8 @@
 #    embeddings and a tied output layer; causality and padding checked;
 # 5. the check against `nn.TransformerEncoderLayer`, `nn.TransformerDecoderLayer` and
 #    `nn.Transformer` with copied weights: outputs and every gradient, post-LN and pre-LN, with
-#    padding and causal masks;
+#    padding and causal masks; and in evaluation mode without gradients, PyTorch's fast path,
+#    where the padded positions differ;
 # 6. one batch of real sentences followed through the model shape by shape, the parameters per
 #    component, and the paper's base model counted by building it;
 # 7. post-LN against pre-LN: gradient norms per layer at initialisation, and training with and
@@ -95,6 +96,7 @@ from tfmlib.data import PAD_ID, SPECIAL_TOKENS, TranslationDataset, Vocab, build
 from tfmlib.decoding import greedy_decode
 from tfmlib.plot import plot_heatmap, plot_over_seeds
 from tfmlib.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from tfmlib.seeds import SeedResults
 from tfmlib.seq2seq import (
     EncoderDecoder,
     EncoderOutput,
@@ -105,7 +107,11 @@ from tfmlib.seq2seq import (
     train_translator,
 )
 from tfmlib.train import fit
-from tfmlib.transformer import ACTIVATIONS
+from tfmlib.transformer import (  # the last two: chapter 09's cache, which Transformer uses by default
+    ACTIVATIONS,
+    cached_decode_step,
+    new_decoder_cache,
+)
 
 if TYPE_CHECKING:  # only for the type hints of the layers' cache arguments: the cache itself is chapter 09's
     from tfmlib.kv_cache import DecoderCache, KVCache
@@ -1015,15 +1021,20 @@ class Decoder(nn.Module):
 # positions' (variance 1/2). The package initialises $E \sim \mathcal{N}(0, 1/d)$ for this reason.
 #
 # `Transformer` implements chapter 02's `EncoderDecoder` interface, so chapter 02's greedy
-# decoding and training recipe run it unchanged: `encode` runs the encoder once; `decode_step`
-# reads one more target token and returns the new state; `decode_teacher_forced` runs the decoder
-# over a whole target at once, the causal mask standing in for the step-by-step order. By default
-# the state of `decode_step` is a cache of every decoder layer's keys and values so far (chapter
-# 09 builds and measures it; the `Decoder` passes it to the layers' `cache` and `memory_kv`
-# arguments). With `model.kv_cache = False` it is the target prefix read so far, which the decoder
-# re-reads at every step, with the same outputs. The checks of the constructor's arguments come
-# first, in a function of their own, so that the class itself is the architecture: embeddings and
-# positions, the two stacks, the output layer, and the initialisation.
+# decoding and training recipe run it unchanged: `encode` runs the encoder once;
+# `decode_teacher_forced` runs the decoder over a whole target at once, the causal mask standing
+# in for the step-by-step order; `decode_step` reads one more target token. Its state here is the
+# target prefix read so far, which the decoder re-reads from the start at every step: the
+# simplest correct step, with the logits of the teacher-forced pass at every position, at a cost
+# that grows with the prefix. Chapter 09 removes that cost with a cache of every decoder layer's
+# keys and values; it gives the same outputs, faster, so it is the package's default
+# (`model.kv_cache = True`): `encode` then starts a cache (`new_decoder_cache`) and `decode_step`
+# hands it to `cached_decode_step`, two small functions this chapter imports from the package
+# and chapter 09 explains, which feed the layers' `cache` and `memory_kv` arguments.
+#
+# The class below is the architecture: embeddings and positions, the two stacks, the output
+# layer, and the interface; the small functions it calls follow it. `attention_maps`, for the
+# plots, returns the weights of every layer in a named tuple:
 
 # %%
 # tfmlib-source: tfmlib.transformer.AttentionMaps
@@ -1038,6 +1049,146 @@ class AttentionMaps(NamedTuple):
     encoder: list[Tensor]
     decoder: list[Tensor]
     cross: list[Tensor]
+
+
+# %%
+# tfmlib-source: tfmlib.transformer.Transformer
+class Transformer(EncoderDecoder):
+    """The Transformer encoder-decoder for translation (Vaswani et al. 2017, section 3).
+
+    Source and target tokens are embedded, scaled by ``sqrt(d_model)`` (section 3.4) and given
+    positions (``positional="sinusoidal"``, section 3.5, or ``"learned"``, a trained table of
+    ``max_len`` rows); the encoder reads the source, the decoder reads the target prefix and the
+    encoder's output, and a linear layer maps its output to logits. ``tie_output`` shares that
+    layer's weight with the target embedding (section 3.4); ``share_embeddings`` also shares the
+    source embedding (needs one vocabulary for both sides).
+
+    Implements :class:`~tfmlib.seq2seq.EncoderDecoder`: ``encode`` runs the encoder once;
+    ``decode_step`` reads one more target token; ``decode_teacher_forced`` runs the decoder on the
+    whole target at once, the causal mask keeping each position from seeing later ones.
+    :meth:`attention_maps` returns every layer's and head's weights. ``decode_step``'s state is
+    the target prefix ``(B, t)``, which the decoder re-reads at every step, when
+    ``model.kv_cache = False``; with ``model.kv_cache = True`` (the default) it is chapter 09's
+    :class:`~tfmlib.kv_cache.DecoderCache` (:func:`new_decoder_cache`, :func:`cached_decode_step`),
+    every decoder layer's keys and values so far, so a step computes the new token only; the
+    outputs are the same. Either way a step returns a new state and leaves the one it was given
+    unchanged.
+    """
+
+    def __init__(self, src_vocab_size: int, tgt_vocab_size: int, *, d_model: int = 512, heads: int = 8,
+                 encoder_layers: int = 6, decoder_layers: int = 6, d_ff: int = 2048, dropout: float = 0.1,
+                 norm_first: bool = False, activation: str = "relu", positional: str = "sinusoidal",
+                 max_len: int = 256, tie_output: bool = True, share_embeddings: bool = False):
+        super().__init__()
+        self.config = dict(d_model=d_model, heads=heads, encoder_layers=encoder_layers,
+                           decoder_layers=decoder_layers, d_ff=d_ff, dropout=dropout, norm_first=norm_first,
+                           activation=activation, positional=positional, max_len=max_len,
+                           tie_output=tie_output, share_embeddings=share_embeddings)
+        _check_transformer_config(src_vocab_size, tgt_vocab_size, self.config)
+        self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
+        self.max_source_len = self.max_target_len = max_len
+        self.d_model, self.heads = d_model, heads
+        self.src_embed = nn.Embedding(src_vocab_size, d_model, padding_idx=PAD_ID)
+        self.tgt_embed = self.src_embed if share_embeddings else \
+            nn.Embedding(tgt_vocab_size, d_model, padding_idx=PAD_ID)
+        self.src_pos = _positions(positional, d_model, dropout, max_len)
+        self.tgt_pos = _positions(positional, d_model, dropout, max_len)
+        layer_args = dict(d_model=d_model, heads=heads, d_ff=d_ff, dropout=dropout, norm_first=norm_first,
+                          activation=activation)
+        self.encoder = Encoder(encoder_layers, **layer_args)
+        self.decoder = Decoder(decoder_layers, **layer_args)
+        self.generator = nn.Linear(d_model, tgt_vocab_size)
+        self.kv_cache = True  # decode_step keeps chapter 09's key-value cache; False: it re-reads the prefix
+        _init_parameters(self)
+        if tie_output:
+            self.generator.weight = self.tgt_embed.weight
+
+    def embed_source(self, src: Tensor) -> Tensor:
+        """``(B, S)`` ids -> ``(B, S, d)``: ``sqrt(d) * E[src] + positions`` (then dropout)."""
+        return self.src_pos(self.src_embed(src) * math.sqrt(self.d_model))
+
+    def embed_target(self, tgt: Tensor, offset: int = 0) -> Tensor:
+        """``(B, T)`` ids at positions ``offset ..`` -> ``(B, T, d)``: ``sqrt(d) * E[tgt] + positions``
+        (then dropout)."""
+        return self.tgt_pos(self.tgt_embed(tgt) * math.sqrt(self.d_model), offset=offset)
+
+    def encode(self, src: Tensor, src_mask: Tensor) -> EncoderOutput:
+        memory, _ = self.encoder(self.embed_source(src), padding_mask(src_mask))
+        if self.kv_cache:  # chapter 09: decode_step's state is every decoder layer's keys and values
+            return EncoderOutput(memory, src_mask, new_decoder_cache(self, memory))
+        return EncoderOutput(memory, src_mask, src.new_zeros((src.shape[0], 0)))  # no target read yet
+
+    def decode(self, tgt_in: Tensor, enc: EncoderOutput) -> Tensor:
+        """The decoder's output ``(B, T, d)`` for the target prefix ``tgt_in`` ``(B, T)``."""
+        x, _, _ = self.decoder(self.embed_target(tgt_in), enc.memory, padding_mask(enc.mask))
+        return x
+
+    def decode_teacher_forced(self, tgt_in: Tensor, enc: EncoderOutput) -> Tensor:
+        return self.generator(self.decode(tgt_in, enc))
+
+    def decode_step(self, prev: Tensor, state: Tensor | DecoderCache, enc: EncoderOutput) -> StepOutput:
+        if not isinstance(state, Tensor):  # chapter 09's key-value cache (kv_cache = True)
+            return cached_decode_step(self, prev, state, enc)
+        _check_target_length(self, state.shape[1] + 1)
+        prefix = torch.cat([state, prev[:, None]], dim=1)                        # (B, t + 1)
+        return StepOutput(self.generator(self.decode(prefix, enc)[:, -1]), prefix)  # re-read it all
+
+    @torch.no_grad()
+    def attention_maps(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> AttentionMaps:
+        """Every layer's and head's attention weights while reading the reference ``tgt_in``
+        (teacher forcing), in eval mode (no dropout; the previous mode is restored)."""
+        _check_maps_input(self, src, src_mask, tgt_in)
+        was_training = self.training
+        self.eval()
+        try:
+            memory_mask = padding_mask(src_mask)
+            memory, enc_maps = self.encoder(self.embed_source(src), memory_mask, need_weights=True)
+            _, self_maps, cross_maps = self.decoder(self.embed_target(tgt_in), memory, memory_mask,
+                                                    need_weights=True)
+        finally:
+            self.train(was_training)
+        return AttentionMaps(enc_maps, self_maps, cross_maps)
+
+
+# %% [markdown]
+# What the class calls and does not show: the position module, the initialisation described
+# above, and the checks of its arguments, each a `ValueError` that names the bad one.
+
+# %%
+# tfmlib-source: tfmlib.transformer._positions
+def _positions(positional: str, d_model: int, dropout: float, max_len: int) -> nn.Module:
+    """The positions ``positional`` names: chapter 06's sinusoidal table, or a learned one of
+    ``max_len`` rows."""
+    if positional == "sinusoidal":
+        return SinusoidalPositionalEncoding(d_model, dropout, max_len=max_len)
+    return LearnedPositionalEmbedding(max_len, d_model, dropout)
+
+
+# %%
+# tfmlib-source: tfmlib.transformer._init_parameters
+def _init_parameters(model: Transformer) -> None:
+    """A :class:`Transformer`'s initial weights: Glorot-uniform matrices in the stacks (as
+    ``nn.Transformer``); embeddings drawn from N(0, 1/d) (std d^-1/2), so that after the sqrt(d)
+    scale a token vector has entries of variance 1; a learned position table drawn again at the scale
+    of the sinusoidal one, whose entries have mean square 1/2 (``LearnedPositionalEmbedding.INIT_STD``
+    = 2^-1/2); the output layer's bias 0."""
+    for stack in (model.encoder, model.decoder):
+        for p in stack.parameters():
+            if p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+    # A list, not a set: a set of modules iterates in id order, which changes from run to run,
+    # and would draw the two tables from the generator in a different order each time.
+    embeddings = [model.src_embed]
+    if model.tgt_embed is not model.src_embed:
+        embeddings.append(model.tgt_embed)
+    for emb in embeddings:
+        nn.init.normal_(emb.weight, 0.0, model.d_model ** -0.5)
+        with torch.no_grad():
+            emb.weight[PAD_ID].zero_()
+    for pos in (model.src_pos, model.tgt_pos):
+        if isinstance(pos, LearnedPositionalEmbedding):
+            pos.reset_parameters()
+    nn.init.zeros_(model.generator.bias)
 
 
 # %%
@@ -1064,141 +1215,22 @@ def _check_transformer_config(src_vocab_size: int, tgt_vocab_size: int, config: 
 
 
 # %%
-# tfmlib-source: tfmlib.transformer.Transformer
-class Transformer(EncoderDecoder):
-    """The Transformer encoder-decoder for translation (Vaswani et al. 2017, section 3).
+# tfmlib-source: tfmlib.transformer._check_target_length
+def _check_target_length(model: Transformer, length: int) -> None:
+    if length > model.max_target_len:
+        raise ValueError(f"Transformer: a target of {length} tokens is longer than this model's "
+                         f"max_len={model.max_target_len}")
 
-    Source and target tokens are embedded, scaled by ``sqrt(d_model)`` (section 3.4) and given
-    positions (``positional="sinusoidal"``, section 3.5, or ``"learned"``, a trained table of
-    ``max_len`` rows); the encoder reads the source, the decoder reads the target prefix and the
-    encoder's output, and a linear layer maps its output to logits. ``tie_output`` shares that
-    layer's weight with the target embedding (section 3.4); ``share_embeddings`` also shares the
-    source embedding (needs one vocabulary for both sides).
 
-    Implements :class:`~tfmlib.seq2seq.EncoderDecoder`: ``encode`` runs the encoder once;
-    ``decode_step`` reads one more target token; ``decode_teacher_forced`` runs the decoder on the
-    whole target at once, the causal mask keeping each position from seeing later ones.
-    :meth:`attention_maps` returns every layer's and head's weights. ``decode_step``'s state is a
-    :class:`~tfmlib.kv_cache.DecoderCache` (``model.kv_cache = True``, the default; chapter 09):
-    every decoder layer's keys and values of the target tokens read so far, and its
-    cross-attention keys and values of the source, so a step computes the new token only; or,
-    with ``model.kv_cache = False``, the target prefix ``(B, t)``, which the decoder re-reads at
-    every step (the outputs are the same). Either way a step returns a new state and leaves the
-    one it was given unchanged.
-    """
-
-    def __init__(self, src_vocab_size: int, tgt_vocab_size: int, *, d_model: int = 512, heads: int = 8,
-                 encoder_layers: int = 6, decoder_layers: int = 6, d_ff: int = 2048, dropout: float = 0.1,
-                 norm_first: bool = False, activation: str = "relu", positional: str = "sinusoidal",
-                 max_len: int = 256, tie_output: bool = True, share_embeddings: bool = False):
-        super().__init__()
-        self.config = dict(d_model=d_model, heads=heads, encoder_layers=encoder_layers,
-                           decoder_layers=decoder_layers, d_ff=d_ff, dropout=dropout, norm_first=norm_first,
-                           activation=activation, positional=positional, max_len=max_len,
-                           tie_output=tie_output, share_embeddings=share_embeddings)
-        _check_transformer_config(src_vocab_size, tgt_vocab_size, self.config)
-        self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
-        self.max_source_len = self.max_target_len = max_len
-        self.d_model, self.heads = d_model, heads
-        self.src_embed = nn.Embedding(src_vocab_size, d_model, padding_idx=PAD_ID)
-        self.tgt_embed = self.src_embed if share_embeddings else \
-            nn.Embedding(tgt_vocab_size, d_model, padding_idx=PAD_ID)
-        if positional == "sinusoidal":
-            self.src_pos = SinusoidalPositionalEncoding(d_model, dropout, max_len=max_len)
-            self.tgt_pos = SinusoidalPositionalEncoding(d_model, dropout, max_len=max_len)
-        else:
-            self.src_pos = LearnedPositionalEmbedding(max_len, d_model, dropout)
-            self.tgt_pos = LearnedPositionalEmbedding(max_len, d_model, dropout)
-        layer_args = dict(d_model=d_model, heads=heads, d_ff=d_ff, dropout=dropout, norm_first=norm_first,
-                          activation=activation)
-        self.encoder = Encoder(encoder_layers, **layer_args)
-        self.decoder = Decoder(decoder_layers, **layer_args)
-        self.generator = nn.Linear(d_model, tgt_vocab_size)
-        self.kv_cache = True  # decode_step reuses keys and values (chapter 09); False re-reads the prefix
-        self._reset_parameters()
-        if tie_output:
-            self.generator.weight = self.tgt_embed.weight
-
-    def _reset_parameters(self) -> None:
-        # Glorot-uniform matrices in the stacks (as nn.Transformer), embeddings drawn from N(0, 1/d)
-        # (std d^-1/2), so that after the sqrt(d) scale a token vector has entries of variance 1;
-        # sinusoidal positions have entries of mean square 1/2, and a learned position table is
-        # drawn again at that scale (LearnedPositionalEmbedding.INIT_STD = 2^-1/2).
-        for stack in (self.encoder, self.decoder):
-            for p in stack.parameters():
-                if p.dim() > 1:
-                    nn.init.xavier_uniform_(p)
-        # A list, not a set: a set of modules iterates in id order, which changes from run to run,
-        # and would draw the two tables from the generator in a different order each time.
-        embeddings = [self.src_embed]
-        if self.tgt_embed is not self.src_embed:
-            embeddings.append(self.tgt_embed)
-        for emb in embeddings:
-            nn.init.normal_(emb.weight, 0.0, self.d_model ** -0.5)
-            with torch.no_grad():
-                emb.weight[PAD_ID].zero_()
-        for pos in (self.src_pos, self.tgt_pos):
-            if isinstance(pos, LearnedPositionalEmbedding):
-                pos.reset_parameters()
-        nn.init.zeros_(self.generator.bias)
-
-    def embed_source(self, src: Tensor) -> Tensor:
-        """``(B, S)`` ids -> ``(B, S, d)``: ``sqrt(d) * E[src] + positions`` (then dropout)."""
-        return self.src_pos(self.src_embed(src) * math.sqrt(self.d_model))
-
-    def embed_target(self, tgt: Tensor, offset: int = 0) -> Tensor:
-        """``(B, T)`` ids at positions ``offset ..`` -> ``(B, T, d)``: ``sqrt(d) * E[tgt] + positions``
-        (then dropout)."""
-        return self.tgt_pos(self.tgt_embed(tgt) * math.sqrt(self.d_model), offset=offset)
-
-    def encode(self, src: Tensor, src_mask: Tensor) -> EncoderOutput:
-        memory, _ = self.encoder(self.embed_source(src), padding_mask(src_mask))
-        if self.kv_cache:  # decode_step's state: every decoder layer's keys and values (none read yet)
-            state = self.decoder.new_cache(memory, self.max_target_len, initial=min(self.max_target_len, 32))
-        else:              # or the target prefix (empty), re-read at every step
-            state = src.new_zeros((src.shape[0], 0))
-        return EncoderOutput(memory, src_mask, state)
-
-    def decode(self, tgt_in: Tensor, enc: EncoderOutput) -> Tensor:
-        """The decoder's output ``(B, T, d)`` for the target prefix ``tgt_in`` ``(B, T)``."""
-        x, _, _ = self.decoder(self.embed_target(tgt_in), enc.memory, padding_mask(enc.mask))
-        return x
-
-    def decode_teacher_forced(self, tgt_in: Tensor, enc: EncoderOutput) -> Tensor:
-        return self.generator(self.decode(tgt_in, enc))
-
-    def decode_step(self, prev: Tensor, state: Tensor | DecoderCache, enc: EncoderOutput) -> StepOutput:
-        t = state.shape[1] if isinstance(state, Tensor) else state.length   # target tokens read so far
-        if t + 1 > self.max_target_len:
-            raise ValueError(f"Transformer: a target of {t + 1} tokens is longer than this model's "
-                             f"max_len={self.max_target_len}")
-        if isinstance(state, Tensor):  # kv_cache=False: re-read the whole prefix
-            prefix = torch.cat([state, prev[:, None]], dim=1)           # (B, t + 1)
-            return StepOutput(self.generator(self.decode(prefix, enc)[:, -1]), prefix)
-        state = state.fork()  # extend a fork: the state we were given stays as it was (nothing is copied)
-        x, _, _ = self.decoder(self.embed_target(prev[:, None], offset=t), enc.memory, padding_mask(enc.mask),
-                               cache=state)
-        return StepOutput(self.generator(x[:, -1]), state)
-
-    @torch.no_grad()
-    def attention_maps(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> AttentionMaps:
-        """Every layer's and head's attention weights while reading the reference ``tgt_in``
-        (teacher forcing), in eval mode (no dropout; the previous mode is restored)."""
-        check_source(src, src_mask, "attention_maps", self.max_source_len, self.src_vocab_size)
-        if tgt_in.dim() != 2 or tgt_in.shape[0] != src.shape[0] or tgt_in.shape[1] == 0:
-            raise ValueError(f"attention_maps: tgt_in must be (batch={src.shape[0]}, target_len >= 1), "
-                             f"got shape {tuple(tgt_in.shape)}")
-        check_ids(tgt_in, self.tgt_vocab_size, "attention_maps", "tgt_in")
-        was_training = self.training
-        self.eval()
-        try:
-            memory_mask = padding_mask(src_mask)
-            memory, enc_maps = self.encoder(self.embed_source(src), memory_mask, need_weights=True)
-            _, self_maps, cross_maps = self.decoder(self.embed_target(tgt_in), memory, memory_mask,
-                                                    need_weights=True)
-        finally:
-            self.train(was_training)
-        return AttentionMaps(enc_maps, self_maps, cross_maps)
+# %%
+# tfmlib-source: tfmlib.transformer._check_maps_input
+def _check_maps_input(model: Transformer, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> None:
+    """The checks of :meth:`Transformer.attention_maps`'s arguments: a ``ValueError`` naming the bad one."""
+    check_source(src, src_mask, "attention_maps", model.max_source_len, model.src_vocab_size)
+    if tgt_in.dim() != 2 or tgt_in.shape[0] != src.shape[0] or tgt_in.shape[1] == 0:
+        raise ValueError(f"attention_maps: tgt_in must be (batch={src.shape[0]}, target_len >= 1), "
+                         f"got shape {tuple(tgt_in.shape)}")
+    check_ids(tgt_in, model.tgt_vocab_size, "attention_maps", "tgt_in")
 
 
 # %% [markdown]
@@ -1445,8 +1477,54 @@ assert all(max(r[1:4]) < 1e-10 for r in rows), "our layers must equal PyTorch's,
 
 # %% [markdown]
 # Every output and every gradient agrees to float64 round-off, for every one of the parameter
-# tensors in the table. (PyTorch's fast inference path for `nn.TransformerEncoderLayer` only runs
-# when no gradient is needed; these checks exercise the ordinary path.)
+# tensors in the table. These checks ran with dropout 0 and with gradients on, PyTorch's
+# ordinary path. Inference is different: in evaluation mode and under `torch.no_grad()`,
+# `nn.TransformerEncoder` may take a *fast path* (fused kernels and, for a post-LN stack given a
+# padding mask, nested tensors, which drop the padded positions). So the next check runs both
+# sides that way, with dropout 0.1, which evaluation mode must switch off everywhere (the checks
+# above, at dropout 0, could not show that), and compares the real positions and the padded
+# ones separately. It prints the warnings PyTorch gives on the way.
+
+# %%
+torch.manual_seed(0)
+fast_rows = []
+for norm_first in (False, True):
+    kind = "pre-LN " if norm_first else "post-LN"
+    ref = torch_transformer(d, h, 2, 3, d_ff, dropout=0.1, batch_first=True, norm_first=norm_first).double().eval()
+    stacks = nn.Module()
+    stacks.encoder = Encoder(2, d, h, d_ff, 0.1, norm_first=norm_first, final_norm=True)
+    stacks.decoder = Decoder(3, d, h, d_ff, 0.1, norm_first=norm_first, final_norm=True)
+    stacks.double().eval()
+    copy_from_torch_transformer(ref, stacks.encoder, stacks.decoder)
+    x, y = torch.randn(B, S, d, dtype=torch.double), torch.randn(B, T, d, dtype=torch.double)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        memory_ref = ref.encoder(x, src_key_padding_mask=~src_keep)
+        out_ref = ref.decoder(y, memory_ref, tgt_mask=~causal, tgt_key_padding_mask=~tgt_keep,
+                              memory_key_padding_mask=~src_keep)
+    with torch.no_grad():
+        memory, _ = stacks.encoder(x, padding_mask(src_keep))
+        out, _, _ = stacks.decoder(y, memory, padding_mask(src_keep), padding_mask(tgt_keep))
+    fast_rows.append((kind, (memory - memory_ref)[src_keep].abs().max().item(),
+                      (out - out_ref)[tgt_keep].abs().max().item(), (memory - memory_ref)[~src_keep].abs().max().item(),
+                      memory_ref[~src_keep].abs().max().item(), sorted({str(w.message).split(".")[0] for w in caught})))
+print(f"torch {torch.__version__}, eval mode, no_grad, dropout 0.1 on both sides")
+print(f"{'':8s} {'memory, real':>13s} {'output, real':>13s} {'memory, padded':>15s} {'PyTorch padded max':>19s}  warnings")
+for kind, mem_real, out_real, mem_pad, ref_pad, caught in fast_rows:
+    print(f"{kind:8s} {mem_real:13.1e} {out_real:13.1e} {mem_pad:15.1e} {ref_pad:19.1e}  {caught or 'none'}")
+assert all(max(r[1], r[2]) < 1e-10 for r in fast_rows), "in eval mode, at the real positions, ours must equal PyTorch's"
+
+# %% [markdown]
+# At the real positions the two agree to round-off, post-LN and pre-LN: evaluation mode switched
+# every dropout off on both sides (one active dropout would move the outputs by far more than
+# this), and the fast path computes the same function as the ordinary one. At the *padded*
+# positions of the memory they need not agree, and in this run (the table, with its torch
+# version) they do not for post-LN: PyTorch's nested-tensor path returns zeros there (its
+# largest padded value is printed), while ours keeps what the layers computed from the masked
+# inputs; its pre-LN encoder skips the nested tensors and agrees everywhere. Neither is wrong,
+# since every cross-attention masks the padded memory and nothing else reads it. But code that
+# ports a model and compares whole tensors will see differences at padded positions: compare
+# at the real ones, as the loss does.
 #
 # The last check is the whole model, embeddings and output layer included, forward and
 # backward. A pre-LN `Transformer` has final LayerNorms already, so `nn.Transformer`'s weights
@@ -1720,30 +1798,37 @@ plot_over_seeds(w2_per_seed, x=np.arange(12), estimator="mean", logy=True, ax=ax
 ax.axvline(5.5, color="grey", lw=0.8)
 ax.set_xticks(range(12), layer_names)
 plt.show()
-print(f"sizes: {init_sizes}; mean over {run.init_seeds} initialisation(s)")
+print(f"sizes: {init_sizes}; ||dL/dW2|| per layer, mean over {run.init_seeds} initialisation(s)")
 for name, norms in w2_norms.items():
     print(f"{name:8s} " + " ".join(f"{v:.3f}" for v in norms))
-post, pre = w2_norms["post-LN"], w2_norms["pre-LN"]
-w2_spread = {name: norms.max() / norms.min() for name, norms in w2_norms.items()}
-print(f"last decoder layer: post-LN / pre-LN = {post[-1] / pre[-1]:.1f}; post-LN decoder last / first = "
-      f"{post[-1] / post[6]:.1f}; pre-LN decoder last / first = {pre[-1] / pre[6]:.1f}")
-print(f"spread over the 12 layers (largest / smallest): post-LN {w2_spread['post-LN']:.1f}x, "
-      f"pre-LN {w2_spread['pre-LN']:.1f}x")
-assert w2_spread["pre-LN"] < w2_spread["post-LN"], "pre-LN's gradients should be more even across layers"
-if run.profile != "smoke":
-    assert post[-1] > 2 * pre[-1], "post-LN's gradient near the output should be larger than pre-LN's"
-    assert post[-1] > 2 * post[6], "post-LN's decoder gradients should grow towards the output"
-    assert pre[-1] < pre[6], "pre-LN's decoder gradients should shrink towards the output"
-    assert w2_spread["post-LN"] > 1.5 * w2_spread["pre-LN"], "post-LN's gradients should be clearly less even"
+post, pre = w2_per_seed["post-LN"], w2_per_seed["pre-LN"]                     # (seeds, 12 layers)
+w2_ratios = SeedResults(list(range(run.init_seeds)), {
+    "last decoder layer, post-LN / pre-LN": list(post[:, -1] / pre[:, -1]),
+    "post-LN decoder, last / first layer": list(post[:, -1] / post[:, 6]),
+    "pre-LN decoder, last / first layer": list(pre[:, -1] / pre[:, 6]),
+    "post-LN spread, largest / smallest": list(post.max(1) / post.min(1)),
+    "pre-LN spread, largest / smallest": list(pre.max(1) / pre.min(1)),
+})
+print(f"\nratios of the norms, per initialisation\n{w2_ratios.table(fmt='.2f')}")
+print(w2_ratios.verdict("post-LN spread, largest / smallest", "pre-LN spread, largest / smallest", fmt=".2f"))
+w2_spread = {"post-LN": np.array(w2_ratios.values["post-LN spread, largest / smallest"]),
+             "pre-LN": np.array(w2_ratios.values["pre-LN spread, largest / smallest"])}
+assert np.all(w2_spread["pre-LN"] < w2_spread["post-LN"]), "pre-LN's gradients should be more even across layers"
+if run.profile != "smoke":   # for every initialisation, each with a margin
+    assert np.all(post[:, -1] > 2 * pre[:, -1]), "post-LN's gradient near the output should be larger than pre-LN's"
+    assert np.all(post[:, -1] > 2 * post[:, 6]), "post-LN's decoder gradients should grow towards the output"
+    assert np.all(pre[:, -1] < 0.9 * pre[:, 6]), "pre-LN's decoder gradients should shrink towards the output"
+    assert np.all(w2_spread["post-LN"] > 1.5 * w2_spread["pre-LN"]), "post-LN's gradients should be clearly less even"
 
 # %% [markdown]
 # Post-LN's half of the picture is Xiong et al.'s, at this small size ($d_\text{model} = 128$,
 # $h = 4$, $d_\text{ff} = 512$): its decoder gradients grow towards the output, and its last
-# layers get gradients several times larger than pre-LN's. Pre-LN's are not level, as in their
-# analysis, but shrink towards the output (the last decoder layer's is 0.6 times the first's;
-# the numbers above), so near the input pre-LN's gradients are the larger ones.
-# Pre-LN's are also the more even across the depth: its largest norm is 2.3 times its smallest,
-# post-LN's 5.5 times.
+# layers get gradients several times larger than pre-LN's (3.4 [3.0, 3.9] times in the last
+# decoder layer, median [min, max] over the initialisations of the `cpu` run). Pre-LN's are not
+# level, as in their analysis, but shrink towards the output (the last decoder layer's is 0.61
+# [0.58, 0.64] times the first's), so near the input pre-LN's gradients are the larger ones.
+# Pre-LN's are also the more even across the depth, for every initialisation: its largest norm
+# is 2.5 [1.6, 2.8] times its smallest, post-LN's 5.9 [4.7, 6.7] times.
 #
 # **Training with and without warm-up.** Does it matter in practice? We train the same deep,
 # small model post-LN and pre-LN, each with and without warm-up, at a learning rate on the
@@ -1874,16 +1959,29 @@ early = {name: np.array([mean_loss(r, at_warmup_end) for r in runs]) for name, r
 post_cold, post_warm = final["post-LN, no warm-up"], final[f"post-LN, warm-up {cfg['warmup']} steps"]
 pre_cold, pre_warm = final["pre-LN, no warm-up"], final[f"pre-LN, warm-up {cfg['warmup']} steps"]
 full_runs = all(r["status"] == "finished" for runs in stability.values() for r in runs)
+warm_name = f"warm-up {cfg['warmup']} steps"
+if full_runs:
+    ended = SeedResults(list(stability_seeds), {**{name: list(v) for name, v in final.items()},
+                                                "word frequencies only": baselines})
+    print(f"\nmean loss over the last 10 steps, median [min, max] over the seeds\n{ended.table(fmt='.2f')}")
+    print(ended.verdict("post-LN, no warm-up", f"post-LN, {warm_name}", fmt=".2f"))
+    print(ended.verdict("post-LN, no warm-up", "pre-LN, no warm-up", fmt=".2f"))
+    print(ended.verdict("word frequencies only", "post-LN, no warm-up", fmt=".2f"))
+    print(ended.verdict(f"post-LN, {warm_name}", "pre-LN, no warm-up", fmt=".2f"))
+    print(ended.verdict(f"pre-LN, {warm_name}", "pre-LN, no warm-up", fmt=".2f"))
+    at_end_of_warmup = SeedResults(list(stability_seeds), {name: list(v) for name, v in early.items()})
+    print(f"steps {at_warmup_end.start + 1}-{at_warmup_end.stop}: "
+          + at_end_of_warmup.verdict("pre-LN, no warm-up", f"pre-LN, {warm_name}", better="lower", fmt=".2f"))
 if run.profile != "smoke" and full_runs:
-    # the headline, with wide margins, for every seed: post-LN stalls without warm-up and trains with it
+    # for every seed, each with a margin of half a nat: post-LN stalls without warm-up, and the
+    # warm-up, or pre-LN, trains it. How close to the frequency baseline the stalled run stays is
+    # printed, not asserted: a stalled run creeps down at a rate that varies from seed to seed.
     assert np.all(post_cold > post_warm + 0.5), "post-LN without warm-up should stall where warm-up trains it"
-    assert np.all(post_cold > np.array(baselines) - 0.6), "post-LN without warm-up should stay near the baseline"
     assert np.all(pre_cold < post_cold - 0.5), "pre-LN without warm-up should train where post-LN without it does not"
-    # the finer comparisons, on the median over seeds (one seed may tie where a longer or
-    # nondeterministic GPU run lands both configurations on the same floor)
-    assert np.median(post_warm) >= np.median(pre_cold), "post-LN with warm-up should end no better than pre-LN without it"
-    assert np.median(np.abs(pre_cold - pre_warm)) < 0.1, "pre-LN should not need the warm-up"
-    assert np.median(early["pre-LN, no warm-up"]) < np.median(early[f"pre-LN, warm-up {cfg['warmup']} steps"]), \
+    # pre-LN does not need the warm-up: the two end together, and without it pre-LN is ahead
+    # while the warm-up is still running (margins of 0.15 nats, for every seed)
+    assert np.all(np.abs(pre_cold - pre_warm) < 0.15), "pre-LN should not need the warm-up"
+    assert np.all(early["pre-LN, no warm-up"] < early[f"pre-LN, {warm_name}"] - 0.15), \
         "without warm-up, pre-LN should be ahead while the warm-up is still running"
 elif run.profile != "smoke":
     assert not any(r["status"].startswith("diverged") for runs in stability.values() for r in runs), \
@@ -1891,23 +1989,25 @@ elif run.profile != "smoke":
     print("some runs were cut by the time cap: the comparisons above are printed, not asserted")
 
 # %% [markdown]
-# The curves and the table show Xiong et al.'s result at a small scale, the same for every seed
-# (the numbers below are the `cpu` run's three). Post-LN without warm-up is the configuration
-# that fails. It does not diverge (no loss becomes infinite); it stalls: after a first drop its
-# loss stays near the dashed line, the loss of a model that predicts each word by its frequency
-# and ignores the context (4.83 nats), and ends between 4.5 and 4.6 nats, about 0.3 below
-# it (an earlier `cpu` run, on another machine, ended one seed at 4.8, just below it), while the other three configurations end between 2.9 and 3.2. The same post-LN model, from the same initial weights and on the same batches, trains
-# once the learning rate is warmed up over the first 50 steps, though it ends a little behind
-# pre-LN (3.1 to 3.2 against 2.9 to 3.0). Pre-LN trains with and without warm-up. Without it,
-# pre-LN is ahead while the warm-up would still be running (3.6 to 3.8 nats over steps 41-50,
-# against 4.1 to 4.2 with warm-up), and the two end within about 0.03 nats of each other: for pre-LN
-# the warm-up only delays training. (The asserts hold the stall and its rescue, with margins of
-# half a nat, for every seed, and the finer comparisons for the median seed, so that a longer or
-# not bit-reproducible run on a GPU, where two configurations may end on the same floor, does
-# not fail on a tie.) The warm-up is a patch for post-LN's large early gradients
-# (the previous figure); pre-LN removes the need for it, one reason many models since GPT-2 use
-# it. How sharp the contrast is depends on the learning rate and the depth: the setup cell's
-# `stability` sizes let you try others.
+# The curves and the tables show Xiong et al.'s result at a small scale, in the `cpu` run for
+# each of its three seeds. Post-LN without warm-up is the configuration that fails. It does not
+# diverge (no loss becomes infinite); it stalls: after a first drop its loss hovers near the
+# dashed line, the loss of a model that predicts each word by its frequency and ignores the
+# context (4.83 nats), and ends 4.54 [4.53, 4.57] nats (median [min, max] over the seeds), 0.28
+# [0.25, 0.29] below that line, while the other three configurations end between 2.9 and 3.2,
+# each more than a nat lower in every seed (the verdict lines). How close to the line a stalled
+# run stays is printed, not asserted: a stalled run still drifts, by an amount that three seeds
+# cannot bound; what the asserts hold is the gap to the configurations that train.
+# The same post-LN model, from the same initial weights and on the same batches, trains once
+# the learning rate is warmed up over the first 50 steps, though it ends a little behind pre-LN
+# without warm-up, by 0.14 to 0.18 nats in each seed. Pre-LN trains with and without warm-up.
+# Without it, pre-LN is ahead while the warm-up would still be running (by 0.33 to 0.55 nats
+# over steps 41-50), and the two end within 0.03 nats of each other: for pre-LN the warm-up only
+# delays training. (The asserts hold each of these, except the small lead of pre-LN over warmed-up
+# post-LN, for every seed with a margin of 0.15 nats or more.) The warm-up is a patch for
+# post-LN's large early gradients (the previous figure); pre-LN removes the need for it, one
+# reason many models since GPT-2 use it. How sharp the contrast is depends on the learning rate
+# and the depth: the setup cell's `stability` sizes let you try others.
 #
 # **What pre-LN costs.** None of this makes pre-LN simply the better choice. These runs last
 # 150 steps: they show which configuration *starts* to train at a large learning rate, not
@@ -2082,7 +2182,9 @@ print(f"this sequence: {on_diagonal:.0%} of the weight on the diagonal; over all
 #   and `nn.Transformer` with copied weights: outputs and every parameter's gradient to float64
 #   round-off, post-LN and pre-LN, with padding and causal masks, once PyTorch's inverted bool
 #   masks and its always-present final LayerNorms are accounted for; so does the whole pre-LN
-#   model, embeddings and output layer included, forward and backward (section 7).
+#   model, embeddings and output layer included, forward and backward. In evaluation mode without
+#   gradients they agree at the real positions, while PyTorch's fast path may leave other values
+#   at padded ones (section 7).
 # * An untrained model's loss is about $\ln V + \sigma^2/2$, not $\ln V$ (logit variance
 #   $\sigma^2$). The paper's base model, built, has 63.1 million parameters with a shared
 #   37,000-token vocabulary (the paper: 65M, with no breakdown); 70% of it is in the two stacks,
@@ -2090,8 +2192,10 @@ print(f"this sequence: {on_diagonal:.0%} of the weight on the diagonal; over all
 # * Post-LN gives the layers near the output large gradients at initialisation and, at a large
 #   learning rate, needs a warm-up to train: without it, a 12-layer model stalled near the
 #   word-frequency baseline for every seed. Pre-LN's gradients are smaller near the
-#   output and more even across the layers (largest / smallest 2.3 against post-LN's 5.5, at
-#   $d_\text{model} = 128$), and it trained with or without warm-up (section 9). The assembled model learns to
+#   output and more even across the layers (largest / smallest 2.5 against post-LN's 5.9, medians
+#   over three initialisations at $d_\text{model} = 128$), and it trained with or without warm-up.
+#   The literature's price for that stability is some final quality, which 150 steps cannot show
+#   (section 9). The assembled model learns to
 #   copy sequences in seconds for every seed, how well depending on the seed, its cross-attention
 #   aligning target position $t$ with source position $t$ (section 10). Chapter 08 trains it to
 #   translate.

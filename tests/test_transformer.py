@@ -28,9 +28,11 @@ from tfmlib.transformer import (
     FeedForward,
     LayerNormScratch,
     Transformer,
+    cached_decode_step,
     copy_from_torch_decoder_layer,
     copy_from_torch_encoder_layer,
     copy_from_torch_transformer,
+    new_decoder_cache,
 )
 
 D, H, FF = 16, 4, 24
@@ -222,6 +224,28 @@ def test_cached_decoding_equals_the_teacher_forced_pass(norm_first):
         layer.length = model.max_target_len
     with pytest.raises(ValueError, match="max_len"):
         model.decode_step(b.tgt_in[:, 0], too_long, enc)
+
+
+def test_decode_step_serves_the_state_it_is_given_whatever_the_switch():
+    """Chapter 07's decode_step re-reads a prefix state; a cache state goes to chapter 09's
+    cached_decode_step; model.kv_cache only picks which state encode starts. Same logits either way."""
+    model = small_transformer().eval()
+    _, b = random_batch(5, batch=3)
+    enc = model.encode(b.src, b.src_mask)                          # kv_cache=True: a cache
+    assert enc.state.length == 0 and enc.state.layers[0].capacity == model.max_target_len
+    prefix, cache = b.src.new_zeros((3, 0)), new_decoder_cache(model, enc.memory)
+    with torch.no_grad():
+        for t in range(4):
+            by_prefix = model.decode_step(b.tgt_in[:, t], prefix, enc)
+            by_cache = model.decode_step(b.tgt_in[:, t], cache, enc)
+            direct = cached_decode_step(model, b.tgt_in[:, t], cache, enc)
+            torch.testing.assert_close(by_prefix.logits, by_cache.logits, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(direct.logits, by_cache.logits, rtol=0, atol=0)
+            assert torch.equal(by_prefix.state, b.tgt_in[:, : t + 1]), "the prefix grows by the token read"
+            assert by_cache.state.length == t + 1 and cache.length == t, "a cache state is extended as a fork"
+            prefix, cache = by_prefix.state, by_cache.state
+    model.kv_cache = False
+    assert torch.equal(model.encode(b.src, b.src_mask).state, b.src.new_zeros((3, 0)))
 
 
 def test_embeddings_are_scaled_and_the_output_is_tied():

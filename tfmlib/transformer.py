@@ -14,7 +14,9 @@ Introduced in chapter 07 (the Transformer architecture); chapter 08 trains it to
 * the layers take chapter 09's key-value cache as optional arguments (``cache=``, and the
   decoder's ``memory_kv=``; :class:`Decoder` takes a whole :class:`~tfmlib.kv_cache.DecoderCache`),
   so that cached decoding runs the same code as training; an :class:`EncoderLayer` with
-  ``causal=True`` is chapter 09's decoder-only block;
+  ``causal=True`` is chapter 09's decoder-only block; :func:`new_decoder_cache` and
+  :func:`cached_decode_step` are :class:`Transformer`'s decoding with that cache (its default,
+  ``kv_cache = True``), kept out of the class, whose own ``decode_step`` re-reads the prefix;
 * :class:`Encoder` and :class:`Decoder` stack them; :class:`Transformer` adds token embeddings
   scaled by ``sqrt(d_model)``, positions (:mod:`tfmlib.positional`) and the output projection
   (optionally tied to the target embedding) and implements the book's
@@ -77,9 +79,11 @@ __all__ = [
     "FeedForward",
     "LayerNormScratch",
     "Transformer",
+    "cached_decode_step",
     "copy_from_torch_decoder_layer",
     "copy_from_torch_encoder_layer",
     "copy_from_torch_transformer",
+    "new_decoder_cache",
 ]
 
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
@@ -361,6 +365,54 @@ def _check_transformer_config(src_vocab_size: int, tgt_vocab_size: int, config: 
                          f"{src_vocab_size} and {tgt_vocab_size}")
 
 
+def _positions(positional: str, d_model: int, dropout: float, max_len: int) -> nn.Module:
+    """The positions ``positional`` names: chapter 06's sinusoidal table, or a learned one of
+    ``max_len`` rows."""
+    if positional == "sinusoidal":
+        return SinusoidalPositionalEncoding(d_model, dropout, max_len=max_len)
+    return LearnedPositionalEmbedding(max_len, d_model, dropout)
+
+
+def _init_parameters(model: Transformer) -> None:
+    """A :class:`Transformer`'s initial weights: Glorot-uniform matrices in the stacks (as
+    ``nn.Transformer``); embeddings drawn from N(0, 1/d) (std d^-1/2), so that after the sqrt(d)
+    scale a token vector has entries of variance 1; a learned position table drawn again at the scale
+    of the sinusoidal one, whose entries have mean square 1/2 (``LearnedPositionalEmbedding.INIT_STD``
+    = 2^-1/2); the output layer's bias 0."""
+    for stack in (model.encoder, model.decoder):
+        for p in stack.parameters():
+            if p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+    # A list, not a set: a set of modules iterates in id order, which changes from run to run,
+    # and would draw the two tables from the generator in a different order each time.
+    embeddings = [model.src_embed]
+    if model.tgt_embed is not model.src_embed:
+        embeddings.append(model.tgt_embed)
+    for emb in embeddings:
+        nn.init.normal_(emb.weight, 0.0, model.d_model ** -0.5)
+        with torch.no_grad():
+            emb.weight[PAD_ID].zero_()
+    for pos in (model.src_pos, model.tgt_pos):
+        if isinstance(pos, LearnedPositionalEmbedding):
+            pos.reset_parameters()
+    nn.init.zeros_(model.generator.bias)
+
+
+def _check_target_length(model: Transformer, length: int) -> None:
+    if length > model.max_target_len:
+        raise ValueError(f"Transformer: a target of {length} tokens is longer than this model's "
+                         f"max_len={model.max_target_len}")
+
+
+def _check_maps_input(model: Transformer, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> None:
+    """The checks of :meth:`Transformer.attention_maps`'s arguments: a ``ValueError`` naming the bad one."""
+    check_source(src, src_mask, "attention_maps", model.max_source_len, model.src_vocab_size)
+    if tgt_in.dim() != 2 or tgt_in.shape[0] != src.shape[0] or tgt_in.shape[1] == 0:
+        raise ValueError(f"attention_maps: tgt_in must be (batch={src.shape[0]}, target_len >= 1), "
+                         f"got shape {tuple(tgt_in.shape)}")
+    check_ids(tgt_in, model.tgt_vocab_size, "attention_maps", "tgt_in")
+
+
 class Transformer(EncoderDecoder):
     """The Transformer encoder-decoder for translation (Vaswani et al. 2017, section 3).
 
@@ -374,13 +426,13 @@ class Transformer(EncoderDecoder):
     Implements :class:`~tfmlib.seq2seq.EncoderDecoder`: ``encode`` runs the encoder once;
     ``decode_step`` reads one more target token; ``decode_teacher_forced`` runs the decoder on the
     whole target at once, the causal mask keeping each position from seeing later ones.
-    :meth:`attention_maps` returns every layer's and head's weights. ``decode_step``'s state is a
-    :class:`~tfmlib.kv_cache.DecoderCache` (``model.kv_cache = True``, the default; chapter 09):
-    every decoder layer's keys and values of the target tokens read so far, and its
-    cross-attention keys and values of the source, so a step computes the new token only; or,
-    with ``model.kv_cache = False``, the target prefix ``(B, t)``, which the decoder re-reads at
-    every step (the outputs are the same). Either way a step returns a new state and leaves the
-    one it was given unchanged.
+    :meth:`attention_maps` returns every layer's and head's weights. ``decode_step``'s state is
+    the target prefix ``(B, t)``, which the decoder re-reads at every step, when
+    ``model.kv_cache = False``; with ``model.kv_cache = True`` (the default) it is chapter 09's
+    :class:`~tfmlib.kv_cache.DecoderCache` (:func:`new_decoder_cache`, :func:`cached_decode_step`),
+    every decoder layer's keys and values so far, so a step computes the new token only; the
+    outputs are the same. Either way a step returns a new state and leaves the one it was given
+    unchanged.
     """
 
     def __init__(self, src_vocab_size: int, tgt_vocab_size: int, *, d_model: int = 512, heads: int = 8,
@@ -399,44 +451,17 @@ class Transformer(EncoderDecoder):
         self.src_embed = nn.Embedding(src_vocab_size, d_model, padding_idx=PAD_ID)
         self.tgt_embed = self.src_embed if share_embeddings else \
             nn.Embedding(tgt_vocab_size, d_model, padding_idx=PAD_ID)
-        if positional == "sinusoidal":
-            self.src_pos = SinusoidalPositionalEncoding(d_model, dropout, max_len=max_len)
-            self.tgt_pos = SinusoidalPositionalEncoding(d_model, dropout, max_len=max_len)
-        else:
-            self.src_pos = LearnedPositionalEmbedding(max_len, d_model, dropout)
-            self.tgt_pos = LearnedPositionalEmbedding(max_len, d_model, dropout)
+        self.src_pos = _positions(positional, d_model, dropout, max_len)
+        self.tgt_pos = _positions(positional, d_model, dropout, max_len)
         layer_args = dict(d_model=d_model, heads=heads, d_ff=d_ff, dropout=dropout, norm_first=norm_first,
                           activation=activation)
         self.encoder = Encoder(encoder_layers, **layer_args)
         self.decoder = Decoder(decoder_layers, **layer_args)
         self.generator = nn.Linear(d_model, tgt_vocab_size)
-        self.kv_cache = True  # decode_step reuses keys and values (chapter 09); False re-reads the prefix
-        self._reset_parameters()
+        self.kv_cache = True  # decode_step keeps chapter 09's key-value cache; False: it re-reads the prefix
+        _init_parameters(self)
         if tie_output:
             self.generator.weight = self.tgt_embed.weight
-
-    def _reset_parameters(self) -> None:
-        # Glorot-uniform matrices in the stacks (as nn.Transformer), embeddings drawn from N(0, 1/d)
-        # (std d^-1/2), so that after the sqrt(d) scale a token vector has entries of variance 1;
-        # sinusoidal positions have entries of mean square 1/2, and a learned position table is
-        # drawn again at that scale (LearnedPositionalEmbedding.INIT_STD = 2^-1/2).
-        for stack in (self.encoder, self.decoder):
-            for p in stack.parameters():
-                if p.dim() > 1:
-                    nn.init.xavier_uniform_(p)
-        # A list, not a set: a set of modules iterates in id order, which changes from run to run,
-        # and would draw the two tables from the generator in a different order each time.
-        embeddings = [self.src_embed]
-        if self.tgt_embed is not self.src_embed:
-            embeddings.append(self.tgt_embed)
-        for emb in embeddings:
-            nn.init.normal_(emb.weight, 0.0, self.d_model ** -0.5)
-            with torch.no_grad():
-                emb.weight[PAD_ID].zero_()
-        for pos in (self.src_pos, self.tgt_pos):
-            if isinstance(pos, LearnedPositionalEmbedding):
-                pos.reset_parameters()
-        nn.init.zeros_(self.generator.bias)
 
     def embed_source(self, src: Tensor) -> Tensor:
         """``(B, S)`` ids -> ``(B, S, d)``: ``sqrt(d) * E[src] + positions`` (then dropout)."""
@@ -449,11 +474,9 @@ class Transformer(EncoderDecoder):
 
     def encode(self, src: Tensor, src_mask: Tensor) -> EncoderOutput:
         memory, _ = self.encoder(self.embed_source(src), padding_mask(src_mask))
-        if self.kv_cache:  # decode_step's state: every decoder layer's keys and values (none read yet)
-            state = self.decoder.new_cache(memory, self.max_target_len, initial=min(self.max_target_len, 32))
-        else:              # or the target prefix (empty), re-read at every step
-            state = src.new_zeros((src.shape[0], 0))
-        return EncoderOutput(memory, src_mask, state)
+        if self.kv_cache:  # chapter 09: decode_step's state is every decoder layer's keys and values
+            return EncoderOutput(memory, src_mask, new_decoder_cache(self, memory))
+        return EncoderOutput(memory, src_mask, src.new_zeros((src.shape[0], 0)))  # no target read yet
 
     def decode(self, tgt_in: Tensor, enc: EncoderOutput) -> Tensor:
         """The decoder's output ``(B, T, d)`` for the target prefix ``tgt_in`` ``(B, T)``."""
@@ -464,27 +487,17 @@ class Transformer(EncoderDecoder):
         return self.generator(self.decode(tgt_in, enc))
 
     def decode_step(self, prev: Tensor, state: Tensor | DecoderCache, enc: EncoderOutput) -> StepOutput:
-        t = state.shape[1] if isinstance(state, Tensor) else state.length   # target tokens read so far
-        if t + 1 > self.max_target_len:
-            raise ValueError(f"Transformer: a target of {t + 1} tokens is longer than this model's "
-                             f"max_len={self.max_target_len}")
-        if isinstance(state, Tensor):  # kv_cache=False: re-read the whole prefix
-            prefix = torch.cat([state, prev[:, None]], dim=1)           # (B, t + 1)
-            return StepOutput(self.generator(self.decode(prefix, enc)[:, -1]), prefix)
-        state = state.fork()  # extend a fork: the state we were given stays as it was (nothing is copied)
-        x, _, _ = self.decoder(self.embed_target(prev[:, None], offset=t), enc.memory, padding_mask(enc.mask),
-                               cache=state)
-        return StepOutput(self.generator(x[:, -1]), state)
+        if not isinstance(state, Tensor):  # chapter 09's key-value cache (kv_cache = True)
+            return cached_decode_step(self, prev, state, enc)
+        _check_target_length(self, state.shape[1] + 1)
+        prefix = torch.cat([state, prev[:, None]], dim=1)                        # (B, t + 1)
+        return StepOutput(self.generator(self.decode(prefix, enc)[:, -1]), prefix)  # re-read it all
 
     @torch.no_grad()
     def attention_maps(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> AttentionMaps:
         """Every layer's and head's attention weights while reading the reference ``tgt_in``
         (teacher forcing), in eval mode (no dropout; the previous mode is restored)."""
-        check_source(src, src_mask, "attention_maps", self.max_source_len, self.src_vocab_size)
-        if tgt_in.dim() != 2 or tgt_in.shape[0] != src.shape[0] or tgt_in.shape[1] == 0:
-            raise ValueError(f"attention_maps: tgt_in must be (batch={src.shape[0]}, target_len >= 1), "
-                             f"got shape {tuple(tgt_in.shape)}")
-        check_ids(tgt_in, self.tgt_vocab_size, "attention_maps", "tgt_in")
+        _check_maps_input(self, src, src_mask, tgt_in)
         was_training = self.training
         self.eval()
         try:
@@ -495,6 +508,30 @@ class Transformer(EncoderDecoder):
         finally:
             self.train(was_training)
         return AttentionMaps(enc_maps, self_maps, cross_maps)
+
+
+# --------------------------------------------------------------------------- chapter 09's cache
+
+
+def new_decoder_cache(model: Transformer, memory: Tensor) -> DecoderCache:
+    """``model.encode``'s first decoding state when ``model.kv_cache`` (chapter 09): an empty
+    :class:`~tfmlib.kv_cache.DecoderCache` for up to ``model.max_target_len`` target tokens, with
+    every decoder layer's cross-attention keys and values of ``memory`` ``(B, S, d)`` computed once."""
+    return model.decoder.new_cache(memory, model.max_target_len, initial=min(model.max_target_len, 32))
+
+
+def cached_decode_step(model: Transformer, prev: Tensor, cache: DecoderCache,
+                       enc: EncoderOutput) -> StepOutput:
+    """:meth:`Transformer.decode_step` with chapter 09's key-value cache: the decoder reads the new
+    token ``prev`` ``(B,)`` only, at position ``cache.length``, and every layer appends its keys and
+    values to a fork of ``cache`` (the cache given stays as it was; nothing is copied), which is the
+    returned state. The logits are those of re-reading the whole prefix."""
+    t = cache.length                                                     # target tokens read so far
+    _check_target_length(model, t + 1)
+    cache = cache.fork()
+    x, _, _ = model.decoder(model.embed_target(prev[:, None], offset=t), enc.memory, padding_mask(enc.mask),
+                            cache=cache)
+    return StepOutput(model.generator(x[:, -1]), cache)
 
 
 # --------------------------------------------------------------------------- PyTorch's modules
