@@ -37,7 +37,7 @@
 #    (measured at initialisation, 24 layers);
 # 3. layer normalisation written out, equal to `nn.LayerNorm` forward and backward, and a
 #    common mis-statement of it corrected;
-# 4. the encoder layer, post-LN (the paper's) and pre-LN (most later models'); the decoder layer
+# 4. the encoder layer, post-LN (the paper's) and pre-LN (GPT-2's and many later models'); the decoder layer
 #    with causal self-attention and cross-attention; the stacks; the model with scaled
 #    embeddings and a tied output layer; causality and padding checked;
 # 5. the check against `nn.TransformerEncoderLayer`, `nn.TransformerDecoderLayer` and
@@ -433,13 +433,11 @@ if run.profile != "smoke":
 # This is the division of labour in a Transformer layer: attention moves information between
 # positions, with weights that depend on content; the feed-forward network transforms what
 # arrived, at each position, non-linearly. One attention layer cannot do the second job: the
-# proof above holds whatever the weights. Two attention layers can: from the second layer on,
-# the query at `<cls>` depends on the count, the degree bound is gone, and question 1's solution
-# trains two- and four-layer attention-only stacks (residual + LayerNorm, no feed-forward
-# network) to 100% on every seed it tries. So attention is not without a non-linearity (the
-# softmax is one); what the feed-forward network gives each layer is a non-linearity applied
-# *after* gathering, at every position, which attention alone gets only by stacking. (The
-# other direction is trivial: without attention, `<cls>` never sees a bit.)
+# proof above holds whatever the weights. Whether a *stack* of attention layers can is a
+# different question, and the proof says nothing about it (question 1 asks you to find out,
+# and why). What the feed-forward network gives each layer is a non-linearity applied *after*
+# gathering, at every position. (The other direction is trivial: without attention, `<cls>`
+# never sees a bit.)
 #
 # ## 2. Residual connections
 #
@@ -582,7 +580,8 @@ if run.profile != "smoke":
 # enough to measure: a sum where the mean belongs, $\mu = \sum_j x_j$, and
 # $(x - \mu)/(\sqrt{\sigma} + \epsilon)$ (the root of the standard deviation, $\epsilon$ outside)
 # are two; neither matches Ba et al.'s definition, and neither is what `nn.LayerNorm` computes
-# (measured below, with a third slip, which the Annotated Transformer makes). Unlike batch
+# (measured below, with the slip the Annotated Transformer makes, $\epsilon$ added to the
+# standard deviation). Unlike batch
 # normalisation, nothing is averaged over the batch or over positions, so a token's output does not depend on its
 # neighbours or on the padding in its batch, and training and inference compute the same thing.
 
@@ -1030,7 +1029,9 @@ class Decoder(nn.Module):
 # keys and values; it gives the same outputs, faster, so it is the package's default
 # (`model.kv_cache = True`): `encode` then starts a cache (`new_decoder_cache`) and `decode_step`
 # hands it to `cached_decode_step`, two small functions this chapter imports from the package
-# and chapter 09 explains, which feed the layers' `cache` and `memory_kv` arguments.
+# (`tfmlib.transformer`), which feed the layers' `cache` and `memory_kv` arguments. Chapter 09
+# builds the cache itself, for a decoder-only model; the encoder-decoder step works the same
+# way, with one more cache of the source's keys and values, computed once per sentence.
 #
 # The class below is the architecture: embeddings and positions, the two stacks, the output
 # layer, and the interface; the small functions it calls follow it. `attention_maps`, for the
@@ -1826,7 +1827,8 @@ if run.profile != "smoke":   # for every initialisation, each with a margin
 # layers get gradients several times larger than pre-LN's (3.4 [3.0, 3.9] times in the last
 # decoder layer, median [min, max] over the initialisations of the `cpu` run). Pre-LN's are not
 # level, as in their analysis, but shrink towards the output (the last decoder layer's is 0.61
-# [0.58, 0.64] times the first's), so near the input pre-LN's gradients are the larger ones.
+# [0.58, 0.64] times the first's), so in the decoder's first layers pre-LN's gradients are the
+# larger ones (in the encoder post-LN's are larger throughout: the printed rows).
 # Pre-LN's are also the more even across the depth, for every initialisation: its largest norm
 # is 2.5 [1.6, 2.8] times its smallest, post-LN's 5.9 [4.7, 6.7] times.
 #
@@ -1993,8 +1995,8 @@ elif run.profile != "smoke":
 # each of its three seeds. Post-LN without warm-up is the configuration that fails. It does not
 # diverge (no loss becomes infinite); it stalls: after a first drop its loss hovers near the
 # dashed line, the loss of a model that predicts each word by its frequency and ignores the
-# context (4.83 nats), and ends 4.54 [4.53, 4.57] nats (median [min, max] over the seeds), 0.28
-# [0.25, 0.29] below that line, while the other three configurations end between 2.9 and 3.2,
+# context (4.83 nats), and ends near it: 4.54 [4.53, 4.57] nats (median [min, max] over the seeds), 0.28
+# [0.25, 0.29] below that line in these three seeds, while the other three configurations end between 2.9 and 3.2,
 # each more than a nat lower in every seed (the verdict lines). How close to the line a stalled
 # run stays is printed, not asserted: a stalled run still drifts, by an amount that three seeds
 # cannot bound; what the asserts hold is the gap to the configurations that train.
@@ -2004,7 +2006,7 @@ elif run.profile != "smoke":
 # Without it, pre-LN is ahead while the warm-up would still be running (by 0.33 to 0.55 nats
 # over steps 41-50), and the two end within 0.03 nats of each other: for pre-LN the warm-up only
 # delays training. (The asserts hold each of these, except the small lead of pre-LN over warmed-up
-# post-LN, for every seed with a margin of 0.15 nats or more.) The warm-up is a patch for
+# post-LN, for every seed, with tolerances of 0.15 nats, or 0.5 nats for the large gaps.) The warm-up is a patch for
 # post-LN's large early gradients (the previous figure); pre-LN removes the need for it, one
 # reason many models since GPT-2 use it. How sharp the contrast is depends on the learning rate
 # and the depth: the setup cell's `stability` sizes let you try others.

@@ -25,9 +25,10 @@ The layers use the cache themselves: :class:`~tfmlib.attention.MultiHeadAttentio
 ``cache=`` (append this call's keys and values, attend over all of them) and ``kv=`` (keys and
 values projected once, for cross-attention), and :class:`~tfmlib.transformer.EncoderLayer`,
 :class:`~tfmlib.transformer.DecoderLayer` and :class:`~tfmlib.transformer.Decoder` pass them on, so
-training and cached decoding run the same code. Those modules import the types from here (chapter
-07's :mod:`tfmlib.transformer` at its top: this module depends on nothing in the package, so there
-is no import circle; chapter 07's reader meets the cache only as optional arguments).
+training and cached decoding run the same code. Those modules name the types from here in their
+type hints, and :meth:`tfmlib.transformer.Decoder.new_cache` builds one (this module depends on
+nothing in the package, so there is no import circle; chapter 07's reader meets the cache only as
+optional arguments and in :func:`tfmlib.transformer.cached_decode_step`).
 
 **A step does not change its input state.** ``Transformer.decode_step`` and ``DecoderLM.step``
 :meth:`~DecoderCache.fork` the state they are given and return the extended fork, so the same step
