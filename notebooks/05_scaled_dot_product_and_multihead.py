@@ -366,8 +366,10 @@ if run.profile != "smoke":
 # saturation win, and then quickly. Across the six draws the ratio moves by a few percent at
 # small widths, by tens of percent around 64 to 256, and by several times at the largest, where a
 # median over a few hundred nearly one-hot queries is a noisy number; "more gradient at 64", the
-# crossing between 128 and 256, and the collapse at the largest width hold in every draw
-# (asserted for all six). So "without the scale the queries stop learning" is true only for wide
+# crossing between 128 and 256, and the collapse at the largest width hold in each of these six
+# draws (asserted for all six). Where exactly the ratio crosses 1 is itself a draw: near 128 it
+# is close to 1, so another draw can cross between 64 and 128; "more gradient at 64" and the
+# collapse at the largest widths are the robust part. So "without the scale the queries stop learning" is true only for wide
 # heads. What goes wrong at the Transformer's $d_k = 64$ is
 # different: the scores have a spread that grows like $\sqrt{d_k}$, so the softmax's
 # *temperature* depends on the width. Unscaled, a freshly initialised head is already sharp, at
@@ -2163,10 +2165,12 @@ ax.minorticks_off()
 plt.show()
 
 # %% [markdown]
-# Read the table and the figure, run by run. With one head, most runs end below 100% test
-# accuracy (the printed count), and the one-head losses spread over more than two orders of
-# magnitude: some runs do as well as any, others much worse, so one head has the highest median
-# loss and the worst single run. From two heads on, every run is at 100% and every loss is low.
+# Read the table and the figure, run by run. With one head the losses spread over more than
+# two orders of magnitude: some runs do as well as any, others much worse, so one head has the
+# highest median loss, the worst single run and the lowest accuracies (the printed counts of runs
+# below 100% and the accuracy ranges say how many and how far). With two heads or more the
+# losses stay within a much narrower band and every run is within a fraction of a percent of
+# 100%.
 # Paired by seed (the verdict lines under the medians), more heads usually end with a lower loss
 # than one head from the same seed, but not always: in the `cpu` run two and eight heads do for
 # every seed and four heads for five of six, and where one head solves the task the paired
@@ -2177,9 +2181,11 @@ plt.show()
 # well as any, but within the same number of steps it often does not. More heads than two do not
 # improve further (the medians beyond two differ by less than the runs do): the task needs a
 # query at *it* to find a couple of words, and two heads per layer already give it two
-# distributions. Six runs per setting are what make this readable: the first three seeds alone
-# put every one-head run below 100%, the last three put two of them at 100%. Read the
-# differences between head counts against the spread between runs, not as single numbers.
+# distributions. Six runs per setting are what make this readable: three seeds could land on
+# one head's good runs or on its bad ones. Read the differences between head counts against the
+# spread between runs, not as single numbers. (A seed fixes the weights, the data and the order
+# of the batches, not every rounding: a rerun on another machine, or with another number of
+# threads, can move these runs' last digits and, where a run is near a threshold, a count.)
 #
 # The extra runs with section 7b's number of heads also test 7b's reading on more seeds (the
 # lines printed after the table). Every run resolves *it*, and in every run the heads at *it*,
@@ -2191,8 +2197,8 @@ plt.show()
 # The price of more heads is the weights tensor (the printed counts per sentence of 20 tokens,
 # both layers) and its softmax. The step times show what that costs on your machine. Read the
 # fastest rounds (the `min ms` column, and the line under the table): on a shared machine the
-# rounds of one step fall into two groups, a quiet one and one slowed by other work, and the
-# median can land in either, so the medians mostly measure the load. At 20 tokens the
+# rounds of one step can fall into two groups, a quiet one and one slowed by other work, and
+# the median can land in either, so the medians may measure the load more than the step. At 20 tokens the
 # projections, the same for every $h$, are a large part of the work, so the fastest step grows
 # far more slowly than the number of weights (the printed ratios against one head, and the
 # weights' up to eightfold growth; section 6's memory table shows where the weights start to
@@ -2229,9 +2235,9 @@ plt.show()
 #   axis by a reshape and a transpose: equal to a loop over heads, faster, and with
 #   $4(d^2_{\text{model}} + d_{\text{model}})$ parameters whatever $h$; the weights tensor and its
 #   softmax grow with $h$. On the *it* task (section 7c, six runs per setting, every run printed),
-#   one head made the runs unreliable (most below 100%, losses spread widely, though one run was
-#   as good as any), two or more heads solved it in every run, with no clear gain beyond two:
-#   differences of the size of the run-to-run spread.
+#   one head made the runs unreliable (losses spread over two orders of magnitude and the lowest
+#   accuracies, though some runs were as good as any), two or more heads solved it more evenly,
+#   with no clear gain beyond two: differences of the size of the run-to-run spread.
 # * The **fast** attention (`F.scaled_dot_product_attention`) equals the explicit one, and our
 #   layer equals `nn.MultiheadAttention` with copied weights, forward and backward, under every
 #   mask, to float32 rounding; PyTorch's layer reads `bool` masks the opposite way (`True` =

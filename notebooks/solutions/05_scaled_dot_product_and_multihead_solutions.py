@@ -329,9 +329,10 @@ assert torch.allclose(residual[0, 2], x[0, 2] + layer.out_proj.bias, atol=1e-6),
 # layers were bound by their arithmetic. A narrow `nn.GRU` is not: each of its $n$ sequential
 # steps is a small matrix product plus a fixed cost per step (a kernel call, the gate
 # non-linearities, the loop), and at small widths that fixed cost is a large share of the step,
-# so the GRU's time grows by less than four times when $d$ doubles, while attention's few large
-# products grow roughly with their arithmetic. Then the time ratio can move the *other* way from
-# the FLOP ratio. (The third crossover, in saved memory at $n = (c - c')\,d/h$, also doubles with
+# so the GRU's time grows by less than four times when $d$ doubles. Attention's products are
+# small too at these widths, and need not follow their arithmetic either. Neither layer's time is
+# then set by its arithmetic, so the time ratio at a fixed $n$ need not follow the FLOP ratio,
+# and which way it moves is a measurement, not a prediction. (The third crossover, in saved memory at $n = (c - c')\,d/h$, also doubles with
 # $d$ at a fixed number of heads.) On a GPU the crossover in time moves much further out, because
 # the GRU's $n$ small sequential steps leave most of the GPU idle while attention's few large
 # products fill it.
@@ -390,12 +391,14 @@ assert all(q6[widths[0], n]["flop ratio"] > q6[widths[-1], n]["flop ratio"] for 
 # arithmetic). The time ratio is a measurement of this machine, and the verdict lines say which
 # way it moved at each doubling. Where the GRU's fastest time grows by much less than the 4x of
 # its arithmetic (the `GRU x vs d/2` column), its per-step overhead, not its $n d^2$, sets its
-# time; attention's few large products grow closer to their arithmetic, so the time ratio at a
-# fixed $n$ can stay flat or rise with the width while the FLOP ratio falls: on a CPU, a wider
-# model need not move the crossover in time out, even though it moves the crossover in
-# arithmetic out as $n = d$. As the width grows further the GRU's steps become large enough to be
-# bound by their arithmetic, and the time ratio should turn towards the FLOP ratio. The last line says
-# whether a crossover in time lies below $n = 256$ on this machine at all.
+# time; attention's time also grows by less than its arithmetic (the last column against the 2x
+# to 4x of its FLOPs). With neither layer bound by its arithmetic at these widths, the time
+# ratio at a fixed $n$ moves by what each layer's overheads do, which differs from machine to
+# machine and from run to run (the medians and the fastest rounds can even disagree): on a CPU,
+# a wider model need not move the crossover in time the way it moves the crossover in arithmetic
+# ($n = d$). Only at widths where both layers are bound by their arithmetic should the time ratio
+# follow the FLOP ratio. The last line says whether a crossover in time lies below $n = 256$ on
+# this machine at all.
 
 # %% [markdown]
 # **7. FlashAttention's running softmax.** Exercise 1 is the proof in code: after a block, keep
