@@ -1167,11 +1167,13 @@ def copy_back_loss(model: nn.Module, tokens: Tensor) -> tuple[Tensor, int]:
     return F.cross_entropy(logits[:, run.back:].reshape(-1, run.vocab), targets.reshape(-1)), targets.numel()
 
 
-def bag_of_words_accuracy(tokens: Tensor) -> float:
+def bag_of_words_accuracy(tokens: Tensor, causal: bool = False) -> float:
     """Expected accuracy of the best guess without positions: at each t >= back, the most frequent token
-    of the sequence once x_t itself is left out (ties broken at random)."""
-    counts = F.one_hot(tokens, run.vocab).sum(1)                                   # (B, vocab)
-    others = counts[:, None, :] - F.one_hot(tokens[:, run.back:], run.vocab)        # (B, L - back, vocab)
+    of the sequence once x_t itself is left out (ties broken at random). With `causal`, of the prefix
+    x_0..x_{t-1} only: what a causal model, which sees no later token, can guess without positions."""
+    one_hot = F.one_hot(tokens, run.vocab)                                          # (B, L, vocab)
+    counts = one_hot.cumsum(1)[:, run.back:] if causal else one_hot.sum(1, keepdim=True)
+    others = counts - one_hot[:, run.back:]                                         # (B, L - back, vocab)
     best = others.max(-1, keepdim=True).values
     tied = (others == best).sum(-1)
     hit = (others.gather(-1, tokens[:, : -run.back, None]) == best).squeeze(-1).float() / tied
@@ -1348,8 +1350,10 @@ if run.profile != "smoke":
         "no positions: the bag-of-words guess, no better"
     learners = ("sinusoidal", "learned", "rotary", "relative (Shaw)")
     assert all(acc[enc][run.train_len].min() > 0.95 for enc in learners), "these encodings learn the task"
-    assert all(acc["ALiBi"][L].max() < bag[L] + 0.1 for L in run.test_lengths), \
-        "one-head ALiBi never learns the task: near the bag-of-words guess at every length"
+    assert all(acc["ALiBi"][L].max() < bag[L] + 0.02 for L in run.test_lengths), \
+        "one-head ALiBi never learns the task: within about a point of the bag-of-words guess at every length"
+    assert all(acc["ALiBi"][L].min() > bag[L] + 0.001 for L in run.test_lengths if L >= 1.5 * run.train_len), \
+        "...and slightly above it in every run from 1.5 times the training length on"
     assert all(a.min() > 0.95 for a in acc["relative (Shaw)"].values()), "clipped relative positions extrapolate"
     assert min(w.min() for w in on_target["relative (Shaw)"].values()) > 0.8, "...with attention on the right key"
     assert accuracy_within("learned") > 0.95, "a learned table is still right at the positions it was trained on"
@@ -1516,22 +1520,44 @@ for name, causal in alibi_variants.items():           # causal: the causal bias 
         alibi_values[f"{name}, L={L}"] = [evaluate(p, test_sets[L])["accuracy"] for p, _ in trained]
 alibi_values["1 head: final loss"] = final_loss["ALiBi"][: run.side_runs]
 alibi = SeedResults(list(alibi_seeds), alibi_values)
+# a causal model sees x_0..x_t only: its position-free best guess is the prefix's most frequent token
+causal_bag = {L: bag_of_words_accuracy(tokens, causal=True) for L, tokens in test_sets.items()}
 print(f"ALiBi, {run.side_runs} runs each: final training loss, median [min, max]")
 for name in ("1 head", *alibi_variants):
     print(f"  {name:<16s} {alibi.summary(f'{name}: final loss', '.3f')}")
-print(f"\naccuracy, median [min, max] of the runs ({run.runs} for one head, {run.side_runs} for eight)")
-print(f"{'length':>6s} {'bag':>6s} {'1 head':>24s} " + " ".join(f"{n:>24s}" for n in alibi_variants))
+print(f"\naccuracy, median [min, max] of the runs ({run.runs} for one head, {run.side_runs} for eight); "
+      "bag: the position-free guess over the whole sequence, causal bag: over the prefix")
+print(f"{'length':>6s} {'bag':>6s} {'1 head':>24s} {'8 heads':>24s} {'causal bag':>10s} {'8 heads, causal':>24s}")
 for L in run.test_lengths:
-    print(f"{L:6d} {bag[L]:6.1%} {spread(acc['ALiBi'][L]):>24s} "
-          + " ".join(f"{alibi.summary(f'{n}, L={L}', '6.1%'):>24s}" for n in alibi_variants))
+    print(f"{L:6d} {bag[L]:6.1%} {spread(acc['ALiBi'][L]):>24s} {alibi.summary(f'8 heads, L={L}', '6.1%'):>24s} "
+          f"{causal_bag[L]:10.1%} {alibi.summary(f'8 heads, causal, L={L}', '6.1%'):>24s}")
 causal_ahead = [alibi.holds_for_every_seed(f"8 heads, causal, L={L}", f"8 heads, L={L}") for L in run.test_lengths]
 print(f"\ncausal above bidirectional in every run: at {sum(causal_ahead)} of {len(causal_ahead)} lengths; at "
       f"L={longest}: {alibi.verdict(f'8 heads, causal, L={longest}', f'8 heads, L={longest}', fmt='+.1%')}")
-if run.profile != "smoke":
+print("each model against its own baseline (its runs' worst case: min - bag, or max - bag where it is below):")
+for L in run.test_lengths:
+    one, eight, causal = (np.array(v) for v in (acc["ALiBi"][L].tolist(), alibi.values[f"8 heads, L={L}"],
+                                                alibi.values[f"8 heads, causal, L={L}"]))
+    print(f"  L={L:<4d} 1 head - bag: [{one.min() - bag[L]:+.1%}, {one.max() - bag[L]:+.1%}]   "
+          f"8 heads - bag: [{eight.min() - bag[L]:+.1%}, {eight.max() - bag[L]:+.1%}]   "
+          f"8 heads, causal - causal bag: [{causal.min() - causal_bag[L]:+.1%}, {causal.max() - causal_bag[L]:+.1%}]")
+if run.profile != "smoke":   # the every-run readings of the text below, each with a margin
     assert all(max(alibi.values[f"{n}, L={L}"]) < 0.5 for n in alibi_variants for L in run.test_lengths), \
         "ALiBi cannot pick out 3 back, in any run, with or without the causal bias"
-    assert alibi.holds_for_every_seed("8 heads, causal: final loss", "8 heads: final loss", better="lower"), \
-        "trained causally, the loss ends lower in every run"
+    assert all(d < -0.1 for d in alibi.differences("8 heads: final loss", "1 head: final loss")), \
+        "with eight heads the loss ends lower than with one, in every run"
+    assert all(d < -0.1 for d in alibi.differences("8 heads, causal: final loss", "8 heads: final loss")), \
+        "trained causally, the loss ends lower again, in every run"
+    assert all(min(alibi.differences(f"8 heads, causal, L={L}", f"8 heads, L={L}")) > 0.005
+               for L in run.test_lengths), "the causal model above the bidirectional one, every run, every length"
+    assert all(min(alibi.values[f"8 heads, causal, L={L}"]) > causal_bag[L] + 0.01
+               for L in run.test_lengths if L >= run.train_len), \
+        "from the training length on, causal ALiBi beats its own position-free guess, in every run"
+    assert all(min(alibi.values[f"8 heads, L={L}"]) > bag[L] + 0.01 for L in run.test_lengths if L >= run.train_len), \
+        "from the training length on, eight-head ALiBi is above the bag-of-words guess, in every run"
+    assert all(max(alibi.values[f"8 heads, causal, L={L}"]) < causal_bag[L] - 0.01
+               for L in run.test_lengths if L < run.train_len), \
+        "below the training length, causal ALiBi is below its own position-free guess, in every run"
 
 # %% [markdown]
 # More heads and the causal form change the level, not the shape. With eight heads the
@@ -1539,13 +1565,18 @@ if run.profile != "smoke":
 # (printed first). With eight heads the accuracy stays near a fifth at every length while the
 # bag-of-words guess falls with the length: at the shortest length the model is within about
 # a point of that guess, from the training length on above it in every run. The causal model
-# must not be read against the `bag` column: that is the best guess without positions for a
-# model that sees the whole sequence, while a causal model sees only the prefix, whose most
-# frequent token is an easier guess on short sequences; so part of the causal model's lead
-# over the bidirectional one (above in every run at every length, printed) may be its easier
-# baseline alone (this run prints no causal baseline). A plausible reading of the level, not
-# tested here: with slopes up to $\tfrac12$ some heads see only a few neighbours, where a
-# guess among them beats the position-free guess over a long sequence.
+# must be read against its own baseline: it sees only the prefix, and the best guess without
+# positions from a prefix (its most frequent token, the "causal bag" column, computed exactly
+# on the same test sets) is easier than from the whole sequence, most of all on short
+# sequences. Causal ALiBi stays near a quarter; it is *below* that guess at length 16, in every
+# run, and above it from the training length on, in every run (the last lines print each
+# model's range against its own baseline), by a margin that grows with the length because
+# the prefix guess gets worse and ALiBi's local guess does not. So part of the causal model's
+# lead over the bidirectional one (above in every run at every length, printed) is only its
+# easier baseline: in the run committed here the two baselines are 5.8 points apart at 16
+# and 2.7 at 256, where the models' medians are 1.6 and 4.9 apart. A plausible reading
+# of the rest, not tested here: with slopes up to $\tfrac12$ some heads see only a few
+# neighbours, where a guess among them beats the position-free guess over a long sequence.
 # Either way the accuracy stays flat and far from the task at every length, the
 # training length included, in every run. Each head's bias can only rank keys by distance,
 # nearest first, and "three back, and not one or two back" is not such a ranking; the read-out
@@ -1601,39 +1632,56 @@ def holds_up_to(accuracies: dict[int, Tensor]) -> Tensor:
     return held
 
 
+def base_name(base: float) -> str:
+    """'100', '10^4', '10^6': the base as the text writes it."""
+    exponent = round(math.log10(base))
+    return f"10^{exponent}" if base == 10.0 ** exponent and exponent > 2 else f"{base:g}"
+
+
 rotary_base = SeedResults(list(range(run.base_runs)), {
-    **{f"base {b:g}, L={longest}": base_acc["rotary", b][longest].tolist() for b in bases},
-    **{f"base {b:g}, holds to": holds_up_to(base_acc["rotary", b]).tolist() for b in bases}})
+    **{f"base {base_name(b)}, L={longest}": base_acc["rotary", b][longest].tolist() for b in bases},
+    **{f"base {base_name(b)}, holds to": holds_up_to(base_acc["rotary", b]).tolist() for b in bases}})
 print("\nrotary, run by run (the same seed and data in each column)")
 print(f"{'run':>26s} " + " ".join(f"{r:>6d}" for r in rotary_base.seeds))
 for b in bases:
-    print(f"{f'base {b:g}: accuracy at {longest}':>26s} "
-          + " ".join(f"{a:6.1%}" for a in rotary_base.values[f"base {b:g}, L={longest}"]))
+    print(f"{f'base {base_name(b)}: accuracy at {longest}':>26s} "
+          + " ".join(f"{a:6.1%}" for a in rotary_base.values[f"base {base_name(b)}, L={longest}"]))
 for b in bases:
-    print(f"{f'base {b:g}: above 95% up to':>26s} "
-          + " ".join(f"{int(n):6d}" for n in rotary_base.values[f"base {b:g}, holds to"]))
+    print(f"{f'base {base_name(b)}: above 95% up to':>26s} "
+          + " ".join(f"{int(n):6d}" for n in rotary_base.values[f"base {base_name(b)}, holds to"]))
 for small, large in ((100.0, 10_000.0), (10_000.0, 1e6)):
-    longer = rotary_base.differences(f"base {large:g}, holds to", f"base {small:g}, holds to")
-    print(f"base {large:g} against {small:g}: holds longer in {sum(d > 0 for d in longer)}, as long in "
+    big, little = base_name(large), base_name(small)
+    longer = rotary_base.differences(f"base {big}, holds to", f"base {little}, holds to")
+    print(f"base {big} against {little}: holds longer in {sum(d > 0 for d in longer)}, as long in "
           f"{sum(d == 0 for d in longer)}, shorter in {sum(d < 0 for d in longer)} of {run.base_runs} runs; "
-          f"at L={longest}: "
-          + rotary_base.verdict(f"base {large:g}, L={longest}", f"base {small:g}, L={longest}", fmt="+.1%"))
-failing = [r for r in rotary_base.seeds if all(rotary_base.values[f"base {b:g}, L={longest}"][r] < 0.6
+          f"at L={longest}: " + rotary_base.verdict(f"base {big}, L={longest}", f"base {little}, L={longest}", fmt="+.1%"))
+failing = [r for r in rotary_base.seeds if all(rotary_base.values[f"base {base_name(b)}, L={longest}"][r] < 0.6
                                                for b in bases)]
 print(f"runs below 60% at {longest} at every base: {failing}")
+past = 4 * run.train_len                             # just beyond training: where the sinusoids' bases part
+if past in run.test_lengths:
+    sin_steps = [(base_acc["sinusoidal", large][past] - base_acc["sinusoidal", small][past]).tolist()
+                 for small, large in ((100.0, 10_000.0), (10_000.0, 1e6))]
+    print(f"sinusoidal at L={past}, run by run: base 10^4 - base 100: "
+          + ", ".join(f"{d:+.1%}" for d in sin_steps[0]) + "; base 10^6 - base 10^4: "
+          + ", ".join(f"{d:+.1%}" for d in sin_steps[1]))
 if run.profile != "smoke":
     assert all(base_acc[enc, b][run.train_len].min() > 0.95 for enc in ("sinusoidal", "rotary") for b in bases), \
         "every base learns the task at the training length, in every run"
     assert max(base_acc["sinusoidal", b][longest].max() for b in bases) < 0.6, \
         "no base makes the sinusoidal model extrapolate, in any run"
+    assert past in run.test_lengths and min(min(d) for d in sin_steps) > 0.01, \
+        "a larger base slows the sinusoidal model's decline just beyond training, in every run"
 if run.profile == "cpu":  # the text's reading of the cpu profile's eight paired runs per base (what holds
     # in most runs only, such as a larger base holding longer, is printed above and not asserted)
     assert failing, "some runs fail at every base: the base does not rescue them"
 
 fig, ax = plt.subplots(figsize=(7, 3.8))
-plot_over_seeds({f"base {b:g}": {L: a.tolist() for L, a in base_acc["rotary", b].items()} for b in bases}, ax=ax,
-                title=f"Rotary, {run.base_runs} runs per base (run r: the same seed at every base)",
-                xlabel="test sequence length (log scale)", ylabel="accuracy")
+figure_name = {100.0: "base 100", 10_000.0: "base $10^4$", 1e6: "base $10^6$"}
+with sns.color_palette(["#9e9ac8", "#6a51a3", "#3f007d"]):   # one hue, darker with the base: not a scheme colour
+    plot_over_seeds({figure_name[b]: {L: a.tolist() for L, a in base_acc["rotary", b].items()} for b in bases},
+                    ax=ax, title=f"Rotary, {run.base_runs} runs per base (run r: the same seed at every base)",
+                    xlabel="test sequence length (log scale)", ylabel="accuracy")
 ax.axvspan(min(run.test_lengths), run.train_len, color="grey", alpha=0.15)
 ax.set_xscale("log", base=2)
 ax.set_xticks(run.test_lengths, [str(L) for L in run.test_lengths])
@@ -1643,7 +1691,7 @@ plt.show()
 # %% [markdown]
 # The sinusoidal model fails beyond the training length at every base, in every run. A larger
 # base slows its decline just beyond the training length (at 128: 34, 45 and 51% in the median
-# for bases 100, $10^4$ and $10^6$, ranges that do not overlap, so every run is in that order), as it tends to
+# for bases 100, $10^4$ and $10^6$, and in every run in that order, printed), as it tends to
 # delay rotary's failure below; but no base gives it positions it was not trained on. For rotary, read the runs
 # column by column, since run $r$ has the same seed and data at every base (the figure draws
 # the median, the range and each run faintly). The base does not
