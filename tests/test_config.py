@@ -237,9 +237,13 @@ def test_setup_sets_the_book_figure_theme(monkeypatch):
 
 @pytest.fixture
 def keep_tf32():
-    """Restore the process-wide TF32 switches a test changes."""
+    """Restore the process-wide TF32 switches a test changes, and matplotlib's settings (setup()
+    applies the book's theme, which would restyle the figures that later tests draw)."""
+    import matplotlib as mpl
+
     matmul, cudnn = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
-    yield
+    with mpl.rc_context():
+        yield
     torch.set_float32_matmul_precision(matmul)
     torch.backends.cudnn.allow_tf32 = cudnn
 
