@@ -343,6 +343,7 @@ def fig_02_encoder_decoder() -> Canvas:
             c.arrow(prev.right(), cell.left())
         prev = cell
     c.arrow(ctx.right(), (xs_d[0] - 0.3, y_rnn))
+    c.text((ctx.right()[0] + xs_d[0] - 0.3) / 2, y_rnn - 0.17, r"$s_0$", fs=9.5, color="#444444")
     c.text(7.1, y_pred, r"$y_i$", fs=10, color="#444444", ha="left")
     c.text(7.1, y_tok, r"$y_{i-1}$", fs=10, color="#444444", ha="left")
     c.text(5.58, 4.35, "decoder", fs=11.5, weight="bold", color="#3d8b3d")
@@ -462,8 +463,14 @@ def _step_panel(c: Canvas, x0: float, y0: float, step: int) -> None:
             vb = c.box(x, y_v, 0.26, 0.26, "", "muted" if future else "state", lw=1.0, pad=0.03)
             c.arrow(xb.top(), vb.bottom(), lw=0.9, color=MUTED if future else LINE)
             top = vb.top()
-            if step <= 2 and k > 0:
-                c.arrow((xs[k - 1] + 0.13, y_v), vb.left(), lw=0.9, color=MUTED if future else "#3d8b3d")
+            if step <= 2 and k > 0:    # the candidate reads the state h_{i-1}, not the candidate before
+                col = MUTED if future else "#3d8b3d"
+                xm = (xs[k - 1] + x) / 2
+                c.arrow((xs[k - 1] + 0.13, y_v), (xm - 0.045, y_v), lw=0.9, color=col, head=False)
+                c.circle(xm, y_v, 0.045, "", "muted" if future else "state", lw=0.8)
+                c.arrow((xm + 0.045, y_v), vb.left(), lw=0.9, color=col)
+                if k == 1:
+                    c.text(xm, y_v - 0.2, "$h_{i-1}$", fs=7, color="#3d8b3d")
         if future:
             continue
         hx = xs[t]
@@ -477,7 +484,11 @@ def _step_panel(c: Canvas, x0: float, y0: float, step: int) -> None:
     if step < 6:
         c.text(xs[3], y_v + 0.32, "future\nmasked", fs=7, color=MUTED)
     hb = c.box(xs[t], y_h, 0.36, 0.28, "", "state", lw=1.1, pad=0.03)
-    c.text(xs[t] - 0.28, y_h, "$h_t$", fs=9, ha="right")
+    c.text(xs[t] + 0.22, y_h + 0.06, "$h_t$", fs=9, ha="left")
+    if step >= 2:    # the query of position t, from x_t, chooses the weights of the lines into h_t
+        qb = c.box(xs[0] + 0.06, y_h, 0.3, 0.24, "$q_t$", "weight", fs=7.5, lw=1.0, pad=0.03)
+        c.arrow(qb.right(), hb.left(), lw=0.8, color="#d0692e", ls=(0, (2.5, 1.5)))
+        c.text(xs[0] + 0.06, y_h + 0.2, "from $x_t$", fs=6.5, color="#444444")
     if step == 8:
         fb = c.box(xs[t], y_h + 0.3, 0.56, 0.2, "", "ffn", lw=1.0, pad=0.02)
         c.arrow(hb.top(), fb.bottom(), lw=0.8)
@@ -493,7 +504,7 @@ def fig_04_derivation_steps() -> Canvas:
         x0, y0 = 0.1 + col * 1.87, 2.85 - row * 2.5
         c.frame(x0 + 0.91, y0 + 1.15, 1.8, 2.3, color="#cfcfcf", ls="-", lw=0.8)
         _step_panel(c, x0, y0, n + 1)
-    c.legend(0.35, 0.14, [("input", "input $x_i$"), ("state", r"candidate / value"),
+    c.legend(0.35, 0.14, [("input", "input $x_i$"), ("state", r"candidate, value, state"),
                                ("weight", "key, weights"), ("position", "position"), ("ffn", "FFN")],
              fs=8.5, dx=1.45)
     return c
