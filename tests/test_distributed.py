@@ -177,9 +177,9 @@ def test_script_arguments():
     assert result["world_size"] == 1 and len(result["step_loss"]) == 2 and "weights" not in result
 
 
-# A worker of the accumulation test below: rank RANK of 2 trains a float64 linear layer wrapped in
-# DistributedDataParallel through fit(accumulate=2) on its own micro-batches (unequal token counts)
-# and saves its weights and how many times DDP's all-reduce hook ran.
+# A worker of the accumulation tests below: rank RANK of 2 trains a float64 linear layer wrapped in
+# DistributedDataParallel through fit(accumulate=ACCUMULATE) on its own micro-batches (unequal token
+# counts) and saves its weights and how many times DDP's all-reduce hook ran.
 _ACCUMULATE_WORKER = r"""
 import os, sys
 import torch
@@ -202,8 +202,8 @@ with distributed("gloo", timeout_s=60) as ctx:
         return default_hooks.allreduce_hook(state, bucket)
     model.register_comm_hook(None, counting_hook)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    fit(model, _accumulation_batches()[ctx.rank], _mse_tokens, optimizer, epochs=1, accumulate=2,
-        clip_norm=None, verbose=False)
+    fit(model, _accumulation_batches()[ctx.rank], _mse_tokens, optimizer, epochs=1,
+        accumulate=int(os.environ["ACCUMULATE"]), clip_norm=None, verbose=False)
     torch.save({"weights": {k: v.clone() for k, v in model.module.state_dict().items()},
                 "allreduce_calls": len(calls)}, os.environ["OUT"])
 """
@@ -223,7 +223,9 @@ def _mse_tokens(model, batch):
     return ((model(x) - y) ** 2).sum(-1).mean(), x.shape[0]
 
 
-def test_ddp_accumulation_all_reduces_once_per_step_and_weights_tokens_over_ranks(tmp_path):
+def _run_accumulation_workers(tmp_path: Path, accumulate: int) -> list[dict]:
+    """Run _ACCUMULATE_WORKER as ranks 0 and 1 of a gloo group; each rank's saved weights and
+    all-reduce count."""
     import socket
 
     with socket.socket() as s:
@@ -234,29 +236,52 @@ def test_ddp_accumulation_all_reduces_once_per_step_and_weights_tokens_over_rank
         env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
                "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OUT": str(tmp_path / f"rank{rank}.pt"),
-               "TEST_DIR": str(Path(__file__).parent),
+               "TEST_DIR": str(Path(__file__).parent), "ACCUMULATE": str(accumulate),
                "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         procs.append(subprocess.Popen([sys.executable, "-c", _ACCUMULATE_WORKER], cwd=ROOT, env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     for p in procs:
         out, _ = p.communicate(timeout=120)
         assert p.returncode == 0, f"a DDP worker failed:\n{out[-3000:]}"
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
-    # the reference: one process, one step per global group (both ranks' micro-batches of the group)
-    batches = _accumulation_batches()
-    groups = [[batches[0][0], batches[0][1], batches[1][0], batches[1][1]], [batches[0][2], batches[1][2]]]
+    return [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+
+
+def _one_step_per_global_group(groups: list[list[tuple[torch.Tensor, torch.Tensor]]]) -> dict:
+    """The reference: one process, one SGD step on each global group's micro-batches concatenated."""
     torch.manual_seed(0)
     ref = torch.nn.Linear(4, 3).double()
     optimizer = torch.optim.SGD(ref.parameters(), lr=0.5)
     big = [(torch.cat([x for x, _ in g]), torch.cat([y for _, y in g])) for g in groups]
     fit(ref, big, _mse_tokens, optimizer, epochs=1, clip_norm=None, verbose=False)
+    return ref.state_dict()
+
+
+def test_ddp_accumulation_all_reduces_once_per_step_and_weights_tokens_over_ranks(tmp_path):
+    ranks = _run_accumulation_workers(tmp_path, accumulate=2)
+    batches = _accumulation_batches()
+    groups = [[batches[0][0], batches[0][1], batches[1][0], batches[1][1]], [batches[0][2], batches[1][2]]]
+    ref = _one_step_per_global_group(groups)
     for r, got in enumerate(ranks):
-        for k, v in ref.state_dict().items():
+        for k, v in ref.items():
             torch.testing.assert_close(got["weights"][k], v, rtol=1e-12, atol=1e-12,
                                        msg=f"rank {r}: {k} differs from one step per global group")
     # the 2 micro-batches of the full group: one all-reduce (the first ran in no_sync); the short group
     # of one micro-batch ran in no_sync and was averaged by fit, outside DDP's hook
     assert [got["allreduce_calls"] for got in ranks] == [1, 1], [got["allreduce_calls"] for got in ranks]
+
+
+def test_ddp_without_accumulation_weights_each_rank_by_its_tokens(tmp_path):
+    """accumulate=1 under DDP: the ranks' batches hold 5 and 1, 2 and 8, 3 and 4 examples, so the mean
+    of the two ranks' means (DDP's plain average) is another step than the mean over the 6, 10 and 7
+    examples of one global batch; fit must take the second."""
+    ranks = _run_accumulation_workers(tmp_path, accumulate=1)
+    batches = _accumulation_batches()
+    ref = _one_step_per_global_group([[batches[0][i], batches[1][i]] for i in range(3)])
+    for r, got in enumerate(ranks):
+        for k, v in ref.items():
+            torch.testing.assert_close(got["weights"][k], v, rtol=1e-12, atol=1e-12,
+                                       msg=f"rank {r}: {k} differs from one step per global batch")
+    assert [got["allreduce_calls"] for got in ranks] == [3, 3], [got["allreduce_calls"] for got in ranks]
 
 
 # A worker of the checkpoint test below: rank RANK of 2 trains a dropout MLP wrapped in

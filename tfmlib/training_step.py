@@ -28,7 +28,10 @@ Chapter 10 adds three things to it, each one a few lines here:
   run inside the model's ``no_sync()`` (gradients summed locally, all-reduced once per step), and
   the divisor is the group's token count summed over the ranks, so every rank divides by the same
   number and the step equals one step on the global group (``n_ref`` is then the ranks' mean first
-  count, one more all-reduce of a number per step).
+  count, one more all-reduce of a number per step). This holds at ``accumulate=1`` too: DDP
+  averages the ranks' gradients, so each rank's mean loss is weighted by its token count over the
+  ranks' mean count (one all-reduce of a number per step; the divisor is then 1 and skipped);
+  otherwise a rank with 100 tokens would count as much as one with 300 (the "mean of means").
 
 Nothing here reads a value back to the host: token counts may be 0-d tensors on the device, and
 the step's loss and the scaler's verdict stay there until the loop's :class:`tfmlib.train.LossLog`
@@ -135,12 +138,12 @@ class TrainingStep:
         self.accumulate, self.clip_norm = accumulate, clip_norm
         self.precision = precision if precision == "fp32" else pick_precision(self.device, precision)
         self.scaler = make_grad_scaler(self.device, self.precision) if self.precision == "fp16" else None
-        self.ddp_world = ddp_world_size(model) if accumulate > 1 else None
+        self.ddp_world = ddp_world_size(model)
         self.steps = 0
         self.micro = 0  # batches in the current group so far
         self._loss: torch.Tensor | None = None  # the group's loss: a mean (k = 1), else a token-weighted sum
         self._tokens: int | torch.Tensor = 0
-        self._n_ref: int | torch.Tensor = 1  # the group's reference token count (accumulate > 1)
+        self._n_ref: int | torch.Tensor = 1  # the group's reference token count (accumulate > 1 or DDP)
 
     # ------------------------------------------------------------------ one batch
 
@@ -174,7 +177,7 @@ class TrainingStep:
             raise TypeError(f"fit: loss_fn must return (scalar loss tensor, n_tokens); the loss "
                             f"is {got} at step {self.steps + 1} (reduce it with .mean())")
         n_tokens = check_token_count(n_tokens, self.steps + 1)
-        if self.accumulate == 1:
+        if self.accumulate == 1 and self.ddp_world is None:
             self._loss, self._tokens = loss.detach(), n_tokens
             self.optimizer.zero_grad(set_to_none=True)
             self._scaled(loss).backward()
@@ -199,12 +202,16 @@ class TrainingStep:
 
     def _reference_count(self, n_tokens: int | torch.Tensor) -> int | torch.Tensor:
         """``n_ref``, what a group's token counts are measured in: its first batch's count (at least
-        1); under DDP the mean of the ranks' first counts, so that every rank weights a token alike."""
+        1); under DDP the mean of the ranks' first counts, so that every rank weights a token alike
+        (one all-reduce of a number)."""
         if self.ddp_world is None:
             return at_least_one(n_tokens)
         first = torch.as_tensor(n_tokens, device=self.device).to(torch.float64).reshape(1)
         torch.distributed.all_reduce(first)
-        return (first[0] / self.ddp_world).clamp(min=1)
+        mean = first[0] / self.ddp_world
+        # any positive mean will do (1 only where no rank has a token): at accumulate=1 the divisor
+        # sum(n) / (n_ref * world) is then exactly 1 and the step skips it
+        return torch.where(mean > 0, mean, torch.ones_like(mean))
 
     def group_open(self) -> bool:
         """True when batches have added gradients that no step has used yet (the last, shorter
@@ -216,7 +223,7 @@ class TrainingStep:
     def step(self) -> StepResult:
         """Unscale (fp16), average over the group's tokens (``accumulate > 1``), clip, step the
         optimizer and the scheduler; returns the step's loss and token count (on the device)."""
-        if self.accumulate == 1:
+        if self.accumulate == 1 and self.ddp_world is None:
             loss, tokens = self._loss, self._tokens
             skipped = self._optimizer_step(None)
         else:
@@ -227,7 +234,8 @@ class TrainingStep:
                         torch.distributed.all_reduce(p.grad)
                         p.grad.div_(self.ddp_world)
             loss, tokens = self._loss / at_least_one(self._tokens), self._tokens  # type: ignore[operator]
-            skipped = self._optimizer_step(self._tokens)
+            # one batch per step under DDP: n_ref is the ranks' mean count, so the divisor is 1
+            skipped = self._optimizer_step(self._tokens if self.accumulate > 1 else None)
             self.micro = 0
         return StepResult(loss, tokens, skipped)  # type: ignore[arg-type]
 
