@@ -504,9 +504,9 @@ def fig_04_derivation_steps() -> Canvas:
         x0, y0 = 0.1 + col * 1.87, 2.85 - row * 2.5
         c.frame(x0 + 0.91, y0 + 1.15, 1.8, 2.3, color="#cfcfcf", ls="-", lw=0.8)
         _step_panel(c, x0, y0, n + 1)
-    c.legend(0.35, 0.14, [("input", "input $x_i$"), ("state", r"candidate, value, state"),
-                               ("weight", "key, weights"), ("position", "position"), ("ffn", "FFN")],
-             fs=8.5, dx=1.45)
+    c.legend(0.25, 0.14, [("input", "input $x_i$"), ("state", r"candidate, value, $h$"),
+                               ("weight", "$q_t$, key, weights"), ("position", "position"), ("ffn", "FFN")],
+             fs=8.5, dx=1.5)
     return c
 
 
