@@ -33,7 +33,7 @@ def test_a_compiler_that_raises_falls_back_and_says_why():
     chosen, note = compile_or_fallback(model, _step, compiler=broken)
     assert chosen is model, "the eager model must be returned"
     assert isinstance(note, CompileReport) and not note.compiled
-    assert note == "eager (compile failed: RuntimeError: no C++ compiler found)", note
+    assert str(note) == note.note == "eager (compile failed: RuntimeError: no C++ compiler found)", note
     assert note.error == "RuntimeError: no C++ compiler found" and note.seconds >= 0
     assert note.as_dict()["note"] == str(note)
 
@@ -46,8 +46,8 @@ def test_a_trial_that_fails_at_the_first_call_falls_back_with_clean_gradients():
         raise NotImplementedError()  # an error with no message
 
     chosen, note = compile_or_fallback(model, fails_late, compiler=lambda m: m)
-    assert chosen is model and note.startswith("eager (compile failed: NotImplementedError:")
-    assert "(no message)" in note, note
+    assert chosen is model and str(note).startswith("eager (compile failed: NotImplementedError:")
+    assert "(no message)" in note.note, note
     assert all(p.grad is None for p in model.parameters()), "the trial's gradients must be cleared"
 
 
@@ -61,7 +61,8 @@ def test_a_working_compiler_is_kept_and_timed():
 
     chosen, note = compile_or_fallback(model, trial, compiler=lambda m: wrapper, device="cpu")
     assert chosen is wrapper and seen == [wrapper] and note.compiled and note.error is None
-    assert note.startswith("compiled (first call ") and note.endswith(" s)"), note
+    assert str(note).startswith("compiled (first call ") and str(note).endswith(" s)"), note
+    assert not isinstance(note, str), "a report, not a string with attributes"
     assert all(p.grad is None for p in model.parameters()), "the trial's gradients must be cleared"
     with pytest.raises(TypeError, match="model must be an nn.Module"):
         compile_or_fallback("model", trial)

@@ -282,3 +282,20 @@ def test_tiled_attention_saves_linear_memory_explicit_quadratic() -> None:
     assert t1 == linear, f"tiled attention should save q, k, v, out and L: {linear} bytes, got {t1}"
     assert 1.9 <= t2 / t1 <= 2.1, f"doubling T should double the tiled attention's bytes: {t1} -> {t2}"
     assert e2 / e1 >= 3.0, f"doubling T should about quadruple the explicit attention's bytes: {e1} -> {e2}"
+
+
+def test_the_key_mask_is_saved_for_backward_like_the_other_tensors():
+    """The mask goes through save_for_backward: saved-tensor hooks count it, and changing it in
+    place between the forward and the backward pass is an error, not a silently wrong gradient."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 1, 5, 4, requires_grad=True) for _ in range(3))
+    keep = torch.ones(2, 5, dtype=torch.bool)
+    keep[0, 3:] = False
+    with_mask = saved_tensor_bytes(
+        lambda: tiled_attention(q, k, v, key_padding_mask=keep, block_q=2, block_k=2))
+    without = saved_tensor_bytes(lambda: tiled_attention(q, k, v, block_q=2, block_k=2))
+    assert with_mask - without == keep.numel() * keep.element_size(), (with_mask, without)
+    out = tiled_attention(q, k, v, key_padding_mask=keep, block_q=2, block_k=2)
+    keep[1, 0] = False                                            # an in-place change after the forward
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -31,28 +32,27 @@ INTRODUCED_IN = 10
 __all__ = ["CompileReport", "compile_or_fallback", "default_compiler"]
 
 
-class CompileReport(str):
-    """What :func:`compile_or_fallback` did: a ``str``, the note (``"compiled (first call 12.3 s)"``
-    or ``"eager (compile failed: RuntimeError: ...)"``), that also carries ``compiled`` (whether the
-    returned module is the compiled one), ``seconds`` (wall time of compiling plus the trial step:
-    the first call) and ``error`` (``"Type: first line"`` of the failure, ``None`` when it compiled).
+@dataclass(frozen=True)
+class CompileReport:
+    """What :func:`compile_or_fallback` did: ``compiled`` (whether the returned module is the
+    compiled one), ``seconds`` (wall time of compiling plus the trial step: the first call) and
+    ``error`` (``"Type: first line"`` of the failure, ``None`` when it compiled). ``str(report)``
+    and :attr:`note` read ``"compiled (first call 12.3 s)"`` or
+    ``"eager (compile failed: RuntimeError: ...)"``, the line a notebook prints.
     """
 
     compiled: bool
     seconds: float
-    error: str | None
-
-    def __new__(cls, compiled: bool, seconds: float, error: str | None = None) -> CompileReport:
-        note = (f"compiled (first call {seconds:.1f} s)" if compiled
-                else f"eager (compile failed: {error})")
-        self = super().__new__(cls, note)
-        self.compiled, self.seconds, self.error = compiled, seconds, error
-        return self
+    error: str | None = None
 
     @property
     def note(self) -> str:
-        """The note as a plain ``str``."""
-        return str.__str__(self)
+        """One line: ``"compiled (first call N s)"`` or ``"eager (compile failed: <error>)"``."""
+        return (f"compiled (first call {self.seconds:.1f} s)" if self.compiled
+                else f"eager (compile failed: {self.error})")
+
+    def __str__(self) -> str:
+        return self.note
 
     def as_dict(self) -> dict[str, object]:
         """``{"compiled", "seconds", "error", "note"}`` for a JSON record."""
@@ -74,9 +74,9 @@ def compile_or_fallback(model: nn.Module, trial: Callable[[nn.Module], object],
     (e.g. one training step's forward and backward on a real batch), else ``model`` itself.
 
     Returns ``(module, note)``: the module to train (the compiled module shares ``model``'s
-    parameters) and a :class:`CompileReport`, a ``str`` that reads ``"compiled (first call N s)"``
-    or ``"eager (compile failed: <Type>: <first line of the error>)"`` and carries ``compiled``,
-    ``seconds`` and ``error``. ``report.seconds`` is the
+    parameters) and a :class:`CompileReport` with ``compiled``, ``seconds`` and ``error``, which
+    prints as ``"compiled (first call N s)"`` or ``"eager (compile failed: <Type>: <first line of
+    the error>)"``. ``report.seconds`` is the
     wall time of ``compiler(model)`` and the trial, which is where the compiling happens
     (``device``, when given, is synchronised before the clock stops). Any exception from the
     compiler or the trial means "train eagerly". The trial leaves no trace on the training run:

@@ -216,8 +216,9 @@ def _backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: T
 
 
 class _TiledAttention(torch.autograd.Function):
-    """``tiled_attention`` as an autograd function: saves ``q, k, v, out`` and the log-sum-exp
-    only, and recomputes the tiles in the backward pass."""
+    """``tiled_attention`` as an autograd function: saves ``q, k, v, out``, the log-sum-exp and the
+    key mask only (all through ``save_for_backward``, so autograd checks them for in-place changes
+    and saved-tensor hooks see them), and recomputes the tiles in the backward pass."""
 
     @staticmethod
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, key_keep: Tensor | None, causal: bool,
@@ -226,17 +227,17 @@ class _TiledAttention(torch.autograd.Function):
         qw, kw, vw = q.to(work), k.to(work), v.to(work)
         out, lse = _forward(qw, kw, vw, key_keep, causal, block_q, block_k)
         out = out.to(q.dtype)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.key_keep, ctx.causal, ctx.block_q, ctx.block_k = key_keep, causal, block_q, block_k
+        ctx.save_for_backward(q, k, v, out, lse, key_keep)    # key_keep may be None
+        ctx.causal, ctx.block_q, ctx.block_k = causal, block_q, block_k
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, dout: Tensor) -> tuple[Tensor | None, ...]:
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, key_keep = ctx.saved_tensors
         work = lse.dtype
         dq, dk, dv = _backward(dout.to(work), q.to(work), k.to(work), v.to(work), out.to(work), lse,
-                               ctx.key_keep, ctx.causal, ctx.block_q, ctx.block_k)
+                               key_keep, ctx.causal, ctx.block_q, ctx.block_k)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
 
 
