@@ -360,8 +360,9 @@ def fig_02_encoder_decoder() -> Canvas:
 # ---------------------------------------------------------------------------------------------
 
 def fig_03_alignment_model() -> Canvas:
-    """Bahdanau et al.'s attention for one target step i: e_ij, alpha_ij, c_i, s_i."""
-    c = Canvas(7.4, 4.4)
+    """Bahdanau et al.'s attention for one target step i: e_ij, alpha_ij, c_i, s_i, and the output
+    layer that reads s_i, c_i and E_y y_{i-1}."""
+    c = Canvas(7.4, 5.2)
     # left: the weighted sum over the annotations and the decoder step
     xs = [0.6, 1.45, 2.3, 3.6]
     names = ["1", "2", "3", "S"]
@@ -388,10 +389,17 @@ def fig_03_alignment_model() -> Canvas:
     c.arrow(s_prev.right(), gru.left())
     s_new = c.box(3.6, 3.8, 0.56, 0.44, r"$s_i$", "state", fs=11)
     c.arrow(gru.right(), s_new.left())
+    # the output layer (eq. 4; chapter 02's deep output): reads s_i, c_i and E_y y_{i-1}
+    out = c.box(2.3, 4.75, 3.2, 0.42, r"$p(y_i) = \mathrm{softmax}(W_o\,\mathrm{maxout}(W_t[s_i; c_i; E_y y_{i-1}]))$",
+                "output", fs=9)
+    c.arrow(s_new.top(), (3.6, out.bottom()[1]))
+    c.arrow(ctx.right(), (3.1, 3.0), (3.1, out.bottom()[1]), lw=1.0)
+    c.arrow(y_prev.left(), (0.88, 3.0), (0.88, out.bottom()[1]), lw=1.0)
     # right: the alignment model, for every j
     c.frame(5.8, 2.2, 2.9, 4.05)
-    c.text(5.8, 4.0, "alignment model (every $j$)", fs=10, color="#444444")
+    c.text(5.8, 4.0, "scores for every $j$, then softmax", fs=10, color="#444444")
     sp = c.box(4.95, 0.6, 0.7, 0.42, r"$s_{i-1}$", "state", fs=11)
+    c.text(4.95, 0.27, "the same $s_{i-1}$", fs=8.5, color="#444444")
     hj = c.box(6.6, 0.6, 0.62, 0.42, r"$h_j$", "state", fs=11)
     ws = c.box(4.95, 1.35, 0.8, 0.4, r"$W s_{i-1}$", "op", fs=10)
     uh = c.box(6.6, 1.35, 0.8, 0.4, r"$U h_j$", "op", fs=10)
