@@ -7,21 +7,26 @@ Two parts, each merged into ``benchmarks/results/kv_cache.json`` with the device
 * ``--part lm``: a :class:`tfmlib.lm.DecoderLM` (untrained: the cost of a step does not depend
   on the weights) generates 64, 256 and 1024 tokens after an 8-token prompt, batch 1, greedily,
   (a) re-running the whole sequence at every step, (b) with the cache concatenated at every step,
-  (c) with the cache pre-allocated; the outputs of the three are checked equal.
+  (c) with the cache pre-allocated; the outputs of the three are checked equal. One invocation
+  times every length and writes all the rows together (rows of earlier runs are replaced, never
+  merged: rows timed under different loads cannot be compared), with each contender's median,
+  quartiles, minimum and maximum, and the per-round ratios' median and range.
 * ``--part multi30k``: the Transformer of ``benchmarks/multi30k_transformer.py`` (its ``cpu``
   configuration) trained for ``--budget-s`` seconds (default 300: far less than that script's 30
   minutes, so its translations are worse and may run longer), then greedy and beam-5 decoding of
   the 1,000 sentences of ``test_2016_flickr`` with ``kv_cache`` on and off (the outputs are
   checked equal). Skipped cleanly when Multi30k is absent.
 
-    python benchmarks/kv_cache.py --part lm [--lengths 64 256 1024]
+    python benchmarks/kv_cache.py --part lm
     python benchmarks/kv_cache.py --part multi30k [--budget-s 300]
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -37,7 +42,9 @@ from _machine import describe, where_it_ran  # noqa: E402  (where it ran: one fu
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "kv_cache.json"
 LM_CONFIG = dict(vocab_size=300, d_model=256, heads=4, layers=4, context=1100)
-LENGTHS = {64: 3, 256: 3, 1024: 1}  # generated tokens -> timed rounds (1024 without the cache: minutes)
+# generated tokens -> timed rounds; 1024 tokens without the cache take about 100 s a round on one
+# core, so they are timed once (with no warm-up): about 4 minutes in all on one idle core
+LENGTHS = {64: 7, 256: 5, 1024: 1}
 
 
 def merge(part: str, payload: dict) -> None:
@@ -48,19 +55,21 @@ def merge(part: str, payload: dict) -> None:
     print(f"wrote {OUT.relative_to(ROOT)} [{part}]")
 
 
-def lm_part(device: torch.device, lengths: list[int]) -> None:
+def _ratios(t, a: str, b: str) -> dict:
+    """``a / b`` within each timed round (both timed in the same round): median, min and max."""
+    r = [x / y for x, y in zip(t.detail[a].samples, t.detail[b].samples, strict=True)]
+    return {"median": round(statistics.median(r), 3), "min": round(min(r), 3), "max": round(max(r), 3)}
+
+
+def lm_part(device: torch.device) -> None:
     seed_everything(0)
     config = dict(LM_CONFIG)
     model = DecoderLM(config.pop("vocab_size"), **config).to(device).eval()
     prompt = torch.randint(4, LM_CONFIG["vocab_size"], (1, 8), device=device)
-    # rows timed by earlier runs for other lengths are kept (each run may time some lengths only)
-    earlier = json.loads(OUT.read_text()).get("lm", {}).get("rows", []) if OUT.exists() else []
-    rows = [r for r in earlier if r["tokens"] not in lengths]
+    started = datetime.datetime.now(datetime.timezone.utc)
+    rows = []
     print(f"DecoderLM {LM_CONFIG}, batch 1, prompt 8 tokens; {describe(where_it_ran(device))}")
-    print(f"{'tokens':>7s}{'no cache (s)':>14s}{'concat (s)':>12s}{'prealloc (s)':>14s}{'tok/s cached':>14s}"
-          f"{'speed-up':>10s}{'prealloc/concat':>17s}")
-    for n in lengths:
-        repeats = LENGTHS.get(n, 1)
+    for n, repeats in LENGTHS.items():
         outs = {}
 
         def run(name: str, n: int = n, outs: dict = outs, **kw) -> None:
@@ -72,17 +81,23 @@ def lm_part(device: torch.device, lengths: list[int]) -> None:
                                 repeats=repeats, warmup=1 if n < 1024 else 0, device=device)
         assert torch.equal(outs["no cache"], outs["pre-allocated"]) and \
             torch.equal(outs["no cache"], outs["concatenated"]), f"{n} tokens: the cache changed the output"
-        row = {"tokens": n, "rounds": repeats, "seconds": {k: round(v, 4) for k, v in t.items()},
+        row = {"tokens": n, "rounds": repeats, "warmup": t.warmup,
+               "seconds": {k: {"median": round(d.median, 4), "q1": round(d.quartiles[0], 4),
+                               "q3": round(d.quartiles[1], 4), "min": round(d.min, 4), "max": round(d.max, 4)}
+                           for k, d in t.detail.items()},
                "tokens_per_s": {k: round(n / v, 1) for k, v in t.items()},
-               "speedup_cache": round(t["no cache"] / t["pre-allocated"], 2),
-               "concat_over_prealloc": round(t["concatenated"] / t["pre-allocated"], 3)}
+               "speedup_cache": _ratios(t, "no cache", "pre-allocated"),
+               "concat_over_prealloc": _ratios(t, "concatenated", "pre-allocated")}
         rows.append(row)
-        rows.sort(key=lambda r: r["tokens"])
-        merge("lm", {**where_it_ran(device), "config": LM_CONFIG, "batch": 1, "prompt_tokens": 8,
-                     "goal": ">= 5x at 256 tokens and >= 10x at 1024 on the 2-core CPU", "rows": rows})
-        print(f"{n:7d}{t['no cache']:14.2f}{t['concatenated']:12.2f}{t['pre-allocated']:14.2f}"
-              f"{n / t['pre-allocated']:14.0f}{row['speedup_cache']:10.1f}"
-              f"{row['concat_over_prealloc']:17.3f}")
+        print(f"--- {n} tokens: {t.table()}")
+        print(f"    no cache / pre-allocated {row['speedup_cache']}; concatenated / pre-allocated "
+              f"{row['concat_over_prealloc']} (per-round ratios)")
+    finished = datetime.datetime.now(datetime.timezone.utc)
+    merge("lm", {**where_it_ran(device), "config": LM_CONFIG, "batch": 1, "prompt_tokens": 8,
+                 "started_utc": started.isoformat(timespec="seconds"),
+                 "finished_utc": finished.isoformat(timespec="seconds"),
+                 "note": "all rows from this one invocation; ratios are per round (same round, same load)",
+                 "rows": rows})
 
 
 def multi30k_part(device: torch.device, budget_s: float) -> None:
@@ -148,12 +163,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=("lm", "multi30k"), required=True)
     parser.add_argument("--budget-s", type=float, default=300.0, help="Multi30k training seconds")
-    parser.add_argument("--lengths", type=int, nargs="+", default=list(LENGTHS),
-                        help="generated tokens for the lm part (each row is written as soon as it is timed)")
     args = parser.parse_args()
     device = pick_device()
     if args.part == "lm":
-        lm_part(device, args.lengths)
+        lm_part(device)
     else:
         multi30k_part(device, args.budget_s)
 
