@@ -99,19 +99,17 @@ run = setup(
              gender=dict(pairs=12_000, test=1_500, epochs=2, d_model=64, heads=2, layers=2),
              coref=dict(train=6_000, test=2_000, epochs=4, d_model=64, heads=2, layers=2, runs=3, head_runs=6)),
     # gpu: section 2 runs on the CPU whatever the device, so it keeps the cpu sizes (the old 100k x 4096
-    # draws needed 7-8 GB of host RAM). Training, estimated on paper from an H100's step cost for a
-    # 2-layer attention model at batch 64 (launch-bound, ~4 ms per optimiser step): gender ~2,000
-    # steps ~8 s; coref ~1,560 steps ~6 s a run, 3 runs + 13 more for the heads study (1, 2, 8 heads x 4
-    # seeds, and 4 heads for the 4th seed) ~96 s; in all ~105 s of training. time_budget_s caps every
-    # training run (15 s + 16 x 8 s = 143 s at most), so a slower GPU ends on time with less-trained
-    # models. Section 6's explicit attention is bounded by the free device memory (explicit_max is
-    # the upper limit).
+    # draws needed 7-8 GB of host RAM). The attention timings of section 6 grow to longer sequences
+    # (their subject is how time grows with length); explicit_max is the upper limit, and the free
+    # device memory bounds it too. The trained models keep the cpu sizes with more seeds (5 coref runs,
+    # 8 per head count), stopping by epochs alone. Cost from the first H100 run (2026-11-26, alone):
+    # about 6.5 ms per training step, so 375 gender steps + 32 coref runs x 375 steps = 12,375 steps
+    # ~ 80 s, and about 95 s for the timings and the rest: about 175 s; not yet measured at these sizes.
     gpu=dict(var_samples=20_000, dims=[2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], keys=32, softmax_queries=500,
              timing=dict(batch=32, d_model=256, heads=8, lengths=[16, 32, 64, 128, 256, 512, 1024, 2048, 4096],
                          repeats=10, explicit_max=2048),
-             gender=dict(pairs=40_000, test=2_500, epochs=4, d_model=128, heads=4, layers=2, time_budget_s=15),
-             coref=dict(train=20_000, test=4_000, epochs=5, d_model=128, heads=4, layers=2, runs=3, head_runs=4,
-                        time_budget_s=8)),
+             gender=dict(pairs=12_000, test=1_500, epochs=2, d_model=64, heads=2, layers=2),
+             coref=dict(train=6_000, test=2_000, epochs=4, d_model=64, heads=2, layers=2, runs=5, head_runs=8)),
 )
 
 # %% [markdown]
@@ -1680,13 +1678,11 @@ def train_classifier(vocab_size: int, train: list[dict], sizes: dict, max_len: i
         return F.cross_entropy(logits, label), len(label)
 
     loader = [b for epoch in range(sizes["epochs"]) for b in batches(train, 64, True, seed=1000 * seed + epoch)]
-    # time_budget_s (gpu profile only) caps the training's wall-clock time: a slow device stops early
-    history = fit(model, loader, loss_fn, optimizer, epochs=1, device=run.device, verbose=False,
-                  time_budget_s=sizes.get("time_budget_s"))
+    history = fit(model, loader, loss_fn, optimizer, epochs=1, device=run.device, verbose=False)
     steps = len(history.step_loss)
+    assert steps == len(loader), "every run takes the same steps, in every profile"
     print(f"seed {seed}: trained {steps} of {len(loader)} steps ({sizes['epochs']} epoch(s)) in "
-          f"{history.epochs[0]['seconds']:.0f} s on {run.device.type}"
-          + ("" if steps == len(loader) else f", stopped by the {sizes['time_budget_s']} s time budget"))
+          f"{history.epochs[0]['seconds']:.0f} s on {run.device.type}")
     return model.eval()
 
 
@@ -2181,7 +2177,7 @@ plt.show()
 # well as any, but within the same number of steps it often does not. More heads than two do not
 # improve further (the medians beyond two differ by less than the runs do): the task needs a
 # query at *it* to find a couple of words, and two heads per layer already give it two
-# distributions. Six runs per setting are what make this readable: three seeds could land on
+# distributions. Six runs per setting (eight in the `gpu` profile) are what make this readable: three seeds could land on
 # one head's good runs or on its bad ones. Read the differences between head counts against the
 # spread between runs, not as single numbers. (A seed fixes the weights, the data and the order
 # of the batches, not every rounding: a rerun on another machine, or with another number of
@@ -2234,7 +2230,7 @@ plt.show()
 # * **Multi-head** attention is one projection per kind, cut into $h$ slices and made a batch
 #   axis by a reshape and a transpose: equal to a loop over heads, faster, and with
 #   $4(d^2_{\text{model}} + d_{\text{model}})$ parameters whatever $h$; the weights tensor and its
-#   softmax grow with $h$. On the *it* task (section 7c, six runs per setting, every run printed),
+#   softmax grow with $h$. On the *it* task (section 7c, six runs per setting in the `cpu` run, every run printed),
 #   one head made the runs unreliable (losses spread over two orders of magnitude and the lowest
 #   accuracies, though some runs were as good as any), two or more heads solved it more evenly,
 #   with no clear gain beyond two: differences of the size of the run-to-run spread.
@@ -2252,7 +2248,7 @@ plt.show()
 #   $n$; the fast path and the GRU keep memory linear in $n$.
 # * **Heads on sentences**: the `<bos>` heads found the subject whose gender decides a French
 #   article. For *it*, every run resolved the referent, and the heads at *it*, taken together,
-#   looked more at the noun meant than at the other (six runs); which head does it, in which
+#   looked more at the noun meant than at the other (every run); which head does it, in which
 #   layer, how sharply, and whether any single head does, is left to each run (compare the
 #   runs). Attention maps show where a layer read, not the whole of how a model decided.
 #

@@ -94,15 +94,15 @@ run = setup(
              vocab=16, back=3, d_model=64, heads=1, max_distance=8, train_len=32, steps=400, runs=8, base_runs=8,
              side_runs=3,
              budget_s=None, batch_size=64, lr=3e-3, test_lengths=[16, 32, 48, 64, 96, 128, 192, 256], test_batch=256),
-    # gpu, sized on paper from issue 13's H100 step costs (launch-bound; a 3+3-layer Transformer step
-    # takes 25-35 ms): a step of this one-layer probe ~4 ms, of the "who" model ~3 ms. Training:
-    # 6 schemes x 10 runs x 400 steps + 2 ALiBi x 5 runs x 400 + 2 bases x (10 rotary + 5 sinusoidal runs)
-    # x 400 = 40,000 steps ~ 160 s, + who 2 x 600 steps ~ 4 s: about 165 s. Each training call is capped at
-    # `budget_s` seconds (two to three times its estimate), so a slower GPU ends on time with less training.
-    gpu=dict(who_steps=600, who_d_model=64,
-             vocab=16, back=3, d_model=128, heads=1, max_distance=8, train_len=32, steps=400, runs=10,
-             base_runs=10, side_runs=5, budget_s=4.0,
-             batch_size=128, lr=2e-3, test_lengths=[16, 32, 64, 128, 256, 384, 512], test_batch=256),
+    # gpu: the cpu sizes and test lengths with more runs (10 per scheme and per base, 5 for ALiBi and the
+    # sinusoidal bases), stopping by steps alone: a GPU buys runs here, not a wider model. Cost from the
+    # first H100 run (2026-11-26, five notebooks at once): 1.2-1.6 s per 400-step run, so 6 schemes x 10
+    # + 2 ALiBi x 5 + 2 bases x (10 rotary + 5 sinusoidal) = 100 runs ~ 140 s, + the who models ~ 3 s,
+    # and about 15 s for the rest: about 160 s; not yet measured at these sizes.
+    gpu=dict(who_steps=300, who_d_model=32,
+             vocab=16, back=3, d_model=64, heads=1, max_distance=8, train_len=32, steps=400, runs=10,
+             base_runs=10, side_runs=5,
+             budget_s=None, batch_size=64, lr=3e-3, test_lengths=[16, 32, 48, 64, 96, 128, 192, 256], test_batch=256),
 )
 
 # %% [markdown]
@@ -1141,7 +1141,7 @@ assert all(symmetry[e][1] > 1e-3 for e in ("sinusoidal", "learned")), "absolute 
 #
 # **Training** uses sequences of exactly `train_len` tokens (32 in the `cpu` profile); the test
 # uses fresh random sequences of several lengths, up to `max(test_lengths)` (8 times the
-# training length in the `cpu` profile, 16 times in `gpu`). The model attends both ways, like
+# training length). The model attends both ways, like
 # an encoder: this rules out the option that Kazemnejad et al. (2023) found best in
 # decoder-only models, *no* positional encoding at all, which works only with a causal mask
 # (section 1); here "none" is a bag of words. Three details:
@@ -1403,8 +1403,7 @@ if run.profile != "smoke":
 # * **Rotary**: right at the training length in every run, and above 95% in every run only up
 #   to the length printed under the tables. Beyond it the runs spread: in the `cpu` profile, on
 #   the longest sequences, from a failure near the bag-of-words level to 100%, with the median
-#   and every run's value printed (the `gpu` profile's wider model may hold in more of its
-#   runs). That spread is what one training run hides: a single run could have reported any of
+#   and every run's value printed (the `gpu` profile runs ten of them). That spread is what one training run hides: a single run could have reported any of
 #   these numbers. Its attention on the right key thins as the sequences grow,
 #   and errors, where there are any, fall on all positions, the trained ones included (right
 #   panel): they come from the keys that every query sees in a long sequence, not from the
