@@ -51,7 +51,9 @@
 # ## Profiles, device and seeds
 #
 # One environment variable, `TFM_PROFILE`, sizes every run: `smoke` (seconds per chapter: what
-# the tests run), `cpu` (a few minutes per chapter on a laptop) or `gpu` (the best results). Each
+# the tests run), `cpu` (from under a minute to tens of minutes per chapter on two CPU cores:
+# the [README](../README.md#measured-notebook-times) lists each one's measured time) or `gpu`
+# (more seeds, and in some chapters larger models: each notebook's first cell lists its sizes). Each
 # notebook's first code cell states its sizes for all three and calls `setup`, which also picks
 # the device (CUDA, then Apple's MPS, then the CPU; `TFM_DEVICE=cpu` forces the CPU), sets the
 # CPU threads (`TFM_THREADS`) and seeds Python, NumPy and PyTorch. The preface trains nothing,
@@ -76,10 +78,13 @@ print(f"profiles: {PROFILES} | active: {run.profile} | device: {run.device} | "
 # (`TFM_PROFILE=smoke bash run.sh book`; unset, it means `gpu` when CUDA is available and `cpu`
 # otherwise).
 #
-# **Seeds.** On the CPU a seeded run repeats exactly, on the same machine and PyTorch version.
-# On a GPU it repeats closely, not bit for bit: cuDNN's recurrent layers, embedding gradients and
-# other atomic additions do not add in a fixed order. The draws themselves repeat on every
-# device:
+# **Seeds.** On the CPU a seeded run repeats exactly on the same machine, with the same PyTorch
+# version and the same number of threads (`TFM_THREADS`): a sum split over more threads adds in
+# another order, and its last bits change. On a GPU it repeats closely, not bit for bit: cuDNN's
+# recurrent layers, embedding gradients and other atomic additions do not add in a fixed order
+# (`torch.use_deterministic_algorithms(True)` makes PyTorch use deterministic kernels or raise
+# where it has none, at some cost in speed). The draws themselves repeat on any one device,
+# though CUDA's generator draws other numbers than the CPU's for the same seed:
 
 # %%
 seed_everything(0)
@@ -101,7 +106,8 @@ print(f"same seed, same draws on {run.device}:", first[0].tolist())
 # reads left to right: agreement in gender and number, adjectives that move after the noun (so
 # alignments cross), negation in two parts around the verb, and relative clauses that make
 # sentences long. Three examples, each the shortest pair that shows its feature, and how many
-# training pairs show it:
+# training pairs match the example's filter (the first filter is narrow on purpose: *small
+# black* before a feminine plural noun, *noires*; agreement itself is in most pairs):
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -176,7 +182,8 @@ print(f"French test tokens missing from the training vocabulary: {oov:.3%}")
 #
 # * One variable, `TFM_PROFILE` (`smoke`, `cpu`, `gpu`), sizes every chapter through its first
 #   cell; `setup` also picks the device, sets the threads and seeds the run. Seeded runs repeat
-#   exactly on the CPU, and closely, not bit for bit, on a GPU.
+#   exactly on the CPU (same machine, PyTorch version and thread count), and closely, not bit for
+#   bit, on a GPU.
 # * The bundled corpus is a generated English→French-like language with agreement, reordering,
 #   two-part negation and long sentences: enough structure to make attention necessary, small
 #   enough to train on a CPU.
