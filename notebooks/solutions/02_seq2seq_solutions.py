@@ -202,18 +202,19 @@ exercises.check("02.reverse_source", reverse_source, must_pass=True)
 # sentences, whose tokens each weigh more, would dominate.)
 
 # %% [markdown]
-# **4. A word never seen in training.** The source vocabulary maps it to `<unk>` (`UNK_ID`), so
-# the encoder reads the same `<unk>` embedding for every unknown word: its meaning, spelling and
-# even whether it is a noun or a name are lost, though its position in the sentence remains.
-# The decoder can only output words of its target vocabulary (a few hundred tokens here). It can write
-# `<unk>` if it learned to, but on the bundled data every training word is in the vocabulary,
-# so `<unk>` never appears as a target and the model instead writes some word that fits the
-# context, typically a frequent one of the right kind: a plausible but wrong translation. With
-# characters or subwords (byte-pair encoding, Sennrich et al. 2016, "Neural machine translation
-# of rare words with subword units", ACL), an unseen word is split into known pieces: the encoder
-# reads its spelling, and the decoder can write it piece by piece, copying names and numbers or
-# composing unseen forms from known stems and endings. The costs are longer sequences (more
-# steps for the GRUs, a harder long-range problem) and pieces that carry less meaning each.
+# **4. Crossing alignments.** Nowhere explicitly. The decoder reads the same $c$ at every step
+# and its previous word; "which source word comes next" must live in the decoder state $s_i$,
+# which has to track how far the translation has got and, for *le chat noir* from *the black
+# cat*, hold the adjective back until the noun is written. Nothing in the model points at a
+# source position, so an error of order and an error of content look alike in its output. To
+# tell them apart, score the two separately, per source-length bucket: the words (a bag-of-words
+# F1, or BLEU-1, which ignores order) and their order (for the words produced once in both
+# output and reference, the fraction of pairs in the same relative order, Kendall's tau; or,
+# with the corpus's generator, the rate of noun-adjective pairs written in the reference's
+# order). If BLEU-1 holds up on long sentences while the order score falls, the model loses
+# the order before the words; the bottleneck story predicts both fall together. Chapter 03's
+# attention makes the alignment explicit: the weights $\alpha_{ij}$ show which source word each
+# output word read, and its heatmaps show the crossings.
 
 # %% [markdown]
 # **5. A brevity penalty but no length penalty.** BLEU's modified n-gram precisions (Papineni et
@@ -223,16 +224,15 @@ exercises.check("02.reverse_source", reverse_source, must_pass=True)
 # hypothesis of three sure words has a high precision while it translates a fraction of the
 # sentence. That is the job of recall, which BLEU does not compute (with several references it
 # is ill-defined, §2.2); the brevity penalty (§2.2.2) stands in for it, over the whole corpus so
-# that short and long sentences can balance. In the chapter's run the greedy translations were
-# not shorter than the references overall, so the penalty printed with the BLEU score (BP) is 1
-# and did nothing.
+# that short and long sentences can balance. Whether it acted in a run is printed with the
+# BLEU score (`BP`: 1 when the greedy translations were not shorter than the references overall).
 
 # %% [markdown]
 # **6. Judging free running by teacher-forced loss, and scheduled sampling.** It is not fair: the
 # validation loss under teacher forcing is exactly what the $p = 1$ model was trained to
 # minimise, on correct prefixes, while the free-running model trained on its own prefixes and is
-# then scored in a situation it never trained for. (Section 5 printed a large gap between the
-# two validation losses.) A measurement that favours neither is a property of
+# then scored in a situation it never trained for. (Section 5 prints the gap between the
+# validation losses for each seed, with its verdict line.) A measurement that favours neither is a property of
 # what each model *produces* at test time with the same decoder: BLEU or exact matches of
 # greedy (or beam) outputs on held-out sentences, the measure the chapter also prints, or a human
 # judgement. A scheduled-sampling run (Bengio et al. 2015, §2):
@@ -243,16 +243,18 @@ exercises.check("02.reverse_source", reverse_source, must_pass=True)
 # teacher forcing (and learns as fast), since $p \approx 1$ while the model's own guesses are
 # nonsense; later it trains the model on its own mistakes, so a gain over $p = 1$, if any, should
 # come late in training and on long outputs, where errors have time to compound (Bengio et al.
-# report gains on captioning, parsing and speech, §4). With section 5's budget of a few hundred steps,
-# when no model translates yet, expect nothing, and each step with $p < 1$ is slower (section 5
-# prints the ratio for $p = 0$ against $p = 1$).
+# report gains on captioning, parsing and speech, §4). Section 5's verdict lines say how a fixed
+# 50/50 mix compared with $p = 1$ in greedy BLEU at its two budgets, over its seeds: a schedule
+# should at least match $p = 1$ early, and whether it gains later needs a budget at which the
+# fixed mix has caught up. Each step with $p < 1$ is slower (section 5 prints the ratios).
 
 # %% [markdown]
 # **7. Bits in a sentence and in $c$.** A sentence of 40 words from a vocabulary of 300 is one
 # of $300^{40}$ sequences, so it needs at most $40 \log_2 300 \approx 40 \times 8.23 \approx 329$
-# bits; real sentences need fewer, since grammar rules most sequences out. The chapter's $c$ has
-# $H = 256$ float32 numbers, $256 \times 32 = 8{,}192$ bits: 25 times more than the worst case.
-# Yet translation of 40+ word sources was poor (section 8's table), so
+# bits; real sentences need fewer, since grammar rules most sequences out. In the `cpu` profile
+# the chapter's $c$ has $H = 256$ float32 numbers, $256 \times 32 = 8{,}192$ bits: 25 times more
+# than the worst case (twice that in `gpu`, where $H = 512$). Yet translation of 40+ word sources
+# was poor (section 8's table, in either profile's run), so
 # capacity in bits is not the limit. The encoder is a smooth function trained by gradient
 # descent: it cannot use the low-order bits of a float, since nearby vectors must decode to
 # similar outputs for learning (and robustness to noise) to work, which leaves a few useful bits
@@ -349,18 +351,23 @@ plt.show()
 
 # %% [markdown]
 # Read the table with the budget in mind: the same number of steps on the same batches, at the
-# sizes printed by `setup`. In the committed run, reversing the source changed little: at most a
-# few points of BLEU on short and medium sentences, where the first French words depend on English
-# words now read last, and nothing (or a small loss) on the longest. Sutskever et al. (§3.3)
-# expected the gain early in the target and found, to their surprise, that reversal helped long
-# sentences too; their deep LSTMs met the summary only once, at the decoder's first step. Our
-# decoder reads $c$ at every step, which already shortens the path from the source to every
-# output word.
-# The bidirectional encoder helped clearly (about 8 BLEU overall), with more parameters and a
-# summary built from both ends. But neither changed the pattern of the bars: every variant still
-# loses most of its BLEU on the longest sentences, because every variant still pushes the
-# sentence through one vector. Small effects like the reversal's can change sign with the budget
-# and the seed; to trust one, rerun with larger `run.epochs` and several seeds.
+# sizes printed by `setup` (in `gpu` a 25 s cap per variant can stop them at different steps: the
+# step counts are printed), and **one run per variant, one seed**: a single draw, so no
+# difference in it is established (the chapter's section 5 shows how far apart three seeds of
+# the same model can land; the 2026-11-26 run of the old `gpu` sizes had reversal *below*
+# the plain model, under a time cap that stopped the variants at different steps). With that
+# caveat, the committed run printed these directions: reversing the
+# source changed little (within about a point of BLEU in each length bucket, and nothing gained
+# on the longest);
+# the bidirectional encoder scored higher overall, with about 40% more parameters (the printed
+# counts) and a summary built from both ends. Sutskever et al. (§3.3) expected reversal's gain
+# early in the target and found, to their surprise, that it helped long sentences too; their
+# deep LSTMs met the summary only once, at the decoder's first step, while our decoder reads $c$
+# at every step, which already shortens the path from the source to every output word. What
+# held for every variant is the pattern of the bars: each still loses most of its BLEU on the
+# longest sentences, because each still pushes the sentence through one vector. To trust a
+# difference between the variants, run them over several seeds (each run here takes a minute
+# or two on a CPU) and read the paired differences, as `tfmlib.seeds.over_seeds` prints them.
 
 # %% [markdown]
 # ## Measured: the bottleneck or exposure bias? Accuracy by target position
