@@ -21,8 +21,11 @@
 
 # %%
 from tfmlib import exercises
+from tfmlib.config import setup
 from tfmlib.data import Vocab, tokenize
 from tfmlib.synthetic import load_bundled
+
+run = setup(seed=0)  # before anything else: the threads, the device and the seeds
 
 # %% [markdown]
 # ## Coding exercise
