@@ -30,6 +30,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tfmlib import exercises
+from tfmlib.config import setup
+
+run = setup(seed=0)      # the profile, the device, the CPU threads and the seeds, before anything else
 
 # %% [markdown]
 # ## Coding exercises
@@ -293,7 +296,7 @@ for t in (3, 7):
 # last output tells whether A came before B, and the check after it shows that the order comes
 # from layer 1's mask.
 #
-# **5. The GRU as $H$ heads of width 1.** Head $u$ is hidden unit $u$. Its weights are
+# **5. The GRU as $H$ weightings of width 1.** "Head" $u$ is hidden unit $u$. Its weights are
 # $w_{t,i} = (1 - z_{i,u}) \prod_{j=i+1}^t z_{j,u}$, and in logarithms
 # $\log w_{t,i} = \log(1 - z_{i,u}) - C_{i,u} + C_{t,u}$ with $C_{t,u} = \sum_{j \le t} \log z_{j,u}$.
 # So the "key" of position $i$ is $\log(1 - z_{i,u}) - C_{i,u}$ and the "query" of $t$ contributes
