@@ -38,18 +38,21 @@ from tfmlib import exercises
 from tfmlib.config import setup
 from tfmlib.corpora import load_corpus
 from tfmlib.data import PAD_ID, TranslationDataset, build_vocabs, make_loader
+from tfmlib.decoding import evaluate_translator
+from tfmlib.seeds import over_seeds
 from tfmlib.seq2seq import train_translator
 from tfmlib.transformer import Transformer
 
 run = setup(seed=0,
             smoke=dict(train_pairs=3_000, test_pairs=100, steps=40, snapshot_every=5, snapshots=4, warmup=30,
-                       transformer=dict(d_model=32, heads=4, encoder_layers=2, decoder_layers=2, d_ff=64)),
+                       transformer=dict(d_model=32, heads=4, encoder_layers=2, decoder_layers=2, d_ff=64),
+                       post_ln=dict(steps=30, seeds=[0], test_pairs=50)),
             cpu=dict(train_pairs=50_000, test_pairs=500, steps=200, snapshot_every=20, snapshots=4, warmup=100,
-                     transformer=dict(d_model=128, heads=4, encoder_layers=2, decoder_layers=2, d_ff=256)),
-            gpu=dict(train_pairs=50_000, test_pairs=2_500, steps=1_000, snapshot_every=50, snapshots=5,
-                     warmup=200, transformer=dict(d_model=256, heads=8, encoder_layers=3, decoder_layers=3,
-                                                  d_ff=1024)))
-
+                     transformer=dict(d_model=128, heads=4, encoder_layers=2, decoder_layers=2, d_ff=256),
+                     post_ln=dict(steps=385, seeds=[0, 1, 2], test_pairs=2_500)),
+            gpu=dict(train_pairs=50_000, test_pairs=500, steps=200, snapshot_every=20, snapshots=4, warmup=100,
+                     transformer=dict(d_model=128, heads=4, encoder_layers=2, decoder_layers=2, d_ff=256),
+                     post_ln=dict(steps=385, seeds=[0, 1, 2, 3, 4], test_pairs=2_500)))
 
 def chapter_printed(notebook: str, pattern: str) -> tuple[str, ...]:
     """The groups of ``pattern`` in the first printed line of the committed ``notebook`` that matches:
@@ -345,12 +348,17 @@ print(f"median p(reference) there: smoothed {median_smoothed:.3f} against the q_
 
 # %%
 d_accuracy, d_bleu = chapter_printed(CH08, r"smoothed minus plain: accuracy ([+-][\d.]+) points, BLEU ([+-][\d.]+)")
-print(f"smoothed minus plain in the chapter's run: accuracy {d_accuracy} points, BLEU {d_bleu}")
+print(f"smoothed minus plain in the chapter's run, seed 0: accuracy {d_accuracy} points, BLEU {d_bleu}")
+for what in ("accuracy %", "BLEU"):
+    wins, n_seeds, median, lo, hi = chapter_printed(
+        CH08, rf"^{re.escape(what)}, smoothed higher than {re.escape(what)}, plain for (\d+) of (\d+) seeds; "
+              r".*: ([+-][\d.]+) \[([+-][\d.]+), ([+-][\d.]+)\]")
+    print(f"{what:10s}: smoothed ahead for {wins} of {n_seeds} seeds; smoothed minus plain {median} [{lo}, {hi}]")
 
 # %% [markdown]
 # Vaswani et al. (2017, §5.4) report that smoothing "hurts perplexity ... but improves accuracy
-# and BLEU"; section 4 of the chapter also reports reruns with seeds 1 and 2, in which the
-# differences changed size and sign, so at this budget one run does not establish a gain.
+# and BLEU"; section 4 of the chapter ran the control for every seed, and the lines above say for
+# how many of them the smoothed model was ahead: at this budget one run does not establish a gain.
 # Smoothing can hurt BLEU when $\varepsilon$ is so large that the capped reference comes close to
 # the runner-up alternatives, so argmax and beam choices flip; and when decoding uses the
 # probabilities themselves rather than the argmax: beam search sums log-probabilities over a
@@ -363,14 +371,10 @@ print(f"smoothed minus plain in the chapter's run: accuracy {d_accuracy} points,
 # peak, $d^{-0.5} w^{-0.5}$, is *lower* and later, so the optimiser spends more steps at small
 # rates while Adam's second-moment estimate fills (question 4). (The package instead fixes the
 # peak and scales the shape, so there a longer $w$ also raises the tail, $\text{peak} \cdot
-# \sqrt{w/s}$.) The retraining is not run here; each run of the chapter's Transformer takes as
-# long as its training in the chapter's cpu run (printed below). What to expect is measured in
-# chapter 07 (section 9's stability run, a 12-layer model at $d = 64$), read from its committed
-# run:
+# \sqrt{w/s}$.) Chapter 07 measured what to expect on a small language model (section 9's
+# stability run, a 12-layer model at $d = 64$), read from its committed run:
 
 # %%
-train_s = chapter_printed(CH08, r"^Transformer\s+[\d,]+ parameters; .* in ([\d.]+) s:")[0]
-print(f"one training of the chapter's Transformer: {train_s} s in its cpu run")
 CH07 = "07_transformer_architecture.ipynb"
 number = r"\s+([\d.]+)"
 stability = {name: [float(x) for x in chapter_printed(CH07, rf"^{re.escape(name)}" + number * 9)[6:]]
@@ -380,20 +384,72 @@ for name, last in stability.items():
     print(f"chapter 07, {name:26s}: {', '.join(f'{x:.2f}' for x in last)} nats per token over the last 10 steps "
           f"(three seeds)")
 print(f"predicting word frequencies only: {unigram:.2f}")
-post_ln_stalls = min(stability["post-LN, no warm-up"]) > max(stability["post-LN, warm-up 50 steps"])
-print(f"post-LN without warm-up ends {'above' if post_ln_stalls else 'not always above'} post-LN with it, "
-      f"at {min(stability['post-LN, no warm-up']) / unigram:.0%} or more of the word-frequency loss")
 
 # %% [markdown]
-# In chapter 07's run post-LN without warm-up stayed near the loss of predicting word frequencies
-# only, while post-LN with a 50-step warm-up and pre-LN without one trained (the lines above). So
-# post-LN at the chapter's peak of $3 \cdot 10^{-3}$ from step 1 should stall or train much worse,
-# and post-LN with the warm-up should train. Why:
-# in post-LN the gradients at initialisation are largest near the output (Xiong et al. 2020,
+# There, post-LN without warm-up stayed near the loss of predicting word frequencies only, while
+# post-LN with a 50-step warm-up and pre-LN without one trained. Now the retraining the question
+# asks for, on the chapter's translation task: the chapter's Transformer, data, recipe and 1x
+# steps (385 in the `cpu` profile), with `norm_first=False`, once with the chapter's 100-step
+# warm-up and once without (`warmup_steps=1`: the full peak of $3 \cdot 10^{-3}$ from the first
+# step), for the chapter's seeds, scored with greedy BLEU on the whole test split. The pre-LN
+# numbers are the chapter's own 1x Transformers (the `BLEU, smoothed` row of its section 4), read
+# from its committed run. About half a minute per training on a quiet CPU.
+
+# %%
+ch_train = load_corpus("synthetic")["train"][:50_000] if run.profile != "smoke" else train_pairs
+ch_src, ch_tgt = build_vocabs(ch_train)
+ch_data = TranslationDataset(ch_train, ch_src, ch_tgt)
+ch_max_source = max(len(src) for src, _ in ch_data.examples) + 21
+ch_test = load_corpus("synthetic")["test"][: run.post_ln["test_pairs"]]
+
+
+def post_ln_run(seed: int) -> dict[str, float]:
+    """The chapter's Transformer as post-LN, trained from `seed` with and without warm-up."""
+    out = {}
+    for label, warmup in (("post-LN, warm-up", run.warmup), ("post-LN, no warm-up", 1)):
+        torch.manual_seed(seed)
+        model = Transformer(len(ch_src), len(ch_tgt), **run.transformer, dropout=0.0, norm_first=False,
+                            max_len=2 * ch_max_source + 10)
+        history, _ = train_translator(model, ch_data, epochs=1_000, max_steps=run.post_ln["steps"], batch_size=64,
+                                      lr=3e-3, warmup_steps=warmup, betas=(0.9, 0.98), adam_eps=1e-9,
+                                      label_smoothing=0.1, device="cpu", seed=seed, desc=label, verbose=False)
+        out[f"{label} BLEU"] = evaluate_translator(model, ch_test, ch_src, ch_tgt).bleu.score
+        out[f"{label} last loss"] = sum(history.step_loss[-20:]) / 20
+    return out
+
+
+post_ln = over_seeds(post_ln_run, run.post_ln["seeds"])
+pre_ln = [float(x) for x in chapter_printed(CH08, r"^BLEU, smoothed\s+[\d.]+ \[[\d.]+, [\d.]+\]" + r"\s+([\d.]+)" * 3)]
+print(f"{run.post_ln['steps']} steps, seeds {run.post_ln['seeds']}, greedy BLEU on {len(ch_test):,} test pairs:")
+print(post_ln.table(fmt=".2f"))
+print(f"pre-LN (the chapter's 1x Transformers, seeds 0, 1, 2): {', '.join(f'{x:.1f}' for x in pre_ln)}")
+print(post_ln.verdict("post-LN, warm-up BLEU", "post-LN, no warm-up BLEU", fmt="+.1f"))
+if run.profile == "cpu":                        # the chapter's sizes and seeds: comparable with its run
+    assert post_ln.holds_for_every_seed("post-LN, warm-up BLEU", "post-LN, no warm-up BLEU"), \
+        "post-LN should train better with the warm-up than without it, for every seed"
+    assert all(p > w for p, w in zip(pre_ln, post_ln.values["post-LN, warm-up BLEU"], strict=True)), \
+        "at this budget pre-LN should beat post-LN with warm-up, for every seed"
+
+# %% [markdown]
+# In the committed `cpu` run (the table), post-LN with the warm-up scores 48.9 [39.7, 56.9] BLEU
+# and without it 8.1 [6.1, 9.7]: the warm-up is worth 32 to 47 points for every seed (asserted),
+# and without it the last training loss stays near 3 nats where the warm-up run reaches about 1.4.
+# Pre-LN, from the same seeds and steps, scores 64.8-66.3, above post-LN with the warm-up for
+# every seed (asserted). So at this budget the order is pre-LN, then post-LN with warm-up, then
+# post-LN without, as in chapter 07's stability runs; post-LN with the warm-up also varies most
+# between seeds (a 17-point range).
+#
+# Why: in post-LN the gradients at initialisation are largest near the output (Xiong et al. 2020,
 # §3.3), and Adam's first updates move every parameter by about the learning rate whatever its
-# gradient (chapter 07, question 7), so a full learning rate at step 1 makes large updates exactly where
-# they do most damage; pre-LN's gradients are smaller and even across layers, and it trains
-# without warm-up (their §4).
+# gradient (chapter 07, question 7), so a full learning rate at step 1 makes large updates exactly
+# where they do most damage; pre-LN's gradients are smaller and even across layers, and it trains
+# without warm-up (their §4). The warm-up changes what happens in the first $w$ steps, and at a
+# budget of a few hundred steps that is much of the run. The price of pre-LN's stability shows
+# later, on long runs: Nguyen and Salazar (2019) found pre-norm slightly worse than post-norm on
+# WMT'14 English-German, and Liu et al. (2020, "Understanding the difficulty of training
+# Transformers") argue that post-LN's strong dependence on its residual branches, the cause of its
+# instability, is also what lets it reach better models once it trains; 385 steps are too few to
+# see that side of the trade.
 #
 # **4. How long Adam's second moment averages.** $v_s = \beta_2 v_{s-1} + (1 - \beta_2) g_s^2$
 # weights the gradient of $k$ steps ago by $(1 - \beta_2)\beta_2^k$: a time scale of $1/(1 -
@@ -419,24 +475,35 @@ assert abs(1 - 0.999 ** 1000 - (1 - 1 / math.e)) < 1e-3, "the window holds 1 - 1
 # small where gradients grow (steps too large); and in the first steps it is an average of very
 # few squares, the unreliable estimate of chapter 07's question 7 (Liu et al. 2020, §3).
 #
-# **5. Equal seconds, steps, parameters or FLOPs.** The chapter's run, read from its printed lines:
+# **5. Equal seconds, steps, parameters or FLOPs.** The chapter's run, read from its printed
+# lines: each model's parameters, and its time per step at its largest budget, the median
+# training seconds over the seeds divided by the steps (one seed's single timing can be inflated
+# by whatever else the machine was doing, as the chapter's first seed was); then the equal-step
+# comparisons over its seeds:
 
 # %%
 trained = {}
 for name in ("seq2seq (ch. 02)", "RNNsearch (ch. 03)", "Transformer"):
-    params, steps, ms = chapter_printed(
-        CH08, rf"^{re.escape(name)}\s+([\d,]+) parameters; ([\d,]+) steps, .* (\d+) ms per step")
-    trained[name] = dict(params=int(params.replace(",", "")), steps=int(steps.replace(",", "")), ms=int(ms))
-    print(f"{name:20s} {trained[name]['params']:>10,} parameters, {trained[name]['steps']:>4} steps, "
-          f"{trained[name]['ms']:>4} ms per step")
-same_steps, rnnsearch_bleu, transformer_bleu = chapter_printed(
-    CH08, r"after the same (\d+) steps .*RNNsearch \(ch. 03\) ([\d.]+), Transformer ([\d.]+) BLEU")
-print(f"after the same {same_steps} steps: RNNsearch {rnnsearch_bleu}, Transformer {transformer_bleu} BLEU")
+    params = chapter_printed(CH08, rf"^{re.escape(name)}\s+([\d,]+) parameters;")[0]
+    budget_steps = chapter_printed(CH08, rf"^{re.escape(name)}\s+scored at (.*) steps$")[0]
+    median_seconds = chapter_printed(CH08, rf"^\s+{re.escape(name)}\s+(0\.5x .* s)$")[0]
+    steps = int(budget_steps.split(" = ")[-1].replace(",", ""))            # the largest budget's steps
+    seconds = float(median_seconds.split(", ")[-1].split()[1])             # and its median seconds
+    trained[name] = dict(params=int(params.replace(",", "")), steps=steps, ms=1000 * seconds / steps)
+    print(f"{name:20s} {trained[name]['params']:>10,} parameters; {steps:>5,} steps in {seconds:.0f} s "
+          f"(median over the seeds): {trained[name]['ms']:>4.0f} ms per step")
+for equal in (1, 2):     # the chapter's two equal-step comparisons: (192 vs 190) and (385 vs 380) steps in cpu
+    t_steps, r_steps, wins, n_seeds, median, lo, hi = chapter_printed(
+        CH08, rf"^\s+(\d+) vs (\d+) steps: Transformer {equal / 2:g}x \w+ than RNNsearch {equal:g}x for (\d+) of "
+              r"(\d+) seeds; .*: ([+-][\d.]+) \[([+-][\d.]+), ([+-][\d.]+)\]")
+    print(f"Transformer after {t_steps} steps against RNNsearch after {r_steps}: Transformer ahead for {wins} of "
+          f"{n_seeds} seeds, Transformer minus RNNsearch {median} [{lo}, {hi}] BLEU")
 
 # %% [markdown]
 # *Same steps* (and batch size) gives every model the same data, but ignores that a step costs
 # each model a different time (the milliseconds above); it is the comparison of sample
-# efficiency, and early on it can change the winner (the BLEU after the same steps, above).
+# efficiency, and it can change the winner (the BLEU at equal steps, above, against the chapter's
+# equal-budget lines).
 # *Same parameters* compares architectures at equal memory and storage (the Transformer has
 # fewer, above), but parameters are not cost: a GRU applies its
 # weights once per position sequentially, attention costs grow with $T^2$ and use no
