@@ -268,3 +268,11 @@ def test_setup_on_a_cpu_leaves_tf32_unmentioned(monkeypatch, capsys, keep_tf32):
     run = config.setup(0, verbose=True)
     assert run.tf32 is None and "tf32" not in capsys.readouterr().out
     assert torch.backends.cudnn.allow_tf32, "on a CPU setup() leaves the CUDA switches as they were"
+
+
+def test_run_repr_without_sizes_has_no_dangling_separator():
+    """A notebook that passes no sizes prints ``Run(..., seed=0)``, not ``seed=0, )``."""
+    bare = config.Run("cpu", torch.device("cpu"), 0)
+    assert repr(bare) == "Run(profile='cpu', device='cpu', seed=0)"
+    sized = config.Run("cpu", torch.device("cpu"), 1, {"epochs": 2}, threads=1)
+    assert repr(sized) == "Run(profile='cpu', device='cpu', threads=1, seed=1, epochs=2)"

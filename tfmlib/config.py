@@ -142,8 +142,9 @@ class Run:
         sizes = ", ".join(f"{k}={v}" for k, v in self.sizes.items())
         threads = "" if self.threads is None else f", threads={self.threads}"
         tf32 = "" if self.tf32 is None else f", tf32={'on' if self.tf32 else 'off'}"
+        sizes = f", {sizes}" if sizes else ""
         return (f"Run(profile={self.profile!r}, device={str(self.device)!r}{threads}{tf32}, "
-                f"seed={self.seed}, {sizes})")
+                f"seed={self.seed}{sizes})")
 
 
 RUN_FIELDS = frozenset({"profile", "device", "seed", "sizes", "threads", "tf32"})
