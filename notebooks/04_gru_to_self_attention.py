@@ -378,8 +378,9 @@ assert err_parallel < 1e-12, "the parallel form must compute what the loop compu
 # And any position reaches any other in one step: the longest path a signal travels between
 # two positions is $O(1)$ operations, against the GRU's $O(T)$, where whatever position 1 wrote
 # must survive $T$ gated updates to reach position $T$. Vaswani et al. (2017, §4 and Table 1)
-# give this path length as the main reason to prefer self-attention for long-range
-# dependencies; chapter 05 shows their whole table.
+# give this path length, beside the total work per layer and the number of sequential
+# operations, as a reason to prefer self-attention for long-range dependencies; chapter 05
+# shows their whole table.
 #
 # What it costs in arithmetic, counted for this chapter's layers with inputs and states of
 # width $d$: `nn.GRU` does about $6\,T d^2$ multiply-adds per sequence (three gates, each with an
@@ -389,7 +390,7 @@ assert err_parallel < 1e-12, "the parallel form must compute what the loop compu
 # growing length, so the break-even of the arithmetic falls at $T = 128$, inside the range
 # timed; beside them, chapter 01's `GRUScratch`, the same GRU as a Python loop, shows how much of
 # a loop's cost on this device is the interpreter rather than arithmetic. The package's
-# `interleaved_medians` times them (`tfmlib.timing`, introduced in chapter 00): it waits for the
+# `interleaved_medians` times them (`tfmlib.timing`, introduced in chapter 01): it waits for the
 # device before and after every call, warms up, lets the three take turns so that a busy
 # machine disturbs them alike, and keeps the median. (Chapter 05 measures this properly, with
 # backward passes and memory; here it is a first look.) On a GPU, the longest lengths are kept
@@ -448,13 +449,24 @@ if run.device.type == "cpu" and run.profile != "smoke":   # what the text below 
 
 # %% [markdown]
 # Read the last two columns together. Against the fused `nn.GRU`, the parallel form is not
-# faster in general: it does less arithmetic while $T < 2d$ and more beyond, and its time
-# follows that, roughly (the printed line names the lengths where it was faster in this run;
-# where exactly the times cross depends on the device and on how busy it is). At the longest
-# length timed, $T = 16 d = 1024$ in the `cpu` profile, it does 5.7 times the GRU's arithmetic,
-# and on a CPU it is slower there (checked, on a CPU); from the row before to the last its time
-# also grows faster than the GRU's (the last printed line; checked, on a CPU): attention trades sequential steps for total work, and a
-# CPU's few cores run out of things to do side by side. On a GPU the same lines can read
+# faster in general: it does less arithmetic while $T < 2d$ and more beyond. The times need
+# not cross where the arithmetic does, at $T = 2d = 128$: in the `cpu` run printed here the
+# parallel form was faster up to $T = 256$, where it does 1.67 times the GRU's arithmetic
+# (time ratio 0.93x), and slower only at 1024; at $T = 64$ its time ratio (0.12x) is far below
+# its arithmetic ratio (0.67x). At these sizes the times need not follow the multiply-adds:
+# per-call costs, memory traffic and the machine's load weigh too. Read the middle rows with care: they are medians of three rounds
+# on a shared, busy CPU, and the cell prints no spread, so noise and effect cannot be told
+# apart there. The `nn.GRU` line "time x161" for a length x64 is one sign of it: a recurrence's
+# work grows with its length, and its time from $T = 16$ to 64 (x9.1 for a length x4) grew
+# faster than that in this run, which we read as the load's disturbance, not as a property of
+# the GRU. Where exactly the times cross depends on the device and on how busy it is.
+#
+# At the longest length timed, $T = 16 d = 1024$ in the `cpu` profile, the parallel form does
+# 5.7 times the GRU's arithmetic, and on a CPU it is slower there (3.63x in this run; checked,
+# on a CPU). From the row before to the last its time grows about as its arithmetic does:
+# $2Td^2 + 2T^2d$ at $d = 64$ grows x13.6 from $T = 256$ to 1024, and the last printed line
+# says x15.0, while the GRU's $6Td^2$ grows x4.0 (printed: x3.9; the faster growth is checked,
+# on a CPU). Attention trades sequential steps for total work. On a GPU the same lines can read
 # differently, since thousands of cores absorb the $T^2$ scores while every step of a
 # recurrence waits for the one before; the printed numbers say which. The Python loop's line
 # shows the rest: the gap between it and `nn.GRU`, which computes the same function, is the
@@ -724,7 +736,8 @@ assert err_last < 1e-12, "without positions, a causal layer's last output ignore
 
 # %% [markdown]
 # The causal layer is not equivariant (the mask depends on position), but its **last** output
-# sees the set $\{x_1, \dots, x_T\}$ and its own $x_T$, and nothing else: shuffle the positions
+# sees the multiset $\{x_1, \dots, x_T\}$ (which vectors occur, and how often: a softmax
+# weighs a repeated one more) and its own $x_T$, and nothing else: shuffle the positions
 # before it, and it does not change (the second check). A one-layer causal model that reads its
 # answer at the end is blind to order. The experiments below measure what that costs.
 #
@@ -1102,7 +1115,8 @@ def train_and_test(task: Task, steps: int, seed: int, body: str = "attention", *
 # thing each. Causal everywhere except the tagging task. Every run is repeated from
 # `run.seeds` seeds (three in the `cpu` profile, five in `gpu`): the seed sets the initial
 # weights, the training batches and the test sequences, so each seed is a separate draw of the
-# whole experiment. `over_seeds` (chapter 01) collects each run's test accuracy per seed; the
+# whole experiment. `over_seeds` (`tfmlib.seeds`, first used in chapter 02) calls the function
+# once per seed and collects the named numbers it returns, here each run's test accuracy; the
 # table prints the median and the range, [min, max], over the seeds.
 
 # %%
@@ -1167,7 +1181,8 @@ plt.show()
 # (recall), the length (order, parity), the number of ones (band) and, for tagging, the position
 # in the sequence (median and range over the seeds again); the last panel shows every run against
 # chance. For the two order tasks we also compute the best any **order-blind** predictor can do:
-# a model that knows which tokens occur (and its own token) but not where can do no better than
+# a model that knows the multiset of tokens (which tokens occur, and how often) and its own
+# token, but not where they stand, can do no better than
 # guessing the most frequent of the other tokens, which is right with probability
 # $\max_a \operatorname{count}(a) / (\text{number of other tokens})$, computed on each seed's
 # test sequences.
@@ -1341,15 +1356,19 @@ if run.profile != "smoke":                                      # each holds for
 # * **Recall: attention's strength.** The attention layer answers nearly every question,
 #   however many facts came before (in the `cpu` run, 98.7-99.6% over the three seeds); the GRU
 #   of the same width answers every question when there is one fact and falls steeply as their
-#   number grows (about half right overall, about a third with 12 facts). The GRU must decide,
+#   number grows (about half right overall, about a third with 12 facts: 31.2-33.9% over the
+#   `cpu` run's three seeds; another seed may land lower). The GRU must decide,
 #   fact by fact, what to keep in a fixed state before it knows the question (the frozen
 #   proportions of step 2), and with this width and budget it does not manage to keep many. The attention layer
 #   keeps every fact and looks the asked key up when the question comes. It does not do so as
 #   the hand-set dictionary of step 4 did, with one head whose weight of 1.0 sits on the right
 #   fact: in the table of measurements above, each head's weights peak on the asked fact for
 #   only part of the questions (in the `cpu` run, 40-66% per head and seed) and put a mean weight
-#   of about 0.36-0.62 there. The heads share the lookup, and the FFN and the read-out decode
-#   their mixture. Printed, not asserted: how the work is split among the heads is a draw. The
+#   of about 0.36-0.62 there; the best head of each seed peaks on it for 59-66% of them. No single
+#   head does the lookup alone. Whether the heads together cover the questions (one head on
+#   some, another on others) is not measured here, since each row reads one head alone; the
+#   model answers 98.7-99.6% of them, so presumably the FFN and the read-out combine what
+#   the heads gather. Printed, not asserted: how the work is split among the heads is a draw. The
 #   price is the one named in step 2 and timed in step 3: a state per position, and work that
 #   grows with the square of the length.
 # * **Order: positions are needed.** The GRU has order built in; the attention layer learns
@@ -1427,9 +1446,9 @@ if run.profile != "smoke":                                      # each holds for
 #   depend on what layer 1 read. One head with no FFN and a linear read-out cannot compute XOR of
 #   two marked bits (proved, and measured); several heads can (XOR measured), but a position-wise
 #   FFN is what makes a non-linear function of what was gathered easy (measured on the band task).
-# * Measured side by side, over three seeds in the `cpu` profile (five in `gpu`) and for every
-#   one of them: attention beats the GRU at content retrieval from many facts; the GRU needs no
-#   positions and wins at parity.
+# * Measured side by side and asserted for every seed (three of three in the `cpu` run printed
+#   here; the `gpu` profile runs five): attention beats the GRU at content retrieval from many
+#   facts; the GRU needs no positions and wins at parity.
 #
 # ## Exercises
 #
