@@ -239,8 +239,12 @@ for low, high in ((0.0, 0.25), (0.25, 0.5), (0.5, 0.75), (0.75, 1.01)):
 # $s_{i-1}$, so the decoder cannot run as one fused GRU call over the target, and runs $T$
 # small steps from Python; and the memory for the $T \times S$ weights and the stored contexts
 # for the backward pass. The additive score adds a $\tanh$ layer of size $d_a$ (the attention
-# size, `attn_size`) over all $S$ positions per step ($O(S \cdot T \cdot d_a)$), which is why
-# the bilinear scores of section 5 step faster.
+# size, `attn_size`) over all $S$ positions per step ($O(S \cdot T \cdot d_a)$) that the bilinear
+# scores do not need. How much that shows in a whole training step is a measurement: the chapter
+# times one step of each score in turn (section 5, `interleaved_medians`), and the GRU cell and
+# the output layer into the vocabulary, which every score shares, are most of a step's work, so
+# the score is a modest part of it: compare the ratios printed there with section 3's timing of
+# the whole Python loop against chapter 02's fused decoder.
 #
 # **3. Monotone alignments without positions.** The score itself has no notion of order, but
 # the annotations do: $h_j$ comes from GRUs that read the sentence in both directions, so it
@@ -275,8 +279,9 @@ for low, high in ((0.0, 0.25), (0.25, 0.5), (0.5, 0.75), (0.75, 1.01)):
 # can still be informative when the model is trained with it and the alternatives are
 # constrained; section 4's measurement is of that kind, a regularity over thousands of cases
 # (nouns attend to their English noun) rather than one picture, and still says "where", not
-# "why". Section 6 shows the gap directly: with the penalty the hops moved to the first word and
-# `<eos>` and the classifier was as accurate.
+# "why". Section 6 shows the gap directly: with the penalty most hops left the subject for fixed
+# positions such as the first word and `<eos>`, whose bidirectional states summarise the
+# sentence, and the classifiers were as accurate.
 #
 # **7. One hop, no penalty, two facts.** A single distribution that must serve two words far
 # apart either concentrates on one of them (the other fact is lost) or splits its weight, and
