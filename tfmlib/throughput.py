@@ -57,13 +57,12 @@ from __future__ import annotations
 import re
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from tfmlib.lm import DecoderLM
 from tfmlib.positional import LearnedPositionalEmbedding
 from tfmlib.precision import fp32_matmul_is_tf32
 from tfmlib.timing import interleaved_medians
@@ -194,28 +193,7 @@ def count_parameters(model: nn.Module, non_embedding: bool = True) -> int:
     return total
 
 
-_LM_KEYS = ("vocab_size", "d_model", "heads", "layers")
-
-
-def _as_lm(model_or_config: nn.Module | Mapping[str, Any]) -> nn.Module:
-    if isinstance(model_or_config, nn.Module):
-        return model_or_config
-    if isinstance(model_or_config, Mapping):
-        missing = [k for k in _LM_KEYS if k not in model_or_config]
-        if missing:
-            raise ValueError(f"lm_flops_per_token: the config lacks {missing} (needs {list(_LM_KEYS)}, "
-                             "optionally d_ff, context, positional, tie_weights)")
-        cfg = dict(model_or_config)
-        vocab = cfg.pop("vocab_size")
-        keep = {"d_model", "heads", "layers", "d_ff", "context", "positional", "tie_weights"}
-        with torch.device("meta"):  # shapes only, no memory
-            return DecoderLM(vocab, **{k: v for k, v in cfg.items() if k in keep})
-    raise TypeError("lm_flops_per_token: model_or_config must be a DecoderLM-like nn.Module or a dict "
-                    f"of its sizes, got {type(model_or_config).__name__}")
-
-
-def lm_flops_per_token(model_or_config: nn.Module | Mapping[str, Any], context: int, *,
-                       attention: str = "full") -> float:
+def lm_flops_per_token(model: nn.Module, context: int, *, attention: str = "full") -> float:
     """Training FLOPs (forward and backward) per token of a decoder-only LM reading ``context`` tokens.
 
     ``6 * (N + d V) + 12 L d T`` for ``attention="full"`` (the convention of PaLM's appendix B
@@ -225,16 +203,18 @@ def lm_flops_per_token(model_or_config: nn.Module | Mapping[str, Any], context: 
     vocabulary, ``L`` the layers, ``T`` = ``context`` (the length of the training sequences, not
     the model's maximum).
 
-    ``model_or_config``: a :class:`tfmlib.lm.DecoderLM` (or a module with ``vocab_size``,
-    ``d_model`` and ``blocks``), or a dict with ``vocab_size``, ``d_model``, ``heads``,
-    ``layers`` (and optionally ``d_ff``, ``positional``, ``tie_weights``), built on the meta
-    device to count. ``ValueError`` for a non-positive ``context`` or an unknown ``attention``.
+    ``model``: a :class:`tfmlib.lm.DecoderLM`, or any module with ``vocab_size``, ``d_model`` and
+    ``blocks``; to count a model too large to build, build it on the meta device (shapes, no
+    memory): ``with torch.device("meta"): model = DecoderLM(...)``. ``ValueError`` for a
+    non-positive ``context`` or an unknown ``attention``; ``TypeError`` for anything else.
     """
     if not isinstance(context, int) or isinstance(context, bool) or context < 1:
         raise ValueError(f"lm_flops_per_token: context must be an int >= 1, got {context!r}")
     if attention not in ("full", "causal"):
         raise ValueError(f"lm_flops_per_token: attention must be 'full' or 'causal', got {attention!r}")
-    model = _as_lm(model_or_config)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"lm_flops_per_token: model must be an nn.Module (a DecoderLM, on the meta device "
+                        f"to count one without memory), got {type(model).__name__}")
     try:
         d, vocab, layers = model.d_model, model.vocab_size, len(model.blocks)
     except AttributeError as e:
