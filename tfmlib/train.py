@@ -506,7 +506,9 @@ def fit(
       size, since DDP averages): each rank weights a token alike and divides by the same number, and
       the step equals one step on the global group even when the ranks' token counts differ.
       (A group cut short by the end of an epoch has its gradients all-reduced explicitly.) Without
-      accumulation DDP averages the ranks' mean losses, weighting each rank equally.
+      accumulation (``k = 1``) the same weighting applies to the single batch: each rank's mean
+      loss is scaled by its token count over the ranks' mean count (one scalar all-reduce per
+      step), so a rank with more tokens counts for more, as in one step on the global batch.
     * ``checkpoint_path``: write a training state there (:mod:`tfmlib.resume`: model, optimizer,
       scheduler, scaler, random number generators, data position, History, training time and the
       settings that must match) every ``checkpoint_every`` optimiser steps and when training ends,
