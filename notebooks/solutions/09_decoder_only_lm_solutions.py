@@ -147,8 +147,8 @@ assert gap < 1e-5
 # filled with $-\infty$, returns NaN for it, which then leaks into every row of the next layer
 # (zero weight times NaN is NaN). What PyTorch's fused kernel returns for it is not a promise of
 # its documentation and may depend on the version and the backend: the cell after the solution
-# prints what the installed one does (zeros, in the committed run). Each step appends one column: the new tokens, one more position per row, and a mask row
-# and column. A generated token is a real token whatever its id, even 0: the keep-mask grows by a
+# prints what the installed one does. Each step appends one column: the new tokens, one more
+# position per row, and a mask row and column. A generated token is a real token whatever its id, even 0: the keep-mask grows by a
 # column of True, and is not re-derived from `ids != PAD_ID` (the checker's last model can
 # generate id 0, and then that shortcut hides a real token).
 
@@ -221,16 +221,19 @@ batched = left_padded_generate(MaskedLM(lm), prompts, 8)
 unmasked = left_padded_generate(MaskedLM(lm, mask_padding=False), prompts, 8)
 for p, a, b, u in zip(prompts, alone.tolist(), batched.tolist(), unmasked.tolist(), strict=True):
     print(f"prompt {str(p):22s} alone {a}\n{'':29s}batched {b}\n{'':29s}padding unmasked {u}")
+changed = [p for p, a, u in zip(prompts, alone.tolist(), unmasked.tolist(), strict=True) if a != u]
+print(f"prompts whose continuation changes when the padding is unmasked: {changed}")
 assert torch.equal(batched, alone), "the left-padded batch must generate what each prompt alone does"
 assert not torch.equal(unmasked, alone), "attending to <pad> changes the short prompts' continuations"
+assert prompts[0] not in changed, "the longest prompt has no padding, so nothing can change it"
 
 # %% [markdown]
 # The batch reproduces every prompt alone, token for token. With the padding unmasked, the
-# continuation of at least one padded prompt changes (the cell asserts it): in the committed run
-# `[7, 7, 19]` continues with other tokens from its first new one, while `[12, 4]`, padded more,
-# happens to keep its tokens (this untrained model mostly repeats one token). That is
-# the silent error that the package's `generate` avoids by refusing `<pad>` in a prompt. The
-# longest prompt has no padding and is never affected.
+# continuation of at least one padded prompt changes (the cell asserts it and prints which). A
+# padded prompt can also keep its tokens by chance, since this untrained model often repeats one
+# token; which prompts change depends on the random weights. That is the silent error that the
+# package's `generate` avoids by refusing `<pad>` in a prompt. The longest prompt has no padding
+# and is never affected (asserted too).
 
 # %% [markdown]
 # ## Questions
