@@ -390,7 +390,8 @@ def fig_03_alignment_model() -> Canvas:
     s_new = c.box(3.6, 3.8, 0.56, 0.44, r"$s_i$", "state", fs=11)
     c.arrow(gru.right(), s_new.left())
     # the output layer (eq. 4; chapter 02's deep output): reads s_i, c_i and E_y y_{i-1}
-    out = c.box(2.3, 4.75, 3.2, 0.42, r"$p(y_i) = \mathrm{softmax}(W_o\,\mathrm{maxout}(W_t[s_i; c_i; E_y y_{i-1}]))$",
+    out = c.box(2.3, 4.75, 3.2, 0.42,
+                r"$p(y_i) = \mathrm{softmax}(W_o\,\mathrm{maxout}(W_t[s_i; c_i; E_y y_{i-1}]))$",
                 "output", fs=9)
     c.arrow(s_new.top(), (3.6, out.bottom()[1]))
     c.arrow(ctx.right(), (3.1, 3.0), (3.1, out.bottom()[1]), lw=1.0)
