@@ -51,7 +51,8 @@
 # ## Profiles, device and seeds
 #
 # One environment variable, `TFM_PROFILE`, sizes every run: `smoke` (seconds per chapter: what
-# the tests run), `cpu` (from under a minute to tens of minutes per chapter on two CPU cores:
+# the tests run), `cpu` (from under a minute to about an hour per chapter on two CPU cores: the
+# longest recorded, chapter 08, took 3,976 s with one thread on a machine busy with other runs;
 # the [README](../README.md#measured-notebook-times) lists each one's measured time) or `gpu`
 # (more seeds, and in some chapters larger models: each notebook's first cell lists its sizes). Each
 # notebook's first code cell states its sizes for all three and calls `setup`, which also picks

@@ -106,7 +106,10 @@ run = setup(
     # * section 6, the translator (chapter 03's gpu baseline recipe, so its sizes stay): 12 epochs x
     #   391 steps = 4,692 steps at ~15 ms = about 70 s;
     # * section 6's bucketing timing, 40 batches x 4 contenders x 4 rounds: a few seconds.
-    # Estimate alone: 110-220 s, over the book's 180 s per notebook at its upper end (to measure).
+    # Estimate alone: 110-220 s, over the book's 180 s per notebook at its upper end. Not measured:
+    # no session since the change has had a GPU, so neither this cost nor section 5's assertions
+    # over 5 seeds have run on one yet (second reader 2026-11-28 #7); if the gpu run exceeds 180 s,
+    # shrink tf_seeds' cost or the translator's 12 epochs.
     gpu=dict(train_pairs=50_000, test_pairs=2_500, embed=256, hidden=512, epochs=12, batch_size=128, lr=1e-3,
              **TF, tf_seeds=[0, 1, 2, 3, 4],
              timing_batches=40, timing_repeats=3),
@@ -184,8 +187,10 @@ plt.show()
 # should not be rewarded for predicting `<pad>`), to keep it out of the encoder's summary
 # (section 2), and, from chapter 03 on, to forbid attention to padded positions.
 #
-# **Bucketing: don't pay for padding.** Padding is wasted work: a recurrent network runs every
-# step of the padded rectangle, and an attention layer even compares every padded position with
+# **Bucketing: don't pay for padding.** Padding is wasted work: an unpacked recurrent network
+# (this chapter's decoder under teacher forcing) and the output layer run over every cell of the
+# padded rectangle, a packed one (the encoder of section 2) still runs as many sequential steps
+# as the longest sentence, and an attention layer even compares every padded position with
 # every other. With random batches one long sentence stretches the whole batch. Sutskever et al.
 # (2014, §3.4) made "sure that all sentences in a minibatch are roughly of the same length",
 # which sped their training up twofold; Khomenko et al. (2016) studied it as *bucketing*. A
@@ -499,8 +504,9 @@ with torch.no_grad():
 # score each at two budgets (the step counts printed below) on held-out pairs: greedy BLEU,
 # what a translator is for, and the validation loss under teacher forcing, which favours
 # $p = 1$ (question 6 asks why). One comparison is one draw, so it runs over several seeds
-# (`tfmlib.seeds.over_seeds`, introduced in chapter 01; three in the `cpu` profile, five in
-# `gpu`), each quantity printed as median [min, max], with a verdict line for each pair. To fit
+# (`tfmlib.seeds.over_seeds`, first used here: it seeds and runs a function once per seed and
+# collects what it returns into chapter 01's `SeedResults`; three seeds in the `cpu` profile,
+# five in `gpu`), each quantity printed as median [min, max], with a verdict line for each pair. To fit
 # three seeds of three models in a few minutes of CPU, the experiment uses short pairs (sources
 # of at most 12 tokens, printed) and a small model, which learn to translate within a few hundred
 # steps: the scores compare models that translate, not noise. Last, one training step of each
@@ -606,17 +612,21 @@ if run.profile != "smoke":
 # %% [markdown]
 # Read the verdict lines. At both budgets teacher forcing ($p = 1$) is ahead of free running
 # ($p = 0$) in greedy BLEU and in validation loss for every seed (asserted), and once the models
-# start to translate the gap is wide (this run prints a median of about 13 BLEU after 400 steps).
+# start to translate the gap is wide (the committed `cpu` run prints a median of 13.4 BLEU after
+# 400 steps, range 13.3-15.8; a second reader's fourth seed gave 11.8: a median, not a floor).
 # Against the 50/50 mix, the validation loss is lower with $p = 1$ for every seed at both
 # budgets (asserted), but that is the loss $p = 1$ trains on (question 6). The fairer measure,
-# greedy BLEU, also favoured teacher forcing for 3 of 3 seeds at both budgets in this run, by
-# less: a point or a few (the printed differences), with a spread between seeds about as large
-# as the gap, so it is printed, not asserted. A longer run can close it: trained on sentences of
-# every length for about 900 steps, seeds 0 to 2, the mix tied teacher forcing in BLEU
-# (measured for this book outside this notebook) while teacher forcing kept the lower
+# greedy BLEU, also favoured teacher forcing over the mix for 3 of 3 seeds at both budgets in
+# the committed `cpu` run, by less: the printed paired differences are a point or a few (1.6
+# [1.5, 2.3] after 200 steps, 3.4 [1.4, 3.5] after 400), at BLEU scores of 2-26. It is printed,
+# not asserted, because three seeds are weak evidence for a gap of a few points (a second
+# reader's run of a fourth seed, seed 3, found the same direction: 2.0 and 3.2 BLEU), and
+# because it need not last: in a scratch run of an earlier review (review 2026-11-26-ch00-02,
+# finding 3: sentences of every length, about 900 steps, seeds 0 to 2, not this section's
+# short pairs) the mix tied teacher forcing in BLEU while teacher forcing kept the lower
 # validation loss. What holds here, then: teacher forcing learns fastest early, free running
-# trails far at both budgets, and the mix trails a little at these budgets and may catch up
-# later. (The training-loss curves are not comparable with each other: a model that reads its
+# trails at both budgets (far, once the models translate), and the mix trails a little at
+# these budgets and may catch up later. (The training-loss curves are not comparable with each other: a model that reads its
 # own prefix is scored on a harder task, which is why we compare on the same held-out
 # measurements.) Early in training a free-running model's inputs are its own random guesses, so
 # the gradient says little about how a *correct* prefix continues.
@@ -631,8 +641,8 @@ if run.profile != "smoke":
 # about 1.2-1.5 times as long as a teacher-forced one in this run, and the loop's share grows
 # with the target length. On a GPU, where the teacher-forced decoder is one cuDNN call and each
 # position of the loop costs a few kernel launches, the ratio is a measurement of its own.
-# Exposure bias is real, but at these budgets teacher forcing was ahead of both alternatives for
-# every seed, at the lowest cost per step, which is why every model in this book trains with it
+# Exposure bias is real, but in the `cpu` run (3 seeds, both budgets) teacher forcing was ahead
+# of both alternatives for every seed, at the lowest cost per step, which is why every model in this book trains with it
 # (as does practically every Transformer). Scheduled sampling, which starts at $p = 1$ and
 # lowers it as the model improves, is a question below.
 #
@@ -1032,9 +1042,11 @@ print(f"saved to {path.name} ({path.stat().st_size / 1e6:.1f} MB), restored on {
 #   (checked against sentences scored alone).
 # * Teacher forcing (reading the reference prefix in training) lets the decoder run as one call
 #   over the whole sequence. On short sentences, over several seeds and two budgets (section 5),
-#   it beat free running by far in greedy BLEU and validation loss for every seed; a 50/50 mix
-#   trailed it in validation loss for every seed and, in this run, by a point or a few in BLEU
-#   (a gap that longer training can close), at a higher cost per step.
+#   it was ahead of free running in greedy BLEU and validation loss for every seed at both
+#   budgets (asserted), by about 13 BLEU once the models translate (400 steps, the `cpu` run's
+#   median); a 50/50 mix trailed it in validation loss for every seed (asserted) and, in the
+#   `cpu` run (3 seeds), by a point or a few in BLEU (printed, not asserted; a gap that longer
+#   training may close), at a higher cost per step.
 # * Greedy decoding feeds back the argmax until `<eos>`; in a batch, finished rows are padded.
 # * BLEU, computed with sacreBLEU and reported with its signature, measures quality over a test
 #   set. Measured by source length, this small fixed-vector model is good on short sentences
