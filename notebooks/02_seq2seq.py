@@ -108,7 +108,7 @@ run = setup(
     # * section 6's bucketing timing, 40 batches x 4 contenders x 4 rounds: a few seconds.
     # Estimate alone: 110-220 s, over the book's 180 s per notebook at its upper end. Not measured:
     # no session since the change has had a GPU, so neither this cost nor section 5's assertions
-    # over 5 seeds have run on one yet (second reader 2026-11-28 #7); if the gpu run exceeds 180 s,
+    # over 5 seeds have run on one yet; if the gpu run exceeds 180 s,
     # shrink tf_seeds' cost or the translator's 12 epochs.
     gpu=dict(train_pairs=50_000, test_pairs=2_500, embed=256, hidden=512, epochs=12, batch_size=128, lr=1e-3,
              **TF, tf_seeds=[0, 1, 2, 3, 4],
@@ -613,18 +613,17 @@ if run.profile != "smoke":
 # Read the verdict lines. At both budgets teacher forcing ($p = 1$) is ahead of free running
 # ($p = 0$) in greedy BLEU and in validation loss for every seed (asserted), and once the models
 # start to translate the gap is wide (the committed `cpu` run prints a median of 13.4 BLEU after
-# 400 steps, range 13.3-15.8; a second reader's fourth seed gave 11.8: a median, not a floor).
+# 400 steps, range 13.3-15.8: a median over three seeds, not a floor; another seed can land
+# below the range).
 # Against the 50/50 mix, the validation loss is lower with $p = 1$ for every seed at both
 # budgets (asserted), but that is the loss $p = 1$ trains on (question 6). The fairer measure,
 # greedy BLEU, also favoured teacher forcing over the mix for 3 of 3 seeds at both budgets in
 # the committed `cpu` run, by less: the printed paired differences are a point or a few (1.6
 # [1.5, 2.3] after 200 steps, 3.4 [1.4, 3.5] after 400), at BLEU scores of 2-26. It is printed,
-# not asserted, because three seeds are weak evidence for a gap of a few points (a second
-# reader's run of a fourth seed, seed 3, found the same direction: 2.0 and 3.2 BLEU), and
-# because it need not last: in a scratch run of an earlier review (review 2026-11-26-ch00-02,
-# finding 3: sentences of every length, about 900 steps, seeds 0 to 2, not this section's
-# short pairs) the mix tied teacher forcing in BLEU while teacher forcing kept the lower
-# validation loss. What holds here, then: teacher forcing learns fastest early, free running
+# not asserted, because three seeds are weak evidence for a gap of a few points, and because it
+# need not last: these are two early points of a learning curve, and with longer training (try
+# about 900 steps on sentences of every length) the mix may catch up in BLEU while teacher
+# forcing keeps the lower validation loss, the loss it trains on. What holds here, then: teacher forcing learns fastest early, free running
 # trails at both budgets (far, once the models translate), and the mix trails a little at
 # these budgets and may catch up later. (The training-loss curves are not comparable with each other: a model that reads its
 # own prefix is scored on a harder task, which is why we compare on the same held-out
