@@ -96,7 +96,7 @@ run = setup(
                gru_embed=16, gru_hidden=32, batch_size=32, lr=3e-3, floor_history=2_000, floor_draws=2_000,
                gen_lengths=(16, 32, 64), time_d_model=32, time_layers=1, time_repeats=1, long_repeats=1,
                lm_seeds=(0,), grammar_samples=20),
-    # cpu, one thread (measured in the committed run, on a machine shared with other work): 17-36 s
+    # cpu, one thread (measured in the committed run, on a machine shared with other work): 17-38 s
     # per epoch for the decoder and 11-27 s for the GRU, x 2 epochs x 3 seeds: about 260 s of
     # training (about half that on a quiet core); the grammar counts draw 5 x 400 sentences from each
     # seed's decoder (about 20 s per model); the 1024-token run without the cache took 30-53 s a
@@ -190,8 +190,10 @@ assert n_unknown == 0, "the perplexities below rely on a closed vocabulary"
 # validation sentences: a sample estimate of the entropy rate of this language, whose standard
 # error the cell prints. A model's *expected* cross-entropy is the entropy rate plus a KL divergence
 # that is never negative; on one finite sample a model could in principle land a little below
-# the floor, so "no model beats the generator" is a statement about expectations, which the
-# cell's assert checks on this sample.
+# the floor, so "no model beats the generator" is a statement about expectations. The cell's
+# assert checks only the sample statement, every model above the floor on these sentences; in the
+# committed `cpu` run the nearest model (a GRU of section 3, 0.229 bits above the floor) is about
+# 29 of the printed standard errors (0.008 bits/token) away from it.
 
 # %%
 def count_models(train: list[list[int]], V: int):
@@ -485,25 +487,36 @@ if run.profile != "smoke":  # smoke's model barely trains: its rates say nothing
 # ($p = 0.9$) 78.5% [69.2, 79.2], each above plain sampling for 3 of 3 models (printed, not
 # asserted), by 15 to 28 and 13 to 19 points. Against $\tau = 0.5$, top-k was within a few
 # points (below it for 2 of the 3 models, above for one) and top-p below it for all three. What
-# each gives up shows in the other columns: top-k's draws were the least diverse (85.5% distinct
-# at the median, against 99-100% for the other settings: with only 5 words allowed at each step,
-# the same short sentences recur), while top-p kept nearly every draw distinct. Few of the
-# grammatical sentences were training sentences copied word for word (5-8% at the median for
-# every setting): the models mostly write new sentences the grammar allows.
+# each gives up shows in the other columns, which the cell prints but does not pair by model.
+# Top-k's draws were the least diverse at the median (85.5% distinct, against 99-100% for the
+# other settings), but not for every model: two of the three decoders' top-k draws were 85.2% and
+# 85.5% distinct, below every other setting of any model, while the third's were 98.2% distinct,
+# above $\tau = 0.5$'s lowest (98.0%), so for that model the table does not tell whether top-k was
+# the least diverse. For the first two, about one draw in seven repeats an earlier one; why the
+# third model's top-5 draws almost never repeat was not looked into. Top-p kept nearly every draw
+# distinct (99.8% for each model). Few of the grammatical sentences were training sentences
+# copied word for word (5-8% at the median for every setting): the models mostly write new
+# sentences the grammar allows.
 #
-# The single samples above are one draw each from the first model, and most of them are not
-# grammatical: the prompt opens a relative clause, which this model often closes wrongly. The
-# rates, not the samples, are the evidence. Greedy decoding is not "the most probable sentence"
-# either: it takes the most probable word at each step, and here that path ends in a sentence the
-# grammar cannot write. With the same generator seed, top-p's text coincides with plain
-# sampling's above. That is a property of how PyTorch draws a token, not of top-p:
-# `torch.multinomial` gives every token its own exponential random number $q_i$ and picks the
-# largest $p_i / q_i$ (an exponential race, the Gumbel-max trick in another form; on the installed
-# version it matched `argmax(p / q)` with the same generator in 2,000 of 2,000 draws). Top-p sets
-# some $p_i$ to zero and rescales the rest by one common factor, which cannot change the winner if
-# the winner was kept, so with the same random numbers the two agree whenever plain sampling's
-# word lies inside the nucleus. A sampler that inverts the cumulative distribution with one
-# uniform number would usually pick another word once the distribution is renormalised.
+# The single samples above are one draw each from the first model with one generator seed, and
+# they are one run's strings: another device (the `gpu` profile trains and draws on CUDA) prints
+# others. In the committed `cpu` run, 5 of the 6 are not grammatical. The prompt opens a relative
+# clause, and the rates above are drawn from `<bos>`, not from this prompt, so the chapter does
+# not measure how often this model closes such a clause correctly. The rates, not the samples,
+# are the evidence. Greedy decoding is not "the most probable sentence" either: it takes the most
+# probable word at each step, and in the committed `cpu` run that path ends in a sentence the
+# grammar cannot write (at another seed or device it may well end in a grammatical one). In the
+# committed `cpu` run, with the same generator seed, top-p's text also coincides with plain
+# sampling's (compare the two printed lines). When that happens it is a property of how PyTorch
+# draws a token, not of top-p: for one sample `torch.multinomial` gives every token its own
+# exponential random number $q_i$ and picks the largest $p_i / q_i$ (an exponential race, the
+# Gumbel-max trick in another form; this is the one-sample path of PyTorch's implementation,
+# which this notebook does not print a check of). Top-p sets some $p_i$ to zero and rescales the
+# rest by one common factor, which cannot change the winner if the winner was kept, so with the
+# same random numbers the two agree at a step whenever plain sampling's word lies inside the
+# nucleus, and the texts coincide only if it does at every step. A sampler that inverts the
+# cumulative distribution with one uniform number would usually pick another word once the
+# distribution is renormalised.
 #
 # ## 5. The KV cache
 #
@@ -829,8 +842,10 @@ if run.device.type == "cpu" and run.profile != "smoke":  # the CPU claim below; 
 # GPU at batch 1 it need not be (below). The short lengths gain less because a cached step of a
 # model this small costs mostly the fixed overhead of Python and kernel calls, not arithmetic.
 # `benchmarks/kv_cache.py` times a wider model ($d = 256$, 4 layers) the same way, every length in
-# one invocation; its results file names the machine and the day, and as another run it is not
-# compared number for number with this cell.
+# one invocation; as another run it is not compared number for number with this cell. Its
+# committed results file, `benchmarks/results/kv_cache.json`, does not yet hold such a run: its
+# `lm` rows were timed by several invocations of an older version of the script that merged rows
+# across runs under different loads (the file's `note` says so), so read them with care.
 #
 # Pre-allocating saves the copy of the whole cache that concatenation makes at every step. At 64
 # and 256 tokens that copy is small next to a step's fixed costs, and the two cached columns
@@ -838,8 +853,14 @@ if run.device.type == "cpu" and run.profile != "smoke":  # the CPU claim below; 
 # 0.94 [0.84, 1.36] in this run, ranges on both sides of 1. At 1024 tokens the copies add up
 # (every step copies every layer's cache so far), and in this run concatenating took
 # 2.36 [2.04, 2.68] times as long, in both rounds; the previous committed run (two threads, one
-# round) measured 1.14 there, so how much the copy costs depends on the machine and its load. It
-# matters most where the cache is large (long contexts, big batches, many layers).
+# round) measured 1.14 there. The copied bytes probably explain only part of this run's gap. For
+# the timing model (2 layers, $d = 128$, float32, batch 1) a step at cache length $t$ writes the
+# keys and values of $t + 1$ positions, $2 \cdot 2 \cdot 128 \cdot 4 \cdot (t + 1)$ bytes, about
+# 1.1 GB over the 1024 steps (and as much read), while the medians differ by about 5.4 s; a
+# memory copy at even a few GB/s moves that in well under that time. The rest presumably comes
+# from allocating a fresh tensor per step and layer, and from the load on the shared machine; the
+# cell does not time `torch.cat` alone, so how the gap divides is not measured. The copy matters
+# most where the cache is large (long contexts, big batches, many layers).
 #
 # ### Prefill and decode
 #
@@ -856,11 +877,17 @@ if run.device.type == "cpu" and run.profile != "smoke":  # the CPU claim below; 
 # cost of repeatedly loading the large keys and values tensors", as what makes incremental
 # decoding slow. Two consequences:
 #
-# * *Batching raises decode throughput.* $B$ sequences share each read of the weights, so a step
-#   serves $B$ tokens for little more than the cost of one, until the arithmetic catches up with
-#   the memory traffic. What caps $B$ is the cache, which every sequence has its own of:
-#   $2 \cdot L \cdot n_{kv} \cdot d_{head} \cdot \text{bytes}$ per token ($n_{kv} d_{head} = d$
-#   here). The next cell works it out for a model of about 7 billion parameters.
+# * *Batching raises decode throughput, but not by $B$.* $B$ sequences share each read of the
+#   weights, so the weights' bytes are paid once per step for $B$ tokens. The cache is not shared:
+#   every sequence has its own, $2 \cdot L \cdot n_{kv} \cdot d_{head} \cdot \text{bytes}$ per token
+#   ($n_{kv} d_{head} = d$ here), and a step reads all of it, at about one operation per byte
+#   whatever the batch. So the cache caps $B$ twice: by memory, and by the bytes each step reads.
+#   The next cell works the sizes out for a model of about 7 billion parameters; from its printed
+#   numbers, at 4096 tokens a step of one sequence reads about 13 GB of weights and 2 GB of cache,
+#   about 15 GB, and a step of the 31 sequences that fit reads about 13 + 31 x 2.1 GB (2.0 GiB),
+#   about 79 GB: about 5 times the bytes for 31 times the tokens, a gain of about 6, not 31. At
+#   long contexts the cache, not the weights, dominates a decode step (the point of Pope et al.
+#   2023, section 2, and of Shazeer 2019), which is a second reason, beside memory, to shrink it.
 # * *Hence the ways to shrink or pack the cache.* Multi-query attention (Shazeer 2019) keeps one
 #   key-value head for all the query heads, grouped-query attention (Ainslie et al. 2023; exercise
 #   1) keeps $G$ of them and divides the cache by $H / G$; sliding-window attention (exercise 2)
@@ -903,6 +930,16 @@ print(f"sequences of {tokens_7b} tokens that fit in the 80 GB beside the weights
 # one the library's documentation pairs with `torch.compile`. One difference in contract: the
 # library's forward call updates the cache object it is given, while `step` extends a fork and
 # leaves its input as it was (the two-branch cell above), so branching needs no copy by hand.
+# The library's sampling settings apply in the same order as `next_token_probs`: temperature,
+# then top-k, then top-p (the order in which `GenerationMixin` builds its logits warpers), so
+# `temperature`, `top_k` and `top_p` carry over between the two with the same meaning.
+#
+# Two small public code bases show the two ends. nanoGPT's `generate` (Karpathy) keeps no cache:
+# at every step it runs the model on the whole sequence, cropped to the last `block_size` tokens,
+# and offers temperature and top-k only, like the `recompute` column of the timings above.
+# gpt-fast (PyTorch team) keeps a static cache, allocated ahead for the maximum length, and
+# compiles the decode step with `torch.compile`: the fixed-shape cache the paragraph on CUDA
+# graphs above needs.
 #
 # ## 6. The same cache in the encoder-decoder
 #
@@ -1123,4 +1160,8 @@ exercises.check("09.left_padded_generate", left_padded_generate)
 # * Chen, Wong, Chen & Tian (2023). *Extending context window of large language models via
 #   positional interpolation.* Rotary positions rescaled for longer contexts.
 # * Hugging Face `transformers` documentation, "Cache strategies" (`DynamicCache`,
-#   `StaticCache`, `past_key_values`).
+#   `StaticCache`, `past_key_values`), and its source, `generation/utils.py`
+#   (`GenerationMixin`'s logits warpers: temperature, top-k, top-p).
+# * Karpathy, nanoGPT (github.com/karpathy/nanoGPT), `model.py`: `GPT.generate`, without a cache.
+# * PyTorch team, gpt-fast (github.com/pytorch-labs/gpt-fast): a static KV cache and a compiled
+#   decode step.
