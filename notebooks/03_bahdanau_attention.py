@@ -98,12 +98,14 @@ run = setup(
     # it, at the old gpu sizes (../shared/gpu/results-2026-11-26.md): an RNNsearch step (decoder
     # stepped in Python) 32-44 ms, a cuDNN seq2seq step 15-19 ms, the self-attentive classifier
     # about 15 ms a step. Estimated here at the cpu sizes:
-    # * RNNsearch, 782 steps: 25-34 s; chapter 02's model, when its gpu checkpoint's recipe differs
-    #   from this one, retrained: 2,346 steps, 35-45 s;
+    # * RNNsearch, 782 steps: 25-34 s; chapter 02's model, always retrained here (chapter 02's gpu
+    #   profile trains a larger model, so its checkpoint's recipe never matches this one): 2,346
+    #   steps, 35-45 s;
     # * section 5, 5 seeds x (3 scores x 400 steps + 400 seq2seq steps): 220-300 s;
     # * section 6, 5 seeds x 2 classifiers x 327 steps: about 50 s.
     # About 330-430 s of training: over the 180 s per notebook the book aims at; section 5's seeds
-    # are most of it (not yet measured at these sizes on a GPU).
+    # are most of it. An estimate only: not yet run at these sizes on a GPU. If it holds, section
+    # 5's seeds (or its general contender) are what to shrink.
     gpu=dict(train_pairs=50_000, test_pairs=2_500, batch_size=64, lr=2e-3,
              baseline=dict(embed=128, hidden=256, epochs=3),
              embed=128, enc_hidden=128, hidden=256, attn_size=256, epochs=1,
@@ -151,11 +153,14 @@ print(f"{len(train_pairs):,} training pairs, {len(test_pairs):,} test pairs")
 # the unrolled GRU of chapter 01, $h_T = w_0 \odot h_0 + \sum_{i=1}^{T} w_i \odot n_i$: also a
 # weighted average of vectors, but with weights (one per hidden unit) fixed by the gates as the
 # GRU read, once, for everything that comes later. Here the weights are one number per source
-# position, recomputed for every target word from what the decoder needs now.
+# position, recomputed for every target word from what the decoder needs now. (Graves (2013)
+# had already let a network read its input through a soft window, for handwriting synthesis,
+# but a window that only moves forward along the input, not a distribution computed afresh from
+# the content of every position.)
 #
-# ![One decoder step of RNNsearch: the alignment model scores every annotation h_j against s_{i-1}, e_ij = v^T tanh(W s_{i-1} + U h_j); a softmax over j gives alpha_ij; c_i = sum_j alpha_ij h_j enters the GRU with E_y y_{i-1} and s_{i-1}](figures/03_alignment_model.svg)
+# ![One decoder step of RNNsearch: the alignment model scores every annotation h_j against s_{i-1}, e_ij = v^T tanh(W s_{i-1} + U h_j); a softmax over j gives alpha_ij; c_i = sum_j alpha_ij h_j enters the GRU with E_y y_{i-1} and s_{i-1}; the output layer reads s_i, c_i and E_y y_{i-1}](figures/03_alignment_model.svg)
 #
-# *Right: the small network that scores one annotation $h_j$ for the decoder state $s_{i-1}$. Left: the weights $\alpha_{ij}$ (drawn as line widths) average the annotations into a fresh context $c_i$ for this step.*
+# *Right: the small network that scores one annotation $h_j$ for the decoder state $s_{i-1}$. Left: the weights $\alpha_{ij}$ (drawn as line widths) average the annotations into a fresh context $c_i$ for this step. Top left: the output layer reads $s_i$, $c_i$ and $E_y y_{i-1}$.*
 #
 # In the words chapter 04 will use, the decoder state $s_{i-1}$ is the **query** (what the
 # decoder is looking for), each annotation $h_j$ is a **key** (through $U$, what it is matched
@@ -417,7 +422,9 @@ print(f"trained on {run.device} for {len(attention_history.step_loss):,} steps (
 #
 # Chapter 02 saved its trained model with the recipe that made it. We load it if it is there
 # and its recipe is the one this profile prescribes; otherwise (chapter 02 not run yet, or run
-# in another profile) we train it again here with that recipe and seed. On the CPU that gives
+# in another profile) we train it again here with that recipe and seed. In the `gpu` profile
+# that is always the case: chapter 02 trains a larger model there, so the "chapter 02's model"
+# of this chapter is the `cpu` recipe's model, trained here. On the CPU that gives
 # the same model, only later; on a GPU a close one, not a bit-identical one (cuDNN's GRU backward
 # and atomic additions do not add in a fixed order).
 
@@ -488,15 +495,20 @@ if run.profile != "smoke":  # 10 BLEU better, or half of what the fixed vector m
 #
 # This comparison is **one seed per model**: chapter 02's model is its checkpoint, trained from
 # seed 0, and the attention model is trained once here. A second and third seed of both would
-# cost the training times printed below again, twice (the cell prints the estimate); on one CPU
-# thread that is most of half an hour, twice this whole chapter. We rest the headline on its
-# size instead, and check the direction over seeds at a smaller cost. The gap on the longest
-# sentences (60 BLEU in the committed `cpu` run) is many times the spread between seeds that
-# section 5 measures for the same attention model at a smaller size (a few BLEU points there),
-# and section 5 repeats the comparison itself over
-# `run.seeds` (3 in the `cpu` profile), with a fixed-vector model of the same parameter count
-# trained on the same batches for the same steps. The training loss, step by step on the same
-# batches, shows the same from the other side:
+# cost the training times printed below again, twice (the cell prints the estimate: about 55
+# min in the committed `cpu` run). We rest the headline on its size instead, and check the
+# direction over seeds at a smaller cost. The gap on the longest sentences (60 BLEU in the
+# committed `cpu` run) is several times the spread between seeds that section 5 prints for the
+# same bucket with attention models at a smaller size (from the lowest seed to the highest, 5
+# to 16 BLEU, depending on the score); those models are mid-training, though, and a spread
+# measured at 10 to 40 BLEU need not bound the spread at 70. Section 5 also repeats the
+# comparison over `run.seeds` (3 in the `cpu` profile), with a fixed-vector model of the same
+# parameter count trained on the same batches for the same steps. That repeat checks the
+# direction (in the committed `cpu` run, attention ahead overall and on the longest sentences
+# at each of the 3 seeds, after 400 steps), not the shape of the figure above: it does not print
+# the short sentences, where the
+# two models are close here. The training loss, step by step on the same batches, shows the
+# same from the other side:
 
 # %%
 plot_curves({"seq2seq (ch. 02)": baseline_steps, "attention (RNNsearch)": attention_history.step_loss},
@@ -704,7 +716,8 @@ if run.profile != "smoke" and not real_corpus:
 # keep their place. That is alignment learned from translation alone. The negation words behave
 # differently, as the counts show: in the committed `cpu` run `ne` peaks on the auxiliary
 # (`does`, `do`, `is`) in most cases, and `pas` peaks on `not` only about a quarter of the time
-# (a run on a GPU printed 16%), otherwise on nearby verbs and adverbs: the place of `pas` is
+# (an earlier run on a GPU, of a larger model than the `gpu` profile now trains, printed 16%),
+# otherwise on nearby verbs and adverbs: the place of `pas` is
 # fixed by the French verb, and the model looks where the verb is. An attention peak is where
 # the model found the information it needed, which is often but not always "the word being
 # translated". Jain and Wallace (2019) make the general point that attention weights are not
@@ -812,8 +825,8 @@ if run.profile != "smoke":   # what held for every seed in the committed cpu run
         "attention should be ahead of the fixed vector in BLEU, for every seed"
 
 # %% [markdown]
-# The `ms/step` of a sequential run is not a fair price list either (the three models ran one
-# after another, under a changing load), so the per-step cost is timed as in section 3: one
+# A sequential run's seconds are not a fair price list either (the models ran one after
+# another, under a changing load), so the per-step cost is timed as in section 3: one
 # training step of each model in turn on the same batches, fresh models of the same sizes.
 
 # %%
@@ -829,22 +842,26 @@ print("relative to the dot score: " + ", ".join(
 
 # %% [markdown]
 # In the committed `cpu` run, at this small size and budget, the two bilinear scores learned
-# *faster* than the additive one, for each of the 3 seeds: lower loss and higher BLEU after the
+# *faster* than the additive one, for each of its 3 seeds: lower loss and higher BLEU after the
 # same 400 steps (BLEU 54 and 64, medians, for general and dot against 40 for additive; the paired
 # differences are 14 to 23 points for general and 24 to 26 for dot). The size of the gap is a
 # draw: the additive model leaves its early plateau later than the other two, and when it does
 # depends on the seed, which is why the seeds are run. All of these models are mid-training (the
-# full RNNsearch of section 3 reaches 89), so this says which score learns faster early, not
+# full RNNsearch of section 3 reaches 89 in the committed `cpu` run), so this says which score
+# learns faster early, not
 # which ends better. The literature is divided too: Luong et al. (2015, §4.4) found their concat
 # score worse than dot and general, while Britz et al. (2017), with large models and much more
 # tuning, found additive attention slightly but consistently better. Without attention at all,
 # the same number of parameters on the same batches reached 8 BLEU, below every attention model
-# at every seed (25 to 32 points below the additive one): section 3's headline, at a smaller
-# size, holds over the seeds. Per step, the bilinear scores save the $\tanh$ layer over every
-# source position, and the interleaved timing shows what that is worth in a whole step: in the
-# committed `cpu` run the additive step took 1.34 times the dot step by the medians and 1.14
-# times by the fastest rounds, general about the same as dot. The rest of a step (the GRU cell,
-# the output layer into the vocabulary, the Python loop) is shared, so the saving is modest. The
+# at every seed (25 to 32 points below the additive one), and on the longest sentences too (2
+# to 3 BLEU against 9 to 14, the per-seed table): the direction of section 3's headline, at a
+# smaller size and budget, holds over the seeds. Per step, the bilinear scores save the $\tanh$
+# layer over every source position, and the saving in a whole step is modest: the rest of a
+# step (the GRU cell, the output layer into the vocabulary, the Python loop) is shared. In the
+# committed `cpu` run the fastest rounds put the additive step at 1.14 times the dot step, and
+# general at about the same as dot; the medians say 1.34 times, but under that run's load the
+# rounds' spreads overlap almost entirely (first quartiles 54 and 52 ms), so the run does not
+# resolve the difference more finely than "a little". The
 # Transformer chose the dot product for its speed, and had to add a scale (chapter 05) because
 # large dot products saturate the softmax.
 #
@@ -1084,18 +1101,25 @@ plt.show()
 # %% [markdown]
 # In the committed `cpu` run every classifier solves the task (98.9% to 100% on the test
 # sentences), with or without the penalty, at every seed; how they do it differs, and the seeds
-# differ too. **Without the penalty**, the hops overlap strongly (0.34 to 0.76): they are
-# redundant. In two of the three seeds (0 and 1) every hop finds the subject by itself, the one
+# differ too. **Without the penalty**, the hops overlap strongly at seeds 0 and 1 (0.63 and
+# 0.76): they are redundant. At seed 2, whose hops spread out, the overlap is 0.34. In two of the
+# three seeds (0 and 1) every hop finds the subject by itself, the one
 # word that decides the answer, among a dozen or more: 56% to 84% of each hop's weight sits on it,
 # and each hop peaks there in 67% to 95% of the sentences. Seed 2 does not: its hops put under a
 # third of their weight on the subject (0.29 to 0.32) and peak on the first word about as often
-# as on the subject, and its classifier is as accurate as the others (100%). **With the
-# penalty**, the hops become disjoint at every seed (overlap 0.00), as the penalty asks, and most
-# of them leave the subject: at least three of the four hops put almost no weight on it and sit
-# at fixed positions such as the first word and `<eos>`, while one hop keeps part of its weight
-# there (0.05, 0.52 and 0.21 at seeds 0, 1 and 2). They can, because a bidirectional GRU's state
-# at the first word (read right to left) and at the last (read left to right) already summarises
-# the whole sentence, subject included. Where the hops look is then not about *words* at all; the
+# as on the subject, and its classifier is as accurate as the others (100%). How much of each
+# hop's weight sits on the subject is itself a draw of the initialisation: from 0.29 to 0.84
+# over the printed seeds. **With the penalty**, the hops become disjoint at every seed (overlap
+# 0.00), as the penalty asks, and most of them leave the subject: at seeds 0 and 2 three of the
+# four hops put almost no weight on it (0.01 or less), at seed 1 two do; the hop with the most
+# keeps 0.05, 0.52 and 0.21 of its weight there at seeds 0, 1 and 2, and at seed 1 a second
+# keeps 0.15. The hops that leave it peak on the first word, on `<eos>`, or on positions the
+# printed peaks count as "other"; in the seed-0 heatmap above, the two hops counted so (hops 3
+# and 4) sit on the full stop and on the last word of that sentence. Presumably they can,
+# because a bidirectional GRU's state at the first word
+# (read right to left) and at the last (read left to right) summarises the whole sentence,
+# subject included; we have not probed those states to check. Where the hops look is then not
+# about *words* at all; the
 # recurrent network underneath has done the work, and which positions the hops choose is itself a
 # draw of the initialisation. Attention over contextual states tells you where the model read,
 # not what the words there mean, nor why.
@@ -1116,7 +1140,8 @@ plt.show()
 # * RNNsearch (bidirectional encoder, attention, the same decoder and output layer as chapter
 #   02) has about as many parameters as chapter 02's model. Trained with the same recipe, it is
 #   close on short sentences and far better on long ones (the BLEU-by-length figure of section 3,
-#   one seed; the direction holds over 3 seeds at a smaller size in section 5): the bottleneck is
+#   one seed; in section 5 the direction, overall and on the longest sentences, holds for each
+#   of the 3 seeds of the committed `cpu` run, at a smaller size and budget): the bottleneck is
 #   gone. A training step costs more, since the decoder runs as a Python loop (timed in section 3).
 # * The weights are an alignment learned from translation alone: for nouns and adjectives the
 #   attention peak is on the English word being translated 95-97% of the time in the committed
@@ -1125,15 +1150,17 @@ plt.show()
 #   (the noun, the verb), which is not always the word they translate (section 4).
 # * Luong et al. attend after the recurrent step and feed the attentional vector back (input
 #   feeding). Their dot and general scores replace the small network by a bilinear form with no
-#   $\tanh$ layer; at a small budget they learned faster than the additive score for each of 3
-#   seeds (section 5, which also times a step of each). A model without attention, of the same
+#   $\tanh$ layer; at a small budget they learned faster than the additive score for every seed
+#   we ran (3 in the committed `cpu` run; section 5, which also times a step of each). A model
+#   without attention, of the same
 #   size and on the same batches, stayed far behind all three at every seed. The dot product is
 #   the Transformer's choice.
 # * With no decoder, a sentence can attend to itself (Lin et al. 2017): $r$ learned hops over its
-#   own states. Without the penalty the hops found the one word the task needs in two of three
-#   seeds, and spread out in the third, with the same accuracy. The penalty made the hops
-#   distinct at every seed, and moved most of them to positions whose bidirectional states
-#   summarise the sentence: attention over contextual states shows where a model read, not why.
+#   own states. Without the penalty the hops found the one word the task needs in two of the
+#   three seeds of the committed `cpu` run, and spread out in the third, with the same accuracy.
+#   The penalty made the hops distinct at every seed, and moved most of them off that word, often
+#   to the first word or `<eos>`, whose bidirectional states, presumably, summarise the sentence: attention
+#   over contextual states shows where a model read, not why.
 #
 # ## Exercises
 #
@@ -1258,6 +1285,14 @@ exercises.check("03.coverage", coverage)
 #   translation.* ACL. Over- and under-translation, and attention coverage (§1, §3).
 # * S. Jain, B. C. Wallace (2019). *Attention is not explanation.* NAACL. What attention
 #   weights do and do not tell.
+# * S. Wiegreffe, Y. Pinter (2019). *Attention is not not explanation.* EMNLP-IJCNLP. When
+#   attention weights can still inform, and tests of it.
+# * J. Cheng, L. Dong, M. Lapata (2016). *Long short-term memory-networks for machine reading.*
+#   EMNLP. Intra-attention over a reader's own earlier states.
+# * A. P. Parikh, O. Täckström, D. Das, J. Uszkoreit (2016). *A decomposable attention model for
+#   natural language inference.* EMNLP. Intra-sentence attention.
+# * Z. Yang, D. Yang, C. Dyer, X. He, A. Smola, E. Hovy (2016). *Hierarchical attention networks
+#   for document classification.* NAACL. Attention pooling with a learned query vector.
 # * D. Britz, A. Goldie, M.-T. Luong, Q. Le (2017). *Massive exploration of neural machine
 #   translation architectures.* EMNLP. Additive against multiplicative attention at scale.
 # * A. Graves (2013). *Generating sequences with recurrent neural networks.* arXiv:1308.0850. An
