@@ -301,15 +301,16 @@ print(flags.verdict("flagged, wrong ones", "flagged, exact ones", better="higher
 # can still be informative when the model is trained with it and the alternatives are
 # constrained; section 4's measurement is of that kind, a regularity over thousands of cases
 # (nouns attend to their English noun) rather than one picture, and still says "where", not
-# "why". Section 6 shows the gap directly: with the penalty most hops left the subject for fixed
-# positions such as the first word and `<eos>`, whose bidirectional states summarise the
-# sentence, and the classifiers were as accurate.
+# "why". Section 6 shows the gap directly: with the penalty most hops left the subject, often for
+# the first word or `<eos>`, whose bidirectional states presumably summarise the sentence, and
+# the classifiers were as accurate.
 #
 # **7. One hop, no penalty, two facts.** A single distribution that must serve two words far
 # apart either concentrates on one of them (the other fact is lost) or splits its weight, and
 # the embedding $M = A H$ is then one average of two annotations, from which the classifier must
 # untangle both facts. With a bidirectional GRU underneath, the annotations already mix context,
 # so the model can sometimes succeed by attending to a position whose state summarises both (as
-# the penalised hops of section 6 did with the first word and `<eos>`); but for facts far apart,
+# some penalised hops of section 6 seem to, peaking on the first word or `<eos>`); but for facts
+# far apart,
 # one hop is a bottleneck of the kind attention was invented to remove, which is why Lin et al.
 # use several hops and the penalty that keeps them apart.
