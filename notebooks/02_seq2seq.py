@@ -103,14 +103,14 @@ run = setup(
     # Now every run stops by its count, with no cap:
     # * section 5 at the cpu sizes with 5 seeds: 5 x (400 cuDNN steps at ~5-10 ms + 800 stepped
     #   steps of ~10 target positions at 1-3 ms each) = 30-140 s, not yet measured;
-    # * section 6, the translator (chapter 03's gpu baseline recipe, so its sizes stay): 12 epochs x
-    #   391 steps = 4,692 steps at ~15 ms = about 70 s;
+    # * section 6, the translator at the cpu sizes (chapter 03's baseline in every profile, so
+    #   chapter 03 can load this checkpoint): 3 epochs x 782 steps = 2,346 steps at ~15 ms = about 35 s;
     # * section 6's bucketing timing, 40 batches x 4 contenders x 4 rounds: a few seconds.
-    # Estimate alone: 110-220 s, over the book's 180 s per notebook at its upper end. Not measured:
+    # Estimate alone: 75-185 s, near the book's 180 s per notebook at its upper end. Not measured:
     # no session since the change has had a GPU, so neither this cost nor section 5's assertions
     # over 5 seeds have run on one yet; if the gpu run exceeds 180 s,
-    # shrink tf_seeds' cost or the translator's 12 epochs.
-    gpu=dict(train_pairs=50_000, test_pairs=2_500, embed=256, hidden=512, epochs=12, batch_size=128, lr=1e-3,
+    # shrink tf_seeds' cost.
+    gpu=dict(train_pairs=50_000, test_pairs=2_500, embed=128, hidden=256, epochs=3, batch_size=64, lr=2e-3,
              **TF, tf_seeds=[0, 1, 2, 3, 4],
              timing_batches=40, timing_repeats=3),
 )

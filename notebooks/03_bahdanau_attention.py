@@ -98,12 +98,12 @@ run = setup(
     # it, at the old gpu sizes (../shared/gpu/results-2026-11-26.md): an RNNsearch step (decoder
     # stepped in Python) 32-44 ms, a cuDNN seq2seq step 15-19 ms, the self-attentive classifier
     # about 15 ms a step. Estimated here at the cpu sizes:
-    # * RNNsearch, 782 steps: 25-34 s; chapter 02's model, always retrained here (chapter 02's gpu
-    #   profile trains a larger model, so its checkpoint's recipe never matches this one): 2,346
+    # * RNNsearch, 782 steps: 25-34 s; chapter 02's model, loaded from chapter 02's checkpoint
+    #   when chapter 02 ran first in the same profile (the same recipe), else retrained: 2,346
     #   steps, 35-45 s;
     # * section 5, 5 seeds x (3 scores x 400 steps + 400 seq2seq steps): 220-300 s;
     # * section 6, 5 seeds x 2 classifiers x 327 steps: about 50 s.
-    # About 330-430 s of training: over the 180 s per notebook the book aims at; section 5's seeds
+    # About 295-430 s of training: over the 180 s per notebook the book aims at; section 5's seeds
     # are most of it. An estimate only: not yet run at these sizes on a GPU. If it holds, section
     # 5's seeds (or its general contender) are what to shrink.
     gpu=dict(train_pairs=50_000, test_pairs=2_500, batch_size=64, lr=2e-3,
@@ -422,11 +422,10 @@ print(f"trained on {run.device} for {len(attention_history.step_loss):,} steps (
 #
 # Chapter 02 saved its trained model with the recipe that made it. We load it if it is there
 # and its recipe is the one this profile prescribes; otherwise (chapter 02 not run yet, or run
-# in another profile) we train it again here with that recipe and seed. In the `gpu` profile
-# that is always the case: chapter 02 trains a larger model there, so the "chapter 02's model"
-# of this chapter is the `cpu` recipe's model, trained here. On the CPU that gives
-# the same model, only later; on a GPU a close one, not a bit-identical one (cuDNN's GRU backward
-# and atomic additions do not add in a fixed order).
+# in another profile) we train it again here with that recipe and seed. Both profiles that
+# train (`cpu` and `gpu`) use the same recipe, chapter 02's `cpu` sizes. Retrained on the CPU
+# it is the same model, only later; on a GPU a close one, not a bit-identical one (cuDNN's GRU
+# backward and atomic additions do not add in a fixed order).
 
 # %%
 recipe = dict(corpus=corpus_name, train_pairs=len(train_pairs), embed=run.baseline["embed"],
