@@ -395,7 +395,7 @@ plt.show()
 # **Why warm up?** Adam divides each parameter's step by a running estimate of its gradient's
 # root mean square, $\sqrt{\hat v}$, so its early steps have size about $\eta$ per parameter
 # whatever the gradient's scale, and in the first steps $\hat v$ rests on a handful of gradients
-# and is noisy (Liu et al. 2020, §3). In a post-LN Transformer (the paper's) the gradients of the
+# and is noisy (Liu et al. 2020, "On the variance of the adaptive learning rate", §3). In a post-LN Transformer (the paper's) the gradients of the
 # layers near the output are also large at initialisation (Xiong et al. 2020, §3), and
 # full-size steps there can throw the model into a poor region it does not recover from. A
 # warm-up keeps the first steps small while these estimates settle. (The pre-LN arrangement,
@@ -432,7 +432,7 @@ plt.show()
 #   Transformers"), and the paper's order is still the default of fairseq's Transformer
 #   (`encoder_normalize_before=False`). Question 3 measures post-LN on this chapter's model, with
 #   and without warm-up;
-# * **no dropout**, like the recurrent models: even the largest budget below is a few passes
+# * **no dropout**, like the recurrent models: even the largest budget below is under two passes
 #   over the training pairs (printed: steps times batch size), so there is little to overfit,
 #   and dropout would only slow learning down.
 #
@@ -449,8 +449,8 @@ plt.show()
 # One budget is one point on a learning curve, and which model is ahead can change along it.
 # So each model trains, for each of `run.seeds` seeds (the seed sets the initial weights and the
 # order of the batches), up to the largest of `run.multiples` times its 1x steps: four times for
-# RNNsearch and the Transformer; seq2seq, far behind at every budget we tried and costly to
-# train on, stops at twice. At every multiple, `fit`'s evaluation hook (`eval_fn`, called after
+# RNNsearch and the Transformer; seq2seq stops at 1x (far behind the two attention models at
+# 0.5x and 1x; chapter 02 studies it at length). At every multiple, `fit`'s evaluation hook (`eval_fn`, called after
 # every step, which scores only at the budget points; its time is not training time) translates
 # the whole test split greedily and scores it: BLEU, BLEU on the sentences of 40 tokens or more,
 # and exact matches. The 1x models are kept (a copy of their weights) for the rest of the
@@ -698,9 +698,10 @@ if run.profile != "smoke" and run.device.type == "cpu":    # a wall-clock compar
 # seed (asserted). At 4x the verdict is no longer the same for every seed: in the `cpu` run the
 # Transformer is still ahead for two seeds of three and behind for one (the `4x, BLEU` line:
 # +5.4 [-1.7, +6.1]), and on the longest sentences the seeds scatter from -14 to +21 points. So
-# at 4x this run cannot say which model is better, only that the 1x gap of about 33 points is
-# gone. What holds at every budget of this run is the speed: against the budget (middle panel)
-# the Transformer reaches a given BLEU sooner than either recurrent model.
+# at 4x this run cannot say which model is better, only that the 1x gap of about 33 points has
+# shrunk to about 5 in median, with one seed of three behind. The speed holds further than the
+# lead: up to 2x the Transformer is ahead of both recurrent models for every seed, and in median
+# at every budget (middle panel), but at 4x one seed of three has RNNsearch ahead.
 #
 # * **Throughput, on a CPU.** A Transformer step costs about half an RNNsearch step (65 against
 #   131 ms on the quiet two-core CPU the budgets were sized on; in the `cpu` run, on one thread,
@@ -714,7 +715,8 @@ if run.profile != "smoke" and run.device.type == "cpu":    # a wall-clock compar
 #   target positions of a batch in a few large matrix products per layer, while RNNsearch's
 #   decoder runs a Python loop of one small attention-and-GRU step per target position (about
 #   17), paying the overhead of many small operations. On a GPU the same structure also lets
-#   the positions run in parallel, and the gap in steps per second grows (question 5).
+#   the positions run in parallel, and we expect the gap in steps per second to grow (question
+#   5); the `gpu` profile prints its own seconds, which this run cannot show.
 # * **Per step.** At equal steps (the second group of lines) RNNsearch learns at least as much:
 #   at the first point (192 Transformer steps against 190) the two are close, the Transformer
 #   ahead for two seeds and behind for one (+2.8 [-0.8, +6.5] BLEU in the `cpu` run), and from
@@ -725,8 +727,8 @@ if run.profile != "smoke" and run.device.type == "cpu":    # a wall-clock compar
 #   deterministic function of the English one, its alignment is short-range and mostly monotone
 #   (section 6 measures it: a head with no content, looking down the length-scaled diagonal,
 #   finds the right English word for about half of the nouns and adjectives). A recurrent encoder
-#   with an attention that moves along the source is built for exactly that, and chapter 03 took
-#   the same RNNsearch to 95.5 BLEU in 782 steps. The case the literature makes for the
+#   with an attention that moves along the source is built for exactly that: here RNNsearch
+#   reaches 89.1 [86.9, 90.1] BLEU at 4x, 760 steps (the table). The case the literature makes for the
 #   Transformer is a different one: on large real corpora it reaches a given quality in a
 #   fraction of the training cost (Vaswani et al. 2017, Table 2), and it keeps improving as the
 #   model and the data grow, because its computation is a few large, parallel matrix products.
@@ -736,7 +738,7 @@ if run.profile != "smoke" and run.device.type == "cpu":    # a wall-clock compar
 # The BLEU-by-length figure of the 1x race tells the bottleneck story of chapters 02 and 03 once
 # more. All three models lose quality as the sentences grow; seq2seq, with its fixed vector,
 # collapses on the longest ones, and at 1x the Transformer keeps the most. seq2seq stops at 1x:
-# far behind the two attention models at every budget we ran, and chapter 02 measures it at
+# far behind the two attention models at both of its budgets, and chapter 02 measures it at
 # length.
 #
 # Decoding is where the Transformer can pay. Without a cache its decoder would re-read the
@@ -744,8 +746,13 @@ if run.profile != "smoke" and run.device.type == "cpu":    # a wall-clock compar
 # keys and values (`kv_cache = True`, its default, used for every decoding in this chapter), so
 # a step computes the new token only, but it still attends over the whole prefix and runs
 # several layers, while the recurrent models carry one state vector forward. The `sent/s`
-# column says how the three compare on this machine (the `words` column says whether a
-# difference comes from longer translations or from the cost per token).
+# column says how the three compare on the machine that ran the notebook (the `words` column
+# says whether a difference comes from longer translations or from the cost per token), but
+# read it with care: it is one seed's single timing, taken while it trained. In the committed
+# `cpu` run that seed's speed columns were measured under the same load as its `ms per step`
+# (the Transformer's 1,637 target tokens a second against a median of 5,761 over the seeds),
+# so they say more about that moment's load than about the models; the beam timing of section
+# 5, interleaved over rounds, is the fairer comparison of decoding costs.
 #
 # The comparison is fair in steps and in reference seconds, not in tuning. Each recurrent model
 # uses its own chapter's recipe, and the Transformer the paper's optimiser with the changes
@@ -915,10 +922,9 @@ if run.profile != "smoke":
 #
 # What decoding needs is the *ranking* of the tokens, not their probabilities, and smoothing
 # leaves the ranking largely alone: compare the teacher-forced accuracy and the BLEU of the two
-# models over the seeds. Over the three seeds of the `cpu` run neither moves consistently:
-# teacher-forced accuracy is lower with smoothing for two seeds and higher for one (-0.94
-# [-1.11, +1.12] points), and BLEU is higher for all three, but by a tenth to a quarter of a
-# point for two of them (+0.27 [+0.08, +7.58]; the large difference is one plain run, seed 2,
+# models over the seeds. Over the three seeds of the `cpu` run, teacher-forced accuracy moves
+# both ways, lower with smoothing for two seeds and higher for one (-0.94 [-1.11, +1.12] points),
+# and BLEU is higher for every seed, but by only a tenth to a quarter of a point for two of them (+0.27 [+0.08, +7.58]; the large difference is one plain run, seed 2,
 # that ended at 57.3 BLEU where the others reached 65-66). Three short trainings per setting
 # cannot separate a gain of a fraction of a point from the noise of training itself, BLEU is
 # still rising fast at the end of this budget
@@ -1276,20 +1282,22 @@ plt.show()
 # normalisation it finds a more probable translation on average for every seed (the `mean log
 # p` column, asserted for the widest beam; sentence by sentence, the lines under the table count
 # how often the widest beam's output is more and less probable than greedy's). But the more
-# probable translations are *shorter*: the mean length falls as $K$ grows, further below the
+# probable translations are *shorter*: the mean length falls as $K$ grows, below the
 # references' (asserted for the widest beam), and BLEU's brevity penalty falls with it
 # (asserted). In the `cpu` run every setting is above greedy decoding in median, by about two
 # BLEU points at most, and which setting scores highest changes with the seed (the `highest
 # BLEU` line); the widest beam without normalisation ($K = 8$, $\alpha = 0$) gains the least
 # (+1.11 [-4.33, +1.47]) and, for one seed, whose brevity penalty falls to 0.78, loses 4.3
-# points to greedy. This is the problem Koehn and Knowles (2017, §3.6) reported for
-# translation models trained on real data: BLEU peaks at a small beam and falls for wider ones,
-# mostly because the outputs get too short. Stahlberg and Byrne (2019) explained it by searching
+# points to greedy. So the curse shows here as shorter outputs and a falling brevity penalty for
+# every seed, and as a BLEU loss against greedy for one seed of three; this sweep does not vary
+# $K$ at a fixed $\alpha = 0$ below 8, so it does not show where BLEU peaks. Koehn and Knowles
+# (2017, §3.6) reported the full form for translation models trained on real data: BLEU peaks
+# at a small beam and falls for wider ones, mostly because the outputs get too short. Stahlberg and Byrne (2019) explained it by searching
 # exactly: for more than half of their test sentences the single most probable output of a
 # Transformer was the *empty* translation. The model prefers short outputs (a model error), and
 # a narrow beam's search errors hide that preference; a wider beam searches better and exposes
-# it. The length penalty is the standard repair: $\alpha = 1$ gives back most of what the widest
-# beam loses (asserted), and, like the paper's $\alpha = 0.6$, it is a correction tuned on BLEU,
+# it. The length penalty is the standard repair: $\alpha = 1$ gives back part of what the widest
+# beam loses (asserted for every seed), and, like the paper's $\alpha = 0.6$, it is a correction tuned on BLEU,
 # not a fix of the model. The timing under the table gives the price of the search on this
 # device: each wider beam decodes more prefixes per step.
 #
@@ -1679,8 +1687,8 @@ print("the restored model translates exactly as the original, greedily and with 
 # In the `cpu` run the 4x model translates all four new sentences exactly, greedily and with
 # beam search, including two of the places this corpus was built to make hard (the data card in
 # `data/`): a predicate adjective that agrees with a noun across a relative clause (`heureuses`
-# for *aunts*) and the elision `qu'` before `elle`. Models trained for less time get exactly
-# these wrong: where a line is marked `differs`, look at the agreement and the elisions first.
+# for *aunts*) and the elision `qu'` before `elle`. Where a line is marked `differs` (on your
+# run, or with a model trained for less time), look at the agreement and the elisions first.
 # Four sentences prove little either way; the exact-match column of section 3's table measures
 # the same thing on the whole test split (at 4x the Transformer translates 87 [85, 87] % of the
 # test sentences exactly: the word-for-word part of the task and the reordering are learned,
@@ -1718,11 +1726,12 @@ print("the restored model translates exactly as the original, greedily and with 
 #   test split and every seed, wider beams find more probable and *shorter* translations, and
 #   BLEU pays through its brevity penalty: every setting gains about two BLEU points at most over
 #   greedy decoding, and the widest beam without normalisation gains the least and, for one seed,
-#   loses 4.3 points. That is the beam-search curse of Koehn
+#   loses 4.3 points. That is a mild form of the beam-search curse of Koehn
 #   and Knowles (2017), which the length penalty partly repairs. And beam search is a heuristic:
 #   on a hand-made model a beam of two returns a less probable output than greedy decoding.
 # * **Attention maps**, counted over `run.head_pairs` test sentences (300 in the `cpu`
-#   profile): every cross-attention head of the 1x model peaks on the English word being written
+#   profile): every cross-attention head of seed `run.seed`'s 1x model (the one counted) peaks on
+#   the English word being written
 #   for more than 73% of the French nouns and adjectives (the best layer 88% on average), far
 #   above a head that only looks down the length-scaled diagonal
 #   (about half right on this monotone corpus); most decoder self-attention heads look mostly at
