@@ -673,8 +673,7 @@ for word in tokenize(shown_source):
 # examples printed under each category let you judge the rules as well as the model. The second
 # category says as much about the test set as about the model: which references hold a rare
 # word does not depend on the model, and a fair paraphrase of a rare word (a "flip" for a
-# "somersault") lands there too. In the second reader's runs of this chapter (seeds 0, 1 and 2,
-# one thread) the same 14 of the 50 sentences landed there each time.
+# "somersault") lands there too.
 
 # %%
 target_word_counts = word_counts(train_words[1])
@@ -716,9 +715,9 @@ for name, _ in tally.most_common():
 # The table above is this run's answer to "what is left"; read its largest categories against
 # their examples (two of each are printed). Subwords let the model *write* a rare word, but a
 # piece sequence seen a handful of times in training gives it little to learn the word's
-# translation from: in the committed `cpu` run the Boston terrier became "a most", and the
-# second reader's runs with seeds 1 and 2 show the rare word dropped about as often as replaced,
-# and now and then a piece sequence that is no word at all (the *invented word* category). Which
+# translation from: in the committed `cpu` run the Boston terrier became "a most"; a rare word
+# can also be dropped, or written as a piece sequence that is no word at all (the *invented
+# word* category), and how often each happens changes with the seed (run it with another). Which
 # categories shrink with more training is a question for the benchmark's longer runs; this
 # chapter does not measure it.
 #
