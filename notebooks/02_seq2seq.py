@@ -527,8 +527,10 @@ print(f"{len(tf_data):,} training pairs and {len(tf_valid):,} validation pairs o
       f"{run.tf_max_source} source tokens; scored after {' and '.join(map(str, run.tf_steps))} steps")
 
 
-def valid_loss(m: nn.Module, batches: list[Batch] = tf_valid_batches) -> float:
-    """Token-weighted teacher-forced loss of ``m`` over ``batches``."""
+def valid_loss(m: nn.Module, batches: list[Batch] | None = None) -> float:
+    """Token-weighted teacher-forced loss of ``m`` over ``batches`` (section 5's validation batches
+    when None)."""
+    batches = tf_valid_batches if batches is None else batches
     total = count = 0
     with torch.no_grad():
         for b in batches:

@@ -575,7 +575,7 @@ def test_refresh_exercise_cells_reruns_only_the_exercises(tmp_path):
 
     def notebook(exercise_source: str) -> Path:
         nb = nbformat.v4.new_notebook(cells=[
-            nbformat.v4.new_code_cell("import math\nvalue = 41\ndef half(x):\n    return x / 2",
+            nbformat.v4.new_code_cell("import math\nvalue = abs(-41)\ndef half(x):\n    return x / 2",
                                       execution_count=1,
                                       outputs=[nbformat.v4.new_output("stream", text="from the full run\n")]),
             nbformat.v4.new_markdown_cell("## Exercises"),
@@ -597,7 +597,7 @@ def test_refresh_exercise_cells_reruns_only_the_exercises(tmp_path):
     py.write_text(py.read_text().replace("math.sqrt(64)", "math.sqrt(25)"))  # edited, not synced
     assert "hold different cells" in book.refresh_exercise_cells(path, "smoke", timeout=120)
 
-    path = notebook("print(value + 1)")  # needs a statement above that is not an import
+    path = notebook("print(value + 1)")  # needs a computed value above: not a definition
     before = path.read_text()
     assert "failed on the definitions alone" in book.refresh_exercise_cells(path, "smoke", timeout=120)
     assert path.read_text() == before, "a refused notebook must be left untouched"

@@ -11,6 +11,7 @@ literal settings (numbers, strings, ``dict(...)`` / lists of them) may appear.
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import jupytext
@@ -18,9 +19,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
-
-#: calls allowed in a setting written before setup(): containers of literals
-LITERAL_CALLS = {"dict", "list", "tuple", "set", "frozenset", "range"}
+sys.path.insert(0, str(ROOT / "tools"))
+import book  # noqa: E402  (tools/book.py: what counts as a literal setting, shared with the exercises' sweep)
 
 
 def notebook_sources() -> list[Path]:
@@ -34,17 +34,6 @@ def _calls_setup(node: ast.AST) -> bool:
     return any(isinstance(n, ast.Call) and (getattr(n.func, "id", None) == "setup"
                                             or getattr(n.func, "attr", None) == "setup")
                for n in ast.walk(node))
-
-
-def _is_literal_setting(value: ast.AST) -> bool:
-    """A value made of constants and containers of constants (``dict(a=1)``, ``[1, 2]``, ``{"k": 0}``)."""
-    for n in ast.walk(value):
-        if isinstance(n, ast.Call):
-            if not (isinstance(n.func, ast.Name) and n.func.id in LITERAL_CALLS):
-                return False
-        elif isinstance(n, (ast.Attribute, ast.Subscript, ast.Lambda, ast.Await, ast.Yield)):
-            return False
-    return True
 
 
 def work_before_setup(source: str) -> list[str]:
@@ -64,7 +53,7 @@ def work_before_setup(source: str) -> list[str]:
         if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
             continue                                          # a docstring or a bare string
         if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None \
-                and _is_literal_setting(stmt.value):
+                and book.is_literal_setting(stmt.value):
             continue
         problems.append(f"line {stmt.lineno}: {ast.unparse(stmt).splitlines()[0][:80]}")
     return problems + ["no setup() call"]
@@ -89,6 +78,12 @@ def test_notebook_calls_setup_before_any_work(path: Path):
 @pytest.mark.parametrize("source, expected", [
     ("import torch\nrun = setup(seed=0)\nx = torch.zeros(3)", []),
     ("SIZES = dict(a=1, b=[2, 3])\nrun = setup(cpu=SIZES)", []),
+    ("BASE = dict(a=1)\nGPU = dict(BASE, seeds=[0, 1])\nrun = setup(gpu=GPU)", []),
+    ("x = [i for i in range(3)]\nrun = setup()", ["line 1: x = [i for i in range(3)]"]),
+    ("n = len(data)\nrun = setup()", ["line 1: n = len(data)"]),
+    ("Z = A @ V\nrun = setup()", ["line 1: Z = A @ V"]),
+    ("size = d_model\nrun = setup()", ["line 1: size = d_model"]),
+    ("LR = -3e-3\nrun = setup()", []),
     ("def f():\n    return 1\nclass A:\n    pass\nrun = setup()", []),
     ("import torch\nt = torch.randn(3)\nrun = setup()", ["line 2: t = torch.randn(3)"]),
     ("x = time_it()\nrun = setup()", ["line 1: x = time_it()"]),

@@ -756,15 +756,44 @@ def _key(path: Path) -> str:
 EXERCISES_HEADING = re.compile(r"^#+\s*(?:\d+[.:]?\s*)?Exercises\b", re.M)
 
 
+#: calls allowed in a literal setting: containers of constants
+LITERAL_CALLS = frozenset({"dict", "list", "tuple", "set", "frozenset", "range"})
+
+
+def is_literal_setting(value: ast.expr) -> bool:
+    """Whether ``value`` is made of constants, containers of them and the upper-case names of other
+    settings (``dict(a=1, b=[2, 3])``, ``{**SIZES, "a": 1}``, ``dict(CPU_SIZES, seeds=[0])``):
+    what a chapter may assign before ``setup()``, since computing it runs nothing."""
+    allowed = (ast.Constant, ast.List, ast.Tuple, ast.Set, ast.Dict, ast.keyword, ast.Starred,
+               ast.Load, ast.USub, ast.UnaryOp)
+    for n in ast.walk(value):
+        if isinstance(n, ast.Call):
+            if not (isinstance(n.func, ast.Name) and n.func.id in LITERAL_CALLS):
+                return False
+        elif isinstance(n, ast.Name):
+            if not (n.id in LITERAL_CALLS or n.id.isupper()):
+                return False
+        elif isinstance(n, ast.UnaryOp) and not isinstance(n.operand, ast.Constant):
+            return False
+        elif not isinstance(n, allowed):
+            return False
+    return True
+
+
 def is_definition(node: ast.stmt) -> bool:
     """Whether a chapter's top-level statement is one that an exercise needs and that runs without
-    any training: an import, a function or class definition, or ``run = setup(...)`` (the profile
-    every chapter's functions take their defaults from). Shared by ``refresh --exercise-cells`` and
-    the exercises' no-shortcuts sweep, which executes a chapter's definitions the same way."""
+    any training: an import, a function or class definition, a literal setting (``SIZES =
+    dict(...)``, see :func:`is_literal_setting`) or ``run = setup(...)`` (the profile every
+    chapter's functions take their defaults from). Shared by ``refresh --exercise-cells`` and the
+    exercises' no-shortcuts sweep, which executes a chapter's definitions the same way."""
     definitions = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-    is_run_setup = (isinstance(node, ast.Assign) and len(node.targets) == 1
-                    and isinstance(node.targets[0], ast.Name) and node.targets[0].id == "run")
-    return isinstance(node, definitions) or is_run_setup
+    one_target = isinstance(node, ast.Assign) and len(node.targets) == 1
+    target = node.targets[0] if one_target else None  # type: ignore[attr-defined]
+    names = [target] if isinstance(target, ast.Name) else list(getattr(target, "elts", []))
+    to_names = bool(names) and all(isinstance(t, ast.Name) for t in names)
+    is_run_setup = isinstance(target, ast.Name) and target.id == "run"
+    is_setting = to_names and is_literal_setting(node.value)  # type: ignore[attr-defined]
+    return isinstance(node, definitions) or is_run_setup or is_setting
 
 
 def _definitions(source: str) -> list[str]:
