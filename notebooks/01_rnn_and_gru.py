@@ -1069,9 +1069,10 @@ gaps = {name: np.asarray(histories[name, first].step_loss[:n_common]) - gru_step
         for name in lm_specs if name != "GRU"}
 plot_curves(gaps, smooth=50, ax=axes[0], title=f"Training loss minus the GRU's, seed {first} (moving average of 50 steps)",
             xlabel="optimisation step", ylabel="difference (nats per token)")
-for line, colour in zip(axes[0].get_lines(), sns.color_palette(n_colors=len(lm_specs))[1:], strict=True):
+palette = sns.color_palette(n_colors=len(lm_specs))  # plot_over_seeds' colours, in lm_specs' order
+for line, colour in zip(axes[0].get_lines(), palette[1:], strict=True):
     line.set_color(colour)  # the same colour for each model as in the right panel
-axes[0].axhline(0.0, color=sns.color_palette(n_colors=len(lm_specs))[0], lw=1.0, label="GRU")
+axes[0].axhline(0.0, color=palette[0], lw=1.0, label="GRU")
 axes[0].legend(fontsize=7)
 n_epochs = min(len(h.epochs) for h in histories.values())  # fewer than run.lm_epochs only if capped
 epochs = np.arange(1, n_epochs + 1)
