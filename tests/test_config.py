@@ -276,3 +276,27 @@ def test_run_repr_without_sizes_has_no_dangling_separator():
     assert repr(bare) == "Run(profile='cpu', device='cpu', seed=0)"
     sized = config.Run("cpu", torch.device("cpu"), 1, {"epochs": 2}, threads=1)
     assert repr(sized) == "Run(profile='cpu', device='cpu', threads=1, seed=1, epochs=2)"
+
+
+def test_time_scale_from_env(monkeypatch):
+    monkeypatch.delenv("TFM_TIME_SCALE", raising=False)
+    assert config.time_scale_from_env() == 1.0
+    monkeypatch.setenv("TFM_TIME_SCALE", " 0.01 ")
+    assert config.time_scale_from_env() == 0.01
+    for bad in ("0", "-0.5", "inf", "nan", "slow"):
+        monkeypatch.setenv("TFM_TIME_SCALE", bad)
+        with pytest.raises(ValueError, match=f"TFM_TIME_SCALE='{bad}' is not a time scale"):
+            config.time_scale_from_env()
+
+
+def test_setup_says_when_the_time_guards_are_scaled(monkeypatch, capsys):
+    monkeypatch.setenv("TFM_DEVICE", "cpu")
+    monkeypatch.delenv("TFM_TIME_SCALE", raising=False)
+    config.setup(0)
+    assert "TFM_TIME_SCALE" not in capsys.readouterr().out, "nothing to say when the guards are as written"
+    monkeypatch.setenv("TFM_TIME_SCALE", "0.001")
+    config.setup(0)
+    assert "TFM_TIME_SCALE=0.001: every time guard" in capsys.readouterr().out
+    monkeypatch.setenv("TFM_TIME_SCALE", "never")
+    with pytest.raises(ValueError, match="TFM_TIME_SCALE='never'"):
+        config.setup(0, verbose=False)

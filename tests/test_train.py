@@ -8,6 +8,7 @@ from tfmlib.data import Vocab
 from tfmlib.train import (
     CheckpointError,
     History,
+    TimeGuardWarning,
     fit,
     load_checkpoint,
     move_to,
@@ -104,11 +105,53 @@ def test_fit_evaluates_in_eval_mode_without_grad_and_steps_the_scheduler():
     assert sched.last_epoch == 6 and opt.param_groups[0]["lr"] == pytest.approx(0.01 * 0.5**6)
 
 
-def test_fit_stops_at_the_time_budget():
+def test_fit_stops_at_the_time_budget_and_says_so():
     model = nn.Linear(4, 1)
-    hist = fit(model, regression_problem(), mse, torch.optim.SGD(model.parameters(), lr=0.01),
-               epochs=3, time_budget_s=0.0, verbose=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with pytest.warns(TimeGuardWarning, match="stopped training after 1 optimiser steps"):
+        hist = fit(model, regression_problem(), mse, opt, epochs=3, time_budget_s=1e-9, verbose=False)
     assert len(hist.step_loss) == 1 and len(hist.epochs) == 1
+    assert hist.stopped_by == "time_budget_s" and hist.cut_by_time
+    for bad in (0, 0.0, -1.0, True):
+        with pytest.raises(ValueError, match="time_budget_s"):
+            fit(model, regression_problem(), mse, opt, epochs=1, time_budget_s=bad, verbose=False)
+
+
+def test_history_says_which_limit_ended_the_run():
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    batches = regression_problem()  # 8 batches
+    assert fit(model, batches, mse, opt, epochs=2, verbose=False).stopped_by == "epochs"
+    # a generous guard that does not fire leaves the count in charge
+    hist = fit(model, batches, mse, opt, epochs=2, time_budget_s=3600.0, verbose=False)
+    assert hist.stopped_by == "epochs" and not hist.cut_by_time and len(hist.step_loss) == 16
+    hist = fit(model, batches, mse, opt, epochs=2, max_steps=5, time_budget_s=3600.0, verbose=False)
+    assert hist.stopped_by == "max_steps" and len(hist.step_loss) == 5
+    # the count wins when both are reached at the same step
+    hist = fit(model, batches, mse, opt, epochs=2, max_steps=1, time_budget_s=1e-9, verbose=False)
+    assert hist.stopped_by == "max_steps"
+    assert History.from_dict(hist.to_dict()).stopped_by == "max_steps"
+    assert History.from_dict({"step_loss": [], "epochs": [], "evals": []}).stopped_by == "epochs"
+
+
+def test_tfm_time_scale_shrinks_the_guard_as_on_a_slower_device(monkeypatch):
+    """The slow-device simulation: a guard that an hour would not reach fires after one step."""
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    batches = regression_problem()
+    monkeypatch.setenv("TFM_TIME_SCALE", "1e-12")
+    with pytest.warns(TimeGuardWarning, match="time_budget_s=3600 x TFM_TIME_SCALE=1e-12"):
+        hist = fit(model, batches, mse, opt, epochs=2, time_budget_s=3600.0, verbose=False)
+    assert hist.cut_by_time and len(hist.step_loss) == 1
+    # no guard, nothing to shrink: the count decides
+    assert fit(model, batches, mse, opt, epochs=1, verbose=False).stopped_by == "epochs"
+    monkeypatch.setenv("TFM_TIME_SCALE", "2")  # a faster device: the guard grows
+    hist = fit(model, batches, mse, opt, epochs=1, time_budget_s=3600.0, verbose=False)
+    assert hist.stopped_by == "epochs" and len(hist.step_loss) == 8
+    for bad in ("0", "-1", "inf", "nan", "fast"):
+        monkeypatch.setenv("TFM_TIME_SCALE", bad)
+        with pytest.raises(ValueError, match="TFM_TIME_SCALE"):
+            fit(model, batches, mse, opt, epochs=1, time_budget_s=10.0, verbose=False)
 
 
 def test_fit_evaluates_every_n_steps_and_after_the_last():

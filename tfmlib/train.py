@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,7 @@ from tfmlib.checkpoint import (  # chapters 01-03 and 08 import these from here
     state_mismatch,
     write_atomically,
 )
+from tfmlib.config import time_scale_from_env
 from tfmlib.resume import Checkpointing, EpochOrder, TrainingState
 from tfmlib.rng import restore_rng_state
 from tfmlib.timing import synchronize
@@ -58,7 +60,8 @@ INTRODUCED_IN = 1
 
 __all__ = [
     # the loop and its parts
-    "Bookkeeping", "EvalSchedule", "History", "LossFn", "LossLog", "TrainingClock", "TrainingStep", "fit",
+    "Bookkeeping", "EvalSchedule", "History", "LossFn", "LossLog", "TimeGuardWarning", "TrainingClock",
+    "TrainingStep", "fit",
     "move_to", "train_loop",
     # schedules and metrics
     "perplexity", "transformer_peak_lr", "warmup_inverse_sqrt",
@@ -68,6 +71,10 @@ __all__ = [
 ]
 
 LossFn = Callable[[nn.Module, Any], "tuple[torch.Tensor, int]"]
+
+
+class TimeGuardWarning(UserWarning):
+    """:func:`fit`'s time guard (``time_budget_s``) ended a run before its step or epoch count."""
 
 
 @dataclass
@@ -89,6 +96,9 @@ class History:
       gradients held an inf or a NaN (always 0 in fp32 and bf16; chapter 10).
     * ``resumed_from_step``: the optimiser step a resumed :func:`fit` started from (0 for a
       fresh run; chapter 10).
+    * ``stopped_by``: what ended the run: ``"epochs"`` (all of them ran), ``"max_steps"``, or
+      ``"time_budget_s"`` (the time guard: a run that means less than its count promised; a
+      notebook checks this before it asserts what a shorter run could reverse).
     """
 
     step_loss: list[float] = field(default_factory=list)
@@ -97,6 +107,12 @@ class History:
     evals: list[dict[str, float]] = field(default_factory=list)
     skipped_steps: int = 0
     resumed_from_step: int = 0
+    stopped_by: str = "epochs"
+
+    @property
+    def cut_by_time(self) -> bool:
+        """True when the time guard (``time_budget_s``), not a count, ended the run."""
+        return self.stopped_by == "time_budget_s"
 
     def metric(self, key: str) -> list[float]:
         """The per-epoch values of ``key`` (e.g. ``"valid_loss"``)."""
@@ -115,7 +131,7 @@ class History:
         return {"step_loss": list(self.step_loss), "step_tokens": list(self.step_tokens),
                 "epochs": [dict(e) for e in self.epochs],
                 "evals": [dict(e) for e in self.evals], "skipped_steps": self.skipped_steps,
-                "resumed_from_step": self.resumed_from_step}
+                "resumed_from_step": self.resumed_from_step, "stopped_by": self.stopped_by}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> History:
@@ -123,7 +139,8 @@ class History:
         return cls(step_loss=list(d["step_loss"]), step_tokens=[int(n) for n in d.get("step_tokens", [])],
                    epochs=[dict(e) for e in d["epochs"]],
                    evals=[dict(e) for e in d["evals"]], skipped_steps=int(d.get("skipped_steps", 0)),
-                   resumed_from_step=int(d.get("resumed_from_step", 0)))
+                   resumed_from_step=int(d.get("resumed_from_step", 0)),
+                   stopped_by=str(d.get("stopped_by", "epochs")))
 
 
 def move_to(batch: Any, device: torch.device | str) -> Any:
@@ -295,9 +312,12 @@ class Bookkeeping:
                  checkpoints: Checkpointing | None = None, restored: TrainingState | None = None,
                  verbose: bool = True) -> None:
         self.model, self.step, self.device, self.verbose = model, step, step.device, verbose
+        # the guard in seconds: time_budget_s times TFM_TIME_SCALE (1 unless a test simulates a slow device)
         self.max_steps, self.time_budget_s = max_steps, time_budget_s
+        self.time_limit_s = None if time_budget_s is None else time_budget_s * time_scale_from_env()
         self.order, self.checkpoints, self.restored = order, checkpoints, restored
         self.history = History() if restored is None else History.from_dict(restored.history)
+        self.history.stopped_by = "epochs"  # until a limit is reached (a resumed run may go past it)
         self.first_epoch, self.epoch, self.batches_done = 1, 1, 0
         self.stop = False  # out of steps or time: the loop ends after this epoch's bookkeeping
         if restored is not None:
@@ -344,9 +364,22 @@ class Bookkeeping:
             yield batch
 
     def out_of_steps_or_time(self) -> bool:
-        """True once ``max_steps`` optimiser steps are taken or ``time_budget_s`` training seconds spent."""
-        return (self.max_steps is not None and self.step.steps >= self.max_steps) or (
-            self.time_budget_s is not None and self.clock.training_seconds() >= self.time_budget_s)
+        """True once ``max_steps`` optimiser steps are taken or ``time_budget_s`` training seconds
+        spent (scaled by ``TFM_TIME_SCALE``); records which in ``History.stopped_by`` (the count
+        first, when both are reached) and warns (:class:`TimeGuardWarning`) when it is the time."""
+        if self.max_steps is not None and self.step.steps >= self.max_steps:
+            self.history.stopped_by = "max_steps"
+            return True
+        if self.time_limit_s is not None and self.clock.training_seconds() >= self.time_limit_s:
+            if self.history.stopped_by != "time_budget_s":
+                scaled = "" if self.time_limit_s == self.time_budget_s else \
+                    f" x TFM_TIME_SCALE={time_scale_from_env():g}"
+                warnings.warn(f"fit: the time guard (time_budget_s={self.time_budget_s:g}{scaled}) stopped "
+                              f"training after {self.step.steps} optimiser steps", TimeGuardWarning,
+                              stacklevel=2)
+            self.history.stopped_by = "time_budget_s"
+            return True
+        return False
 
     def after_step(self, result: StepResult, bar: Any = None) -> bool:
         """Record a step; read the losses, evaluate and save a training state when they are due.
@@ -470,7 +503,11 @@ def fit(
     not count against ``time_budget_s``. ``scheduler.step()`` is called after every optimiser
     step. ``clip_norm`` clips the global gradient norm (``None`` disables it). Training stops
     early after ``max_steps`` steps or ``time_budget_s`` seconds of training, finishing the
-    epoch's bookkeeping.
+    epoch's bookkeeping; ``History.stopped_by`` says which ended it. The book stops runs by
+    count and keeps ``time_budget_s`` as a guard only: a run it cuts short means less than its
+    count promised, so ``fit`` warns (:class:`TimeGuardWarning`) and the caller should say so.
+    ``TFM_TIME_SCALE`` (:func:`tfmlib.config.time_scale_from_env`) multiplies ``time_budget_s``,
+    to simulate a slower device.
 
     The step losses stay on the device and are read back together every ``log_every`` steps and
     at the end of each epoch (reading a value from a GPU makes the host wait for it; once a step
@@ -524,11 +561,12 @@ def fit(
       file (with every rank's generators, History and epoch sums) and the others wait for it.
 
     Raises ``ValueError`` for a non-positive ``epochs``, ``eval_every``, ``log_every``,
-    ``accumulate`` or ``checkpoint_every``, an empty loader, a non-finite loss, an unknown or
-    unsupported ``precision``, ``checkpoint_every``/``resume`` without ``checkpoint_path``, or a
-    loader without ``set_epoch`` when checkpointing; ``TypeError`` when ``loss_fn`` does not
-    return a scalar tensor and a non-negative int; :class:`CheckpointError` when the training
-    state to resume from is damaged or does not fit (the model, the optimizer, the settings).
+    ``accumulate``, ``checkpoint_every`` or ``time_budget_s``, an empty loader, a non-finite
+    loss, an unknown or unsupported ``precision``, ``checkpoint_every``/``resume`` without
+    ``checkpoint_path``, or a loader without ``set_epoch`` when checkpointing; ``TypeError``
+    when ``loss_fn`` does not return a scalar tensor and a non-negative int;
+    :class:`CheckpointError` when the training state to resume from is damaged or does not fit
+    (the model, the optimizer, the settings).
     """
     if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
         raise ValueError(f"fit: epochs must be an int >= 1, got {epochs!r}")
@@ -542,6 +580,8 @@ def fit(
     if not isinstance(accumulate, int) or isinstance(accumulate, bool) or accumulate < 1:
         raise ValueError(f"fit: accumulate must be an int >= 1, got {accumulate!r}")
     _positive_int_or_none(checkpoint_every, "checkpoint_every")
+    if time_budget_s is not None and (isinstance(time_budget_s, bool) or not time_budget_s > 0):
+        raise ValueError(f"fit: time_budget_s must be a number of seconds > 0 or None, got {time_budget_s!r}")
     if checkpoint_path is None and (checkpoint_every is not None or resume):
         raise ValueError("fit: checkpoint_every and resume need a checkpoint_path")
     step = TrainingStep(model, optimizer, device=device, precision=precision, accumulate=accumulate,
