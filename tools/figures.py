@@ -497,7 +497,11 @@ def _step_panel(c: Canvas, x0: float, y0: float, step: int) -> None:
     if step >= 2:    # the query of position t, from x_t, chooses the weights of the lines into h_t
         qb = c.box(xs[0] + 0.06, y_h, 0.3, 0.24, "$q_t$", "weight", fs=7.5, lw=1.0, pad=0.03)
         c.arrow(qb.right(), hb.left(), lw=0.8, color="#d0692e", ls=(0, (2.5, 1.5)))
-        c.text(xs[0] + 0.06, y_h + 0.2, "from $x_t$", fs=6.5, color="#444444")
+        # from step 7 on, the query is computed from x_t + p(t): it carries its own position
+        source = "from $x_t + p(t)$" if step >= 7 else "from $x_t$"
+        c.text(xs[0] + 0.06, y_h + 0.2, source, fs=6.5, color="#444444")
+        if step >= 7:
+            c.circle(xs[0] + 0.06 + 0.15, y_h - 0.12, 0.055, "", "position", lw=0.8)
     if step == 8:
         fb = c.box(xs[t], y_h + 0.3, 0.56, 0.2, "", "ffn", lw=1.0, pad=0.02)
         c.arrow(hb.top(), fb.bottom(), lw=0.8)
