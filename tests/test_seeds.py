@@ -52,6 +52,11 @@ def test_table_and_plot_shape():
     assert lines[1].startswith("pre-LN") and "1.5 [1.0, 2.0]" in lines[1]
     assert r.for_plot() == {"pre-LN": [1.0, 2.0], "post": [3.0, 5.0]}
     assert r.for_plot(["post"]) == {"post": [3.0, 5.0]}
+    # a signed format, as for differences, is a whole format spec: the table pads after formatting
+    signed = SeedResults([0, 1], {"a - b": [-0.25, 0.5]}).table("+.2f").splitlines()
+    assert "+0.12 [-0.25, +0.50]" in signed[1] and "  -0.25        +0.50" in signed[1], signed
+    with pytest.raises(ValueError, match="fmt='q' is not a number format"):
+        r.table("q")
 
 
 def test_bad_runs_are_refused():

@@ -103,13 +103,20 @@ class SeedResults:
                 f"{statistics.median(diffs):{fmt}} [{lo:{fmt}}, {hi:{fmt}}]")
 
     def table(self, fmt: str = ".3g") -> str:
-        """Each quantity's median [min, max], then its value for every seed."""
+        """Each quantity's median [min, max], then its value for every seed; ``fmt`` is a number
+        format such as ``".3g"`` or ``"+.4f"`` (signed, for differences)."""
+        try:
+            format(0.0, fmt)
+        except ValueError:
+            raise ValueError(f"SeedResults.table: fmt={fmt!r} is not a number format "
+                             f"(e.g. '.3g', '+.4f')") from None
         width = max(len(n) for n in self.names) if self.values else 4
         head = f"{'':<{width}}  {'median [min, max]':<26}" + "".join(f"  seed {s:<6}" for s in self.seeds)
         rows = [head]
         for name in self.names:
             row = f"{name:<{width}}  {self.summary(name, fmt):<26}"
-            row += "".join(f"  {v:<11{fmt}}" for v in self.values[name])
+            # format, then pad: a signed or zero-padded fmt ("+.4f", "08.3f") is a whole spec of its own
+            row += "".join(f"  {format(v, fmt):<11}" for v in self.values[name])
             rows.append(row)
         return "\n".join(rows)
 
