@@ -3,7 +3,7 @@ in turn, with tokens/s of real tokens and, where the device's peak is known, mod
 
 The model is chapter 09's :class:`tfmlib.lm.DecoderLM` (dropout 0), the data the English side of
 the bundled corpus with chapter 09's word vocabulary, built exactly as ``python -m tfmlib.ddp_train``
-builds them (:func:`tfmlib.ddp_train.build_data`), so that the last step, which runs that script
+builds them (:func:`tfmlib.packing.bundled_english_blocks`), so that the last step, which runs that script
 under ``torchrun``, trains the same model on the same data. The steps, each keeping the ones before:
 
 1. baseline: explicit attention (chapter 05's softmax, ``model.attention = "explicit"``), fp32,
@@ -101,8 +101,8 @@ import torch
 from tfmlib.compiling import compile_or_fallback
 from tfmlib.config import seed_everything
 from tfmlib.data import TokenBatchSampler, tokenize
-from tfmlib.ddp_train import build_data
 from tfmlib.lm import DecoderLM
+from tfmlib.packing import bundled_english_blocks
 from tfmlib.precision import DTYPES, autocast, make_grad_scaler, supports_bf16, tf32_matmul
 from tfmlib.profiling import profile_steps
 from tfmlib.rnn import collate_lm, lm_loss
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"scaling_steps: the gpu profile is sized for a CUDA GPU; running it on {device} will be slow")
     seed_everything(0)
 
-    blocks, vocab = build_data(cfg["sentences"], cfg["block_len"])
+    blocks, vocab = bundled_english_blocks(cfg["sentences"], cfg["block_len"])
     english = [vocab.encode(s) for s in _english(cfg["sentences"])]
     tokens_per_step = cfg["batch"] * cfg["block_len"]
     packed = packed_batches(blocks, cfg["cycle"], cfg["batch"])
@@ -465,7 +465,7 @@ def _reachable(reachable: dict[str, float], device: torch.device, precision: str
 
 
 def _english(n: int) -> list[list[str]]:
-    """The English sentences :func:`tfmlib.ddp_train.build_data` packs, as word lists."""
+    """The English sentences :func:`tfmlib.packing.bundled_english_blocks` packs, as word lists."""
     return [tokenize(en) for en, _ in load_bundled("train")[:n]]
 
 

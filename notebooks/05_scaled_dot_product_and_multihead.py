@@ -608,8 +608,14 @@ def check_mask(mask: Tensor | None, scores_shape: tuple[int, ...], who: str) -> 
 # dropping weights is what PyTorch's attention does, and chapter 07 uses it).
 
 # %%
-# tfmlib-source: tfmlib.attention._check_qkv
-def _check_qkv(q: Tensor, k: Tensor, v: Tensor, who: str) -> None:
+# tfmlib-source: tfmlib.attention.check_qkv
+def check_qkv(q: Tensor, k: Tensor, v: Tensor, who: str) -> None:
+    """Refuse queries, keys and values that attention cannot take, naming ``who`` (the caller).
+
+    ``q`` ``(B, h, T, d_k)``, ``k`` ``(B, h, S, d_k)``, ``v`` ``(B, h, S, d_v)``, all floating:
+    ``TypeError`` for a non-tensor or an integer tensor, ``ValueError`` for a shape that is not
+    4-d or does not agree (``d_k`` of q and k; ``(B, h, S)`` of k and v; ``(B, h)`` of q and k).
+    Every attention of the package checks with it (chapter 10's tiled attention too)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, Tensor) or not x.is_floating_point():
             got = x.dtype if isinstance(x, Tensor) else type(x).__name__
@@ -647,7 +653,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
     ``Q K^T / sqrt(d_k)``, but its intermediate is ``sqrt(d_k)`` times smaller, so float16 (whose
     largest number is 65504) does not overflow to ``inf`` where the scaled score is finite.
     """
-    _check_qkv(q, k, v, "scaled_dot_product_attention")
+    check_qkv(q, k, v, "scaled_dot_product_attention")
     scores = (q / math.sqrt(q.shape[-1])) @ k.transpose(-2, -1)          # (B, h, T, S)
     mask = check_mask(mask, tuple(scores.shape), "scaled_dot_product_attention")
     if causal:
@@ -735,7 +741,7 @@ def fast_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, 
     gives zeros (PyTorch's own result for such a row depends on its version and backend, so it is
     set here).
     """
-    _check_qkv(q, k, v, "fast_attention")
+    check_qkv(q, k, v, "fast_attention")
     T, S = q.shape[-2], k.shape[-2]
     mask = check_mask(mask, (q.shape[0], q.shape[1], T, S), "fast_attention")
     if mask is None:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from tfmlib import config
+from tfmlib import config, timing
 
 
 def test_profile_from_env(monkeypatch):
@@ -280,13 +280,13 @@ def test_run_repr_without_sizes_has_no_dangling_separator():
 
 def test_time_scale_from_env(monkeypatch):
     monkeypatch.delenv("TFM_TIME_SCALE", raising=False)
-    assert config.time_scale_from_env() == 1.0
+    assert timing.time_scale_from_env() == 1.0
     monkeypatch.setenv("TFM_TIME_SCALE", " 0.01 ")
-    assert config.time_scale_from_env() == 0.01
+    assert timing.time_scale_from_env() == 0.01
     for bad in ("0", "-0.5", "inf", "nan", "slow"):
         monkeypatch.setenv("TFM_TIME_SCALE", bad)
         with pytest.raises(ValueError, match=f"TFM_TIME_SCALE='{bad}' is not a time scale"):
-            config.time_scale_from_env()
+            timing.time_scale_from_env()
 
 
 def test_setup_says_when_the_time_guards_are_scaled(monkeypatch, capsys):

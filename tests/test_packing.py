@@ -4,9 +4,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, default_collate
 
-from tfmlib.data import EOS_ID, PAD_ID
-from tfmlib.packing import PackedBlocks, pack_sequences, packed_stream
+from tfmlib.data import EOS_ID, PAD_ID, tokenize
+from tfmlib.packing import PackedBlocks, bundled_english_blocks, pack_sequences, packed_stream
 from tfmlib.rnn import lm_loss
+from tfmlib.synthetic import load_bundled
 
 
 def test_stream_and_blocks_by_hand():
@@ -69,3 +70,17 @@ def test_errors():
         packed_stream([])
     with pytest.raises(ValueError, match=r"^PackedBlocks|^pack_sequences: seqs\[0\] is empty"):
         PackedBlocks([[]], 2)
+
+
+def test_bundled_english_blocks_pack_the_first_sentences_with_their_own_vocabulary():
+    blocks, vocab = bundled_english_blocks(50, 16)
+    english = [tokenize(en) for en, _ in load_bundled("train")[:50]]
+    stream = packed_stream([vocab.encode(s) for s in english])
+    assert blocks.stream_tokens == len(stream) and len(blocks) == len(stream) // 17
+    inputs, targets = blocks[1]
+    assert inputs.tolist() == stream[17:33] and targets.tolist() == stream[18:34]
+    assert set(vocab.itos[4:]) == {w for s in english for w in s}, "the vocabulary is the 50 sentences' words"
+    with pytest.raises(ValueError, match="sentences must be an int >= 1"):
+        bundled_english_blocks(0, 16)
+    with pytest.raises(ValueError, match="holds"):
+        bundled_english_blocks(10**9, 16)

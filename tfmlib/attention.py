@@ -80,6 +80,7 @@ __all__ = [
     "MultiHeadAttention",
     "causal_mask",
     "check_mask",
+    "check_qkv",
     "copy_from_torch_mha",
     "fast_attention",
     "merge_heads",
@@ -171,7 +172,13 @@ def check_mask(mask: Tensor | None, scores_shape: tuple[int, ...], who: str) -> 
 AttentionKernel = Callable[[Tensor, Tensor, Tensor, "Tensor | None", bool, float], Tensor]
 
 
-def _check_qkv(q: Tensor, k: Tensor, v: Tensor, who: str) -> None:
+def check_qkv(q: Tensor, k: Tensor, v: Tensor, who: str) -> None:
+    """Refuse queries, keys and values that attention cannot take, naming ``who`` (the caller).
+
+    ``q`` ``(B, h, T, d_k)``, ``k`` ``(B, h, S, d_k)``, ``v`` ``(B, h, S, d_v)``, all floating:
+    ``TypeError`` for a non-tensor or an integer tensor, ``ValueError`` for a shape that is not
+    4-d or does not agree (``d_k`` of q and k; ``(B, h, S)`` of k and v; ``(B, h)`` of q and k).
+    Every attention of the package checks with it (chapter 10's tiled attention too)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, Tensor) or not x.is_floating_point():
             got = x.dtype if isinstance(x, Tensor) else type(x).__name__
@@ -207,7 +214,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
     ``Q K^T / sqrt(d_k)``, but its intermediate is ``sqrt(d_k)`` times smaller, so float16 (whose
     largest number is 65504) does not overflow to ``inf`` where the scaled score is finite.
     """
-    _check_qkv(q, k, v, "scaled_dot_product_attention")
+    check_qkv(q, k, v, "scaled_dot_product_attention")
     scores = (q / math.sqrt(q.shape[-1])) @ k.transpose(-2, -1)          # (B, h, T, S)
     mask = check_mask(mask, tuple(scores.shape), "scaled_dot_product_attention")
     if causal:
@@ -234,7 +241,7 @@ def fast_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, 
     gives zeros (PyTorch's own result for such a row depends on its version and backend, so it is
     set here).
     """
-    _check_qkv(q, k, v, "fast_attention")
+    check_qkv(q, k, v, "fast_attention")
     T, S = q.shape[-2], k.shape[-2]
     mask = check_mask(mask, (q.shape[0], q.shape[1], T, S), "fast_attention")
     if mask is None:

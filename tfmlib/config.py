@@ -16,9 +16,10 @@ models and data). ``TFM_PROFILE`` chooses it; without it, ``gpu`` when CUDA is a
 ``TFM_THREADS`` (when set) is the number of CPU threads torch may use: when several notebooks or
 test workers run at once, each takes its share of the cores instead of all of them (the root
 ``conftest.py`` sets it under pytest-xdist). ``TFM_DEVICE`` forces a device (``TFM_DEVICE=cpu``).
-``TFM_TIME_SCALE`` (when set) multiplies every time guard (:func:`tfmlib.train.fit`'s
-``time_budget_s``): ``0.01`` makes the machine look 100 times slower to the guards, so a test can
-check that a notebook whose guard fires says so and skips what a shorter run cannot show.
+``TFM_TIME_SCALE`` (when set; :func:`tfmlib.timing.time_scale_from_env`) multiplies every time
+guard (:func:`tfmlib.train.fit`'s ``time_budget_s``): ``0.01`` makes the machine look 100 times
+slower to the guards, so a test can check that a notebook whose guard fires says so and skips
+what a shorter run cannot show.
 """
 
 from __future__ import annotations
@@ -88,25 +89,6 @@ def threads_from_env() -> int | None:
     if n < 1:
         raise ValueError(f"TFM_THREADS={raw!r} is not a thread count; set it to an int >= 1 or unset it")
     return n
-
-
-def time_scale_from_env() -> float:
-    """The factor ``TFM_TIME_SCALE`` names (a finite number > 0), or 1.0 when it is unset/empty.
-
-    :func:`tfmlib.train.fit` multiplies its ``time_budget_s`` by it: a slow-device simulation
-    (``TFM_TIME_SCALE=0.001`` fires every guard after a thousandth of its seconds) for testing that
-    a notebook reports a run its time guard cut short."""
-    raw = os.environ.get("TFM_TIME_SCALE", "").strip()
-    if not raw:
-        return 1.0
-    try:
-        scale = float(raw)
-    except ValueError:
-        scale = float("nan")
-    if not (scale > 0 and scale != float("inf")):
-        raise ValueError(f"TFM_TIME_SCALE={raw!r} is not a time scale; set it to a finite number > 0 "
-                         f"(0.01: guards fire after 1% of their seconds) or unset it")
-    return scale
 
 
 def apply_threads(threads: int | None = None) -> int:
@@ -209,6 +191,8 @@ def setup(seed: int = 0, *, device: str | None = None, verbose: bool = True,
     book_theme()  # one look for every figure of the book
     dev = pick_device(device)
     threads = apply_threads()
+    from tfmlib.timing import time_scale_from_env
+
     scale = time_scale_from_env()  # a bad TFM_TIME_SCALE is refused here, before any training
     tf32 = None
     if dev.type == "cuda":

@@ -42,13 +42,11 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
 from tfmlib.config import seed_everything
-from tfmlib.data import Vocab, tokenize
 from tfmlib.distributed import all_reduce_mean, distributed, per_rank_batch
 from tfmlib.lm import DecoderLM
-from tfmlib.packing import PackedBlocks
+from tfmlib.packing import bundled_english_blocks
 from tfmlib.precision import pick_precision
 from tfmlib.rnn import lm_loss
-from tfmlib.synthetic import load_bundled
 from tfmlib.throughput import lm_flops_per_token, mfu, peak_flops
 from tfmlib.train import fit
 
@@ -96,14 +94,6 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def build_data(sentences: int, block_len: int) -> tuple[PackedBlocks, Vocab]:
-    """Packed blocks of the first ``sentences`` English sentences of the bundled training split,
-    and the word vocabulary built on them (chapter 09's)."""
-    english = [tokenize(en) for en, _ in load_bundled("train")[:sentences]]
-    vocab = Vocab.build(english)
-    return PackedBlocks([vocab.encode(s) for s in english], block_len), vocab
-
-
 def state_sha256(state: dict[str, torch.Tensor]) -> str:
     """SHA-256 of a state dict's tensors (names, dtypes, shapes and bytes, in order)."""
     h = hashlib.sha256()
@@ -127,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
         threads = args.threads or max(1, available_cores() // ctx.local_world_size)
         torch.set_num_threads(threads)
 
-        data, vocab = build_data(args.sentences, args.block_len)
+        data, vocab = bundled_english_blocks(args.sentences, args.block_len)
         seed_everything(args.seed)                        # the same initial weights on every rank
         model = DecoderLM(len(vocab), d_model=args.d_model, heads=args.heads, layers=args.layers,
                           context=args.block_len, dropout=0.0).to(ctx.device)

@@ -64,7 +64,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from tfmlib.attention import _check_qkv
+from tfmlib.attention import check_qkv
 from tfmlib.positional import check_positive_int
 
 INTRODUCED_IN = 10
@@ -261,7 +261,7 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     docstring for how slow).
     """
     who = "tiled_attention"
-    _check_qkv(q, k, v, who)
+    check_qkv(q, k, v, who)
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"{who}: q, k and v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):

@@ -29,11 +29,12 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from tfmlib.data import EOS_ID, PAD_ID
+from tfmlib.data import EOS_ID, PAD_ID, Vocab, tokenize
+from tfmlib.synthetic import load_bundled
 
 INTRODUCED_IN = 10
 
-__all__ = ["PackedBlocks", "pack_sequences", "packed_stream"]
+__all__ = ["PackedBlocks", "bundled_english_blocks", "pack_sequences", "packed_stream"]
 
 
 def packed_stream(seqs: Sequence[Sequence[int]], *, eos_id: int = EOS_ID) -> list[int]:
@@ -117,3 +118,24 @@ class PackedBlocks(Dataset):
     def __repr__(self) -> str:
         return (f"PackedBlocks({len(self)} blocks of {self.block_len} tokens from a stream of "
                 f"{self.stream_tokens} tokens, {self.dropped} dropped)")
+
+
+def bundled_english_blocks(sentences: int, block_len: int) -> tuple[PackedBlocks, Vocab]:
+    """Packed blocks of the first ``sentences`` English sentences of the bundled training split
+    (:func:`tfmlib.synthetic.load_bundled`), and the word vocabulary built on them: chapter 09's
+    language-model data, packed as chapter 10 trains it (``torchrun`` in
+    :mod:`tfmlib.ddp_train`, and ``benchmarks/scaling_steps.py``, which must build the same data).
+
+    Returns ``(blocks, vocab)``: ``blocks[i]`` is ``(inputs (L,), targets (L,))`` with
+    ``L = block_len``. Raises ``ValueError`` for ``sentences < 1``, more sentences than the split
+    holds, or a ``block_len`` the stream cannot fill once.
+    """
+    if not isinstance(sentences, int) or isinstance(sentences, bool) or sentences < 1:
+        raise ValueError(f"bundled_english_blocks: sentences must be an int >= 1, got {sentences!r}")
+    pairs = load_bundled("train")
+    if sentences > len(pairs):
+        raise ValueError(f"bundled_english_blocks: sentences={sentences} but the bundled training split "
+                         f"holds {len(pairs)}")
+    english = [tokenize(en) for en, _ in pairs[:sentences]]
+    vocab = Vocab.build(english)
+    return PackedBlocks([vocab.encode(s) for s in english], block_len), vocab

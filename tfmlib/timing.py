@@ -29,6 +29,8 @@ and carries the device it was measured on: a ratio printed from it says where it
 
 from __future__ import annotations
 
+import math
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -211,3 +213,22 @@ def interleaved_medians(
             samples[name].append((clock() - start) / number)
     detail = {name: Timing(name, tuple(s)) for name, s in samples.items()}
     return Timings(device=device, repeats=repeats, warmup=warmup, number=number, detail=detail)
+
+
+def time_scale_from_env() -> float:
+    """The factor ``TFM_TIME_SCALE`` names (a finite number > 0), or 1.0 when it is unset/empty.
+
+    :func:`tfmlib.train.fit` multiplies its ``time_budget_s`` by it: a slow-device simulation
+    (``TFM_TIME_SCALE=0.001`` fires every guard after a thousandth of its seconds) for testing that
+    a notebook reports a run its time guard cut short."""
+    raw = os.environ.get("TFM_TIME_SCALE", "").strip()
+    if not raw:
+        return 1.0
+    try:
+        scale = float(raw)
+    except ValueError:
+        scale = float("nan")
+    if not (scale > 0 and math.isfinite(scale)):
+        raise ValueError(f"TFM_TIME_SCALE={raw!r} is not a time scale; set it to a finite number > 0 "
+                         f"(0.01: guards fire after 1% of their seconds) or unset it")
+    return scale

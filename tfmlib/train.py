@@ -50,10 +50,9 @@ from tfmlib.checkpoint import (  # chapters 01-03 and 08 import these from here
     state_mismatch,
     write_atomically,
 )
-from tfmlib.config import time_scale_from_env
 from tfmlib.resume import Checkpointing, EpochOrder, TrainingState
 from tfmlib.rng import restore_rng_state
-from tfmlib.timing import synchronize
+from tfmlib.timing import synchronize, time_scale_from_env
 from tfmlib.training_step import StepResult, TrainingStep, token_count
 
 INTRODUCED_IN = 1
@@ -506,7 +505,7 @@ def fit(
     epoch's bookkeeping; ``History.stopped_by`` says which ended it. The book stops runs by
     count and keeps ``time_budget_s`` as a guard only: a run it cuts short means less than its
     count promised, so ``fit`` warns (:class:`TimeGuardWarning`) and the caller should say so.
-    ``TFM_TIME_SCALE`` (:func:`tfmlib.config.time_scale_from_env`) multiplies ``time_budget_s``,
+    ``TFM_TIME_SCALE`` (:func:`tfmlib.timing.time_scale_from_env`) multiplies ``time_budget_s``,
     to simulate a slower device.
 
     The step losses stay on the device and are read back together every ``log_every`` steps and
