@@ -821,7 +821,7 @@ print(f"{'backend':>20} " + " ".join(f"{call:>15}" for call in calls))
 for backend in backends:
     print(f"{backend.name:>20} " + " ".join(f"{runs_on[backend.name, call]:>15}" for call in calls))
 
-q2, k2, v2 = (torch.randn(1, 1, n, 4) for n in (2, 5, 5))
+q2, k2, v2 = (torch.randn(1, 1, n, 4) for n in (2, 5, 5))  # cpu: PyTorch's is_causal, checked on the CPU
 torch_causal = F.scaled_dot_product_attention(q2, k2, v2, is_causal=True)
 for align in ("top_left", "bottom_right"):
     book = F.scaled_dot_product_attention(q2, k2, v2, attn_mask=causal_mask(2, 5, align=align))
@@ -1051,7 +1051,7 @@ class MultiHeadAttention(nn.Module):
 
 torch.manual_seed(run.seed)
 mha = MultiHeadAttention(16, 4).eval()
-x = torch.randn(8, 12, 16)
+x = torch.randn(8, 12, 16)  # cpu: the layer stays on the CPU too (a check of arithmetic)
 
 
 def heads_by_loop(layer: MultiHeadAttention, x: Tensor) -> Tensor:

@@ -174,7 +174,7 @@ assert worst_causal > 1e-2, "a causal mask depends on positions: it must break t
 animate = [n.en for n in NOUNS if n.kind in ("animal", "person")]
 who_vocab = Vocab.build([["the", "sees", *animate]])
 unordered = [(a, b) for a in range(len(animate)) for b in range(a + 1, len(animate))]
-order = torch.randperm(len(unordered), generator=torch.Generator().manual_seed(run.seed)).tolist()
+order = torch.randperm(len(unordered), generator=torch.Generator().manual_seed(run.seed)).tolist()  # cpu: a list
 n_test = len(unordered) // 5
 test_pairs = [unordered[i] for i in order[:n_test]]
 train_pairs = [unordered[i] for i in order[n_test:]]
@@ -1452,7 +1452,7 @@ middle = torch.arange(run.train_len, longest - run.train_len, device=run.device)
 print(f"sequences of {longest}, queries {run.train_len}..{longest - run.train_len - 1}; keys in view: "
       + ", ".join(f"{name[:1]} {m[run.train_len:-run.train_len].sum(-1).float().mean():.0f}"
                   for name, m in masks.items()))
-matched = {name: torch.tensor([evaluate(probe, test_sets[longest], mask.to(run.device), middle)["accuracy"]
+matched = {name: torch.tensor([evaluate(probe, test_sets[longest], mask.to(run.device), middle)["accuracy"]  # cpu: floats
                                for probe in probes["rotary"]]) for name, mask in masks.items()}
 
 
@@ -1461,12 +1461,12 @@ def far_key_ratio(model: PositionProbe, tokens: Tensor) -> float:
     """Mean weight on one far key (|s - t| >= train_len) / mean weight on one in-range non-target key."""
     _, weights = model(tokens.to(run.device), need_weights=True)
     w = weights.mean(1)[:, middle.cpu()].cpu()                                         # (B, queries, L)
-    offset = torch.arange(longest)[None, :] - middle.cpu()[:, None]
+    offset = torch.arange(longest)[None, :] - middle.cpu()[:, None]  # cpu: w is a CPU copy
     in_range, far = (offset.abs() < run.train_len) & (offset != -run.back), offset.abs() >= run.train_len
     return ((w * far).sum(-1) / far.sum(-1)).mean().item() / ((w * in_range).sum(-1) / in_range.sum(-1)).mean().item()
 
 
-far_ratio = torch.tensor([far_key_ratio(probe, test_sets[longest]) for probe in probes["rotary"]])
+far_ratio = torch.tensor([far_key_ratio(probe, test_sets[longest]) for probe in probes["rotary"]])  # cpu: floats
 print(f"\nrotary, accuracy of each run ({run.runs} runs; median [worst, best] on the right)")
 for name, values in matched.items():
     print(f"  {name:<26s} " + " ".join(f"{a:6.1%}" for a in values.tolist()) + f"   {spread(values)}")

@@ -350,7 +350,7 @@ class ParityClassifier(nn.Module):
 
 
 n_bits = 5
-bits = torch.tensor(list(itertools.product([0, 1], repeat=n_bits)))        # all 32 inputs
+bits = torch.tensor(list(itertools.product([0, 1], repeat=n_bits)))        # cpu: all 32 inputs, moved below
 tokens = torch.cat([torch.full((len(bits), 1), 2), bits], dim=1)           # <cls> first
 parity = bits.sum(1) % 2
 

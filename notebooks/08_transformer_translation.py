@@ -1559,7 +1559,7 @@ def self_attention_offsets(model: Transformer, pairs: list[tuple[str, str]], bat
         maps = model.attention_maps(batch.src, batch.src_mask, batch.tgt_in)
         for stack, weights, mask in (("encoder", maps.encoder, batch.src_mask), ("decoder", maps.decoder, batch.tgt_mask)):
             peak = torch.stack(weights).argmax(-1).cpu()                      # (L, B, h, rows)
-            rows = torch.arange(peak.shape[-1])
+            rows = torch.arange(peak.shape[-1])  # cpu: peak is a CPU copy
             lengths = mask.sum(1).cpu()[None, :, None, None]
             special = (lengths - 1) if stack == "encoder" else torch.zeros_like(lengths)  # <eos> / <bos>
             kind = torch.full_like(peak, 4)

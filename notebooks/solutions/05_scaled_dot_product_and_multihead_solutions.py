@@ -357,7 +357,7 @@ calls = {}
 for width in widths:
     gru, mha = nn.GRU(width, width, batch_first=True), MultiHeadAttention(width, 4)
     for n in lengths_q6:
-        x = torch.randn(8, n, width)
+        x = torch.randn(8, n, width)  # cpu: this question times the CPU (device="cpu" below)
         calls[f"attention {width} {n}"] = (lambda layer=mha, x=x: layer(x))
         calls[f"GRU {width} {n}"] = (lambda layer=gru, x=x: layer(x))
 with torch.no_grad():       # all twelve calls in one interleaved run: a burst of load hits every one alike

@@ -274,7 +274,7 @@ sinusoidal = train(Probe(positions=SinusoidalPositionalEncoding(run.d_model, max
 by_pos = accuracy_by_position(sinusoidal)
 pe = sinusoidal_encoding(run.test_len, run.d_model)
 nearest = F.cosine_similarity(pe[:, None, :], pe[None, : run.train_len, :], dim=-1).max(-1).values  # (L,)
-t = torch.arange(run.back, run.test_len)
+t = torch.arange(run.back, run.test_len)  # cpu: by_pos and nearest are on the CPU
 closeness = torch.minimum(nearest[t], nearest[t - run.back])          # both the query's and the key's
 far = t >= run.train_len
 corr = torch.corrcoef(torch.stack([closeness[far], by_pos[far]]))[0, 1].item()
