@@ -115,12 +115,29 @@ def clear_outputs(nb: nbformat.NotebookNode) -> None:
             cell.execution_count = None
 
 
+def drop_progress_bars(nb: nbformat.NotebookNode) -> int:
+    """Remove the progress bars' outputs (ipywidgets, from ``tqdm.auto``) from ``nb``; returns how
+    many. A stored bar is a widget view whose only text is the bar as it was drawn first, at 0%:
+    on the code host, in a Markdown export and anywhere without a widget manager, a reader sees
+    runs that seem never to have started, right above their results. A finished bar says nothing
+    the printed results do not."""
+    dropped = 0
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            kept = [o for o in cell.get("outputs", []) if WIDGET_MIME not in o.get("data", {})]
+            dropped += len(cell.get("outputs", [])) - len(kept)
+            cell.outputs = kept
+    return dropped
+
+
 def strip_volatile(nb: nbformat.NotebookNode) -> None:
-    """Drop metadata that changes on every run (execution timestamps, widget state)."""
+    """Drop what changes on every run or cannot be shown without a live kernel: execution
+    timestamps, widget state, progress bars (:func:`drop_progress_bars`)."""
     for cell in nb.cells:
         for key in VOLATILE_CELL_METADATA:
             cell.metadata.pop(key, None)
     nb.metadata.pop("widgets", None)
+    drop_progress_bars(nb)
 
 
 def first_error(nb: nbformat.NotebookNode) -> tuple[int, str, str] | None:
@@ -334,10 +351,9 @@ def prepare_for_html(nb: nbformat.NotebookNode, readme_href: str | None = None) 
     import copy
 
     nb = copy.deepcopy(nb)
+    drop_progress_bars(nb)
     for cell in nb.cells:
-        if cell.cell_type == "code":
-            cell.outputs = [o for o in cell.get("outputs", []) if WIDGET_MIME not in o.get("data", {})]
-        elif cell.cell_type == "markdown":
+        if cell.cell_type == "markdown":
             cell.source = _LOCAL_NOTEBOOK_LINK.sub(lambda m: f"{m.group(1)}.html{m.group(2) or ''})",
                                                    cell.source)
             if readme_href:  # the repository's README (../README.md from a chapter) is a page of the book
