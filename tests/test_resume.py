@@ -24,7 +24,7 @@ from tfmlib.resume import (
     restore_rng_state,
     save_training_state,
 )
-from tfmlib.train import History, fit, save_checkpoint
+from tfmlib.train import History, TimeGuardWarning, fit, save_checkpoint
 
 FIXTURE = Path(__file__).parent / "fixtures" / "resume_run.py"
 _spec = importlib.util.spec_from_file_location("resume_run", FIXTURE)
@@ -174,10 +174,12 @@ def test_the_time_budget_goes_on_counting_after_a_resume(tmp_path):
     train(checkpoint_path=path, max_steps=3)
     spent = load_training_state(path).train_seconds
     assert spent > 0
-    _, hist = train(checkpoint_path=path, resume=True, time_budget_s=spent)
+    with pytest.warns(TimeGuardWarning, match="after 3 optimiser steps"):
+        _, hist = train(checkpoint_path=path, resume=True, time_budget_s=spent)
     assert len(hist.step_loss) == 3, "the budget was already spent before the kill: no step more"
+    assert hist.stopped_by == "time_budget_s", "the resumed run says the guard, not a count, stopped it"
     _, hist = train(checkpoint_path=path, resume=True, time_budget_s=spent + 60)
-    assert len(hist.step_loss) == STEPS
+    assert len(hist.step_loss) == STEPS and hist.stopped_by == "epochs"
 
 
 def test_fit_sets_a_distributed_samplers_epoch():
