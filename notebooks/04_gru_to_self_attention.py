@@ -86,7 +86,7 @@ run = setup(
     smoke=dict(timing_lengths=[8, 32], timing_repeats=1, d_model=16, heads=4, d_ff=32,
                steps=dict(recall=20, order=20, tagging=10, xor=20, band=20, parity=20),
                batch_size=16, lr=3e-3, test_size=200, seeds=2),
-    cpu=dict(timing_lengths=[16, 64, 256, 1024], timing_repeats=3, d_model=32, heads=4, d_ff=64,
+    cpu=dict(timing_lengths=[16, 64, 256, 1024], timing_repeats=9, d_model=32, heads=4, d_ff=64,
              steps=dict(recall=600, order=400, tagging=200, xor=400, band=400, parity=400),
              batch_size=64, lr=3e-3, test_size=2_000, seeds=3),
     # The experiments compare models at one small budget; more training would change what they
@@ -392,8 +392,10 @@ assert err_parallel < 1e-12, "the parallel form must compute what the loop compu
 # a loop's cost on this device is the interpreter rather than arithmetic. The package's
 # `interleaved_medians` times them (`tfmlib.timing`, introduced in chapter 01): it waits for the
 # device before and after every call, warms up, lets the three take turns so that a busy
-# machine disturbs them alike, and keeps the median. (Chapter 05 measures this properly, with
-# backward passes and memory; here it is a first look.) On a GPU, the longest lengths are kept
+# machine disturbs them alike, and keeps the median of the rounds; the cell prints each median
+# with its first and third quartiles, so that a row disturbed by the load shows as a wide
+# bracket. (Chapter 05 measures this properly, with backward passes and memory; here it is a
+# first look.) On a GPU, the longest lengths are kept
 # only if the $T \times T$ scores fit comfortably in the device's free memory.
 
 # %%
@@ -406,6 +408,7 @@ if run.device.type == "cuda":          # scores, weights and their products: a f
     free_bytes, _ = torch.cuda.mem_get_info(run.device)
     timing_lengths = [T_len for T_len in timing_lengths if 8 * timing_batch * T_len**2 * 4 < free_bytes / 4]
 timings = {"nn.GRU (fused loop)": [], "free candidates (parallel)": [], "GRU, Python loop": []}
+quartiles = {name: [] for name in timings}                 # (q1, q3) in ms: the spread over the rounds
 with torch.no_grad():
     for T_len in tqdm(timing_lengths, desc="lengths"):
         xs = torch.randn(timing_batch, T_len, D, device=run.device)
@@ -414,12 +417,15 @@ with torch.no_grad():
                                 repeats=run.timing_repeats, warmup=1, device=run.device)
         for name in timings:
             timings[name].append(t.ms(name))
-print(f"median of {t.repeats} interleaved rounds on {t.device}, {run.threads} thread(s)")
+            quartiles[name].append(tuple(1e3 * q for q in t.detail[name].quartiles))
+print(f"median [first quartile, third quartile] of {t.repeats} interleaved rounds on {t.device}, "
+      f"{run.threads} thread(s), in ms")
 arithmetic = {T_len: (2 * T_len * D**2 + 2 * T_len**2 * D) / (6 * T_len * D**2) for T_len in timing_lengths}
-print(f"{'length T':>9s} " + " ".join(f"{name:>27s}" for name in timings)
+print(f"{'length T':>9s} " + " ".join(f"{name:>28s}" for name in timings)
       + "   parallel / nn.GRU: time, multiply-adds")
 for k, T_len in enumerate(timing_lengths):
-    print(f"{T_len:>9d} " + " ".join(f"{timings[name][k]:>24.2f} ms" for name in timings)
+    print(f"{T_len:>9d} " + " ".join(f"{timings[name][k]:>9.2f} [{quartiles[name][k][0]:7.2f}, "
+                                     f"{quartiles[name][k][1]:7.2f}]" for name in timings)
           + f"   {timings['free candidates (parallel)'][k] / timings['nn.GRU (fused loop)'][k]:>8.2f}x"
           + f" {arithmetic[T_len]:>8.2f}x")
 print(f"sequential steps per sequence: nn.GRU and the Python loop T, the parallel form 1; "
@@ -438,6 +444,10 @@ beats_fused = [T_len for par, fused, T_len in zip(timings["free candidates (para
 print(f"length x{lengths_ratio:.0f}: time x{loop_growth['nn.GRU (fused loop)']:.0f} for nn.GRU, "
       f"x{loop_growth['GRU, Python loop']:.0f} for the Python loop")
 print(f"the parallel form is faster than nn.GRU at T = {beats_fused}")
+par_q, gru_q = quartiles["free candidates (parallel)"], quartiles["nn.GRU (fused loop)"]
+print(f"beyond the spread (one's third quartile below the other's first): the parallel form faster at T = "
+      f"{[T_len for T_len, p, g in zip(timing_lengths, par_q, gru_q, strict=True) if p[1] < g[0]]}, "
+      f"slower at T = {[T_len for T_len, p, g in zip(timing_lengths, par_q, gru_q, strict=True) if p[0] > g[1]]}")
 print(f"last row / the row before (length x{timing_lengths[-1] / timing_lengths[-2]:.0f}): "
       + ", ".join(f"{name} x{g:.1f}" for name, g in last_step.items()))
 if run.device.type == "cpu" and run.profile != "smoke":   # what the text below claims, on a CPU
@@ -1278,9 +1288,10 @@ plt.show()
 # 1.0.
 
 # %%
-def lookup_by_head(r: dict) -> tuple[Tensor, Tensor]:
+def lookup_by_head(r: dict) -> tuple[Tensor, Tensor, Tensor]:
     """For a trained recall model: per head, the share of test questions whose weights at the question
-    peak on the fact with the asked key, and the mean weight on that fact. Both ``(heads,)``."""
+    peak on the fact with the asked key, and the mean weight on that fact (both ``(heads,)``); and the
+    share of questions for which at least one head peaks there (a scalar: the heads together)."""
     ids, lengths, model = r["ids"], r["lengths"], r["model"]
     n_facts = lengths - 1                                           # the question stands at n_facts
     with torch.no_grad():
@@ -1290,12 +1301,13 @@ def lookup_by_head(r: dict) -> tuple[Tensor, Tensor]:
     asked = ids[rows, n_facts] - 12 * 8                               # the question token is 96 + key
     is_fact = (ids // 8 == asked[:, None]) & (torch.arange(ids.shape[1])[None] < n_facts[:, None])
     where = is_fact.float().argmax(dim=1)                             # the position of the asked fact
-    return (at_question.argmax(-1) == where[:, None]).float().mean(0), at_question[rows, :, where].mean(0)
+    peaks_there = at_question.argmax(-1) == where[:, None]                # (n, heads)
+    return peaks_there.float().mean(0), at_question[rows, :, where].mean(0), peaks_there.any(1).float().mean()
 
 
 def details(seed: int) -> dict[str, float]:
     recall_gru, recall_att = (by_info(trained[seed, "recall", m]) for m in ("GRU", "attention"))
-    peaks, weight = lookup_by_head(trained[seed, "recall", "attention"])
+    peaks, weight, some_head = lookup_by_head(trained[seed, "recall", "attention"])
     return {"order-blind ceiling, order": ceilings[seed]["order"].mean().item(),
             "order-blind ceiling, tagging": ceilings[seed]["tagging"].mean().item(),
             "recall GRU, 1 fact": recall_gru[1], "recall GRU, most facts": recall_gru[max(recall_gru)],
@@ -1304,7 +1316,8 @@ def details(seed: int) -> dict[str, float]:
             "parity attention, longest": list(by_info(trained[seed, "parity", "attention"]).values())[-1],
             **{f"recall head {g + 1}: peaks on the asked fact": p.item() for g, p in enumerate(peaks)},
             **{f"recall head {g + 1}: mean weight there": w.item() for g, w in enumerate(weight)},
-            "recall: best head's peak share": peaks.max().item()}
+            "recall: best head's peak share": peaks.max().item(),
+            "recall: some head peaks on the asked fact": some_head.item()}
 
 
 measured = over_seeds(details, seeds)
