@@ -458,25 +458,34 @@ if run.device.type == "cpu" and run.profile != "smoke":   # what the text below 
         "on a CPU, the parallel form's T^2 work should grow faster than the GRU's T steps"
 
 # %% [markdown]
-# Read the last two columns together. Against the fused `nn.GRU`, the parallel form is not
-# faster in general: it does less arithmetic while $T < 2d$ and more beyond. The times need
-# not cross where the arithmetic does, at $T = 2d = 128$: in the `cpu` run printed here the
-# parallel form was faster up to $T = 256$, where it does 1.67 times the GRU's arithmetic
-# (time ratio 0.93x), and slower only at 1024; at $T = 64$ its time ratio (0.12x) is far below
-# its arithmetic ratio (0.67x). At these sizes the times need not follow the multiply-adds:
-# per-call costs, memory traffic and the machine's load weigh too. Read the middle rows with care: they are medians of three rounds
-# on a shared, busy CPU, and the cell prints no spread, so noise and effect cannot be told
-# apart there. The `nn.GRU` line "time x161" for a length x64 is one sign of it: a recurrence's
-# work grows with its length, and its time from $T = 16$ to 64 (x9.1 for a length x4) grew
-# faster than that in this run, which we read as the load's disturbance, not as a property of
-# the GRU. Where exactly the times cross depends on the device and on how busy it is.
+# Read the last two columns together, and the brackets beside each median. Against the fused
+# `nn.GRU`, the parallel form is not faster in general: it does less arithmetic while $T < 2d$
+# and more beyond. The times need not cross where the arithmetic does, at $T = 2d = 128$. In
+# the `cpu` run printed here, beyond the spread (the line "beyond the spread"), the parallel
+# form was faster at $T = 16$ and 64 and slower at 1024. At $T = 256$, where it does 1.67 times
+# the GRU's arithmetic, the two medians differ by 3% (time ratio 0.97x) and their quartile
+# brackets overlap: a tie in this run, so on this CPU the times cross at or above 256, not near
+# 128. A likely reason, not measured here: the parallel form's multiply-adds sit in a few
+# large matrix products, which a CPU runs at a higher rate than the GRU's $T$ small products
+# of a batch of 8, one after another. At small $T$ the time ratio follows the arithmetic
+# ratio more closely (0.44x against 0.42x at $T = 16$, 0.78x against 0.67x at 64).
+#
+# The brackets also show how a shared, busy machine disturbs the short calls. At $T = 16$ the
+# median of `nn.GRU` is 1.28 ms but its third quartile 12.93 ms; at $T = 64$ the parallel
+# form's first quartile is 1.50 ms and its median 9.89 ms. Some calls took about ten
+# milliseconds longer than others doing the same work, presumably because the process had to
+# wait for a core while others ran. The same disturbance presumably explains the `nn.GRU`
+# line "time x194" for a length x64: a recurrence's work grows in proportion to its length, but
+# its median from $T = 16$ to 64 grew x9.9 for a length x4, and even the fastest quarter of its
+# rounds at 64 took 11.35 ms or more. Read the rows below $T = 256$ as orders
+# of magnitude; where exactly the times cross depends on the device and on how busy it is.
 #
 # At the longest length timed, $T = 16 d = 1024$ in the `cpu` profile, the parallel form does
-# 5.7 times the GRU's arithmetic, and on a CPU it is slower there (3.63x in this run; checked,
-# on a CPU). From the row before to the last its time grows about as its arithmetic does:
-# $2Td^2 + 2T^2d$ at $d = 64$ grows x13.6 from $T = 256$ to 1024, and the last printed line
-# says x15.0, while the GRU's $6Td^2$ grows x4.0 (printed: x3.9; the faster growth is checked,
-# on a CPU). Attention trades sequential steps for total work. On a GPU the same lines can read
+# 5.7 times the GRU's arithmetic, and on a CPU it is slower there (3.64x in this run, with
+# the quartile brackets far apart; checked, on a CPU). From the row before to the last its time
+# grows about as its arithmetic does: $2Td^2 + 2T^2d$ at $d = 64$ grows x13.6 from $T = 256$ to
+# 1024, and the last printed line says x13.0, while the GRU's $6Td^2$ grows x4.0 (printed: x3.5;
+# the faster growth is checked, on a CPU). Attention trades sequential steps for total work. On a GPU the same lines can read
 # differently, since thousands of cores absorb the $T^2$ scores while every step of a
 # recurrence waits for the one before; the printed numbers say which. The Python loop's line
 # shows the rest: the gap between it and `nn.GRU`, which computes the same function, is the
@@ -1283,8 +1292,9 @@ plt.show()
 # the order-blind ceilings, recall with one fact and with the most facts, the worst number of
 # facts for attention, and parity at the longest length. And, for the recall task, *how* the
 # trained layer answers (step 4's question): at the question's position, for each head, the
-# share of test questions whose weights peak on the fact with the asked key, and the mean weight
-# that head puts there. The hand-set dictionary of step 4 did it with one head and a weight of
+# share of test questions whose weights peak on the fact with the asked key and the mean weight
+# that head puts there, and then the share of questions for which at least one head peaks on
+# it (the heads together). The hand-set dictionary of step 4 did it with one head and a weight of
 # 1.0.
 
 # %%
@@ -1378,10 +1388,12 @@ if run.profile != "smoke":                                      # each holds for
 #   fact: in the table of measurements above, each head's weights peak on the asked fact for
 #   only part of the questions (in the `cpu` run, 40-66% per head and seed) and put a mean weight
 #   of about 0.36-0.62 there; the best head of each seed peaks on it for 59-66% of them. No single
-#   head does the lookup alone. Whether the heads together cover the questions (one head on
-#   some, another on others) is not measured here, since each row reads one head alone; the
-#   model answers 98.7-99.6% of them, so presumably the FFN and the read-out combine what
-#   the heads gather. Printed, not asserted: how the work is split among the heads is a draw. The
+#   head does the lookup alone, but together they do: for 98.2-99.8% of the questions at least
+#   one head peaks on the asked fact (the row "some head peaks on the asked fact"), close to
+#   the 98.7-99.6% the model answers. So the heads share the lookup, one head finding the fact
+#   for some questions and another for others; presumably the FFN and the read-out decode
+#   which head found it from their mixture. Printed, not asserted: how the work is split among
+#   the heads is a draw. The
 #   price is the one named in step 2 and timed in step 3: a state per position, and work that
 #   grows with the square of the length.
 # * **Order: positions are needed.** The GRU has order built in; the attention layer learns
