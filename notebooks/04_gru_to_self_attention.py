@@ -1306,10 +1306,10 @@ def lookup_by_head(r: dict) -> tuple[Tensor, Tensor, Tensor]:
     n_facts = lengths - 1                                           # the question stands at n_facts
     with torch.no_grad():
         _, alpha = model.body(model.embed(ids.to(run.device)))
-    rows = torch.arange(len(ids))
+    rows = torch.arange(len(ids))                                   # cpu: ids and alpha.cpu() are on the CPU
     at_question = alpha.cpu()[rows, :, n_facts]                       # (n, heads, T)
     asked = ids[rows, n_facts] - 12 * 8                               # the question token is 96 + key
-    is_fact = (ids // 8 == asked[:, None]) & (torch.arange(ids.shape[1])[None] < n_facts[:, None])
+    is_fact = (ids // 8 == asked[:, None]) & (torch.arange(ids.shape[1])[None] < n_facts[:, None])  # cpu: as ids
     where = is_fact.float().argmax(dim=1)                             # the position of the asked fact
     peaks_there = at_question.argmax(-1) == where[:, None]                # (n, heads)
     return peaks_there.float().mean(0), at_question[rows, :, where].mean(0), peaks_there.any(1).float().mean()
