@@ -393,10 +393,11 @@ assert err_parallel < 1e-12, "the parallel form must compute what the loop compu
 # `interleaved_medians` times them (`tfmlib.timing`, introduced in chapter 01): it waits for the
 # device before and after every call, warms up, lets the three take turns so that a busy
 # machine disturbs them alike, and keeps the median of the rounds; the cell prints each median
-# with its first and third quartiles, so that a row disturbed by the load shows as a wide
-# bracket. (Chapter 05 measures this properly, with backward passes and memory; here it is a
-# first look.) On a GPU, the longest lengths are kept
-# only if the $T \times T$ scores fit comfortably in the device's free memory.
+# with its first and third quartiles, so that a row disturbed in some of its rounds shows as a
+# wide bracket (a machine slowed throughout does not show in the brackets at all). (Chapter 05
+# measures this properly, with backward passes and memory; here it is a first look.) On a GPU,
+# the longest lengths are kept only if the $T \times T$ scores fit comfortably in the device's
+# free memory.
 
 # %%
 torch.manual_seed(run.seed)
@@ -461,24 +462,31 @@ if run.device.type == "cpu" and run.profile != "smoke":   # what the text below 
 # Read the last two columns together, and the brackets beside each median. Against the fused
 # `nn.GRU`, the parallel form is not faster in general: it does less arithmetic while $T < 2d$
 # and more beyond. The times need not cross where the arithmetic does, at $T = 2d = 128$. In
-# the `cpu` run printed here, beyond the spread (the line "beyond the spread"), the parallel
+# the `cpu` run printed here, beyond the spread (the line "beyond the spread", a rule of thumb:
+# one's quartile bracket entirely below the other's, not a statistical test), the parallel
 # form was faster at $T = 16$ and 64 and slower at 1024. At $T = 256$, where it does 1.67 times
 # the GRU's arithmetic, the two medians differ by 3% (time ratio 0.97x) and their quartile
 # brackets overlap: a tie in this run, so on this CPU the times cross at or above 256, not near
 # 128. A likely reason, not measured here: the parallel form's multiply-adds sit in a few
 # large matrix products, which a CPU runs at a higher rate than the GRU's $T$ small products
-# of a batch of 8, one after another. At small $T$ the time ratio follows the arithmetic
-# ratio more closely (0.44x against 0.42x at $T = 16$, 0.78x against 0.67x at 64).
+# of a batch of 8, one after another. At $T = 16$ the time ratio (0.44x) is near the arithmetic
+# ratio (0.42x); the row at 64 is too disturbed to be read that way (next paragraph).
 #
-# The brackets also show how a shared, busy machine disturbs the short calls. At $T = 16$ the
+# The brackets also show how a shared, busy machine disturbs some calls. At $T = 16$ the
 # median of `nn.GRU` is 1.28 ms but its third quartile 12.93 ms; at $T = 64$ the parallel
 # form's first quartile is 1.50 ms and its median 9.89 ms. Some calls took about ten
-# milliseconds longer than others doing the same work, presumably because the process had to
-# wait for a core while others ran. The same disturbance presumably explains the `nn.GRU`
-# line "time x194" for a length x64: a recurrence's work grows in proportion to its length, but
-# its median from $T = 16$ to 64 grew x9.9 for a length x4, and even the fastest quarter of its
-# rounds at 64 took 11.35 ms or more. Read the rows below $T = 256$ as orders
-# of magnitude; where exactly the times cross depends on the device and on how busy it is.
+# milliseconds longer than others doing the same work, presumably because other processes
+# shared the machine (waiting for a core, or sharing its caches). The same disturbance
+# presumably explains the `nn.GRU` line "time x194" for a length x64: a recurrence's work grows
+# in proportion to its length, but its median from $T = 16$ to 64 grew x9.9 for a length x4,
+# and at least seven of its nine rounds at 64 took 11.35 ms or more (its first quartile). A
+# machine slowed throughout, on the other hand, leaves the brackets narrow, so they cannot show
+# it. Read every row's absolute times as this run's, on a busy machine (a quieter run can be
+# several times faster); the ratios within a row are steadier, since the three take turns in
+# every round. Where exactly the times cross depends on the device and on how busy it is. The
+# figure draws the medians only, without the brackets, on a log length axis labelled only at
+# $10^2$ and $10^3$: read the four lengths timed (16, 64, 256, 1024) and their spread in the
+# table.
 #
 # At the longest length timed, $T = 16 d = 1024$ in the `cpu` profile, the parallel form does
 # 5.7 times the GRU's arithmetic, and on a CPU it is slower there (3.64x in this run, with
@@ -1388,12 +1396,13 @@ if run.profile != "smoke":                                      # each holds for
 #   fact: in the table of measurements above, each head's weights peak on the asked fact for
 #   only part of the questions (in the `cpu` run, 40-66% per head and seed) and put a mean weight
 #   of about 0.36-0.62 there; the best head of each seed peaks on it for 59-66% of them. No single
-#   head does the lookup alone, but together they do: for 98.2-99.8% of the questions at least
-#   one head peaks on the asked fact (the row "some head peaks on the asked fact"), close to
-#   the 98.7-99.6% the model answers. So the heads share the lookup, one head finding the fact
-#   for some questions and another for others; presumably the FFN and the read-out decode
-#   which head found it from their mixture. Printed, not asserted: how the work is split among
-#   the heads is a draw. The
+#   head does the lookup alone, but between them they nearly always find it: for 98.2-99.8% of
+#   the questions at least one head peaks on the asked fact (the row "some head peaks on the
+#   asked fact"). The row does not say whether the heads split the questions or find the same
+#   fact together (a reader's check with two more seeds found mostly the latter, two or more
+#   heads on the same fact), and a peak is a coarse reading: weights spread over the fact can
+#   deliver its value too. Printed, not asserted: how the work is split among the heads is a
+#   draw. The
 #   price is the one named in step 2 and timed in step 3: a state per position, and work that
 #   grows with the square of the length.
 # * **Order: positions are needed.** The GRU has order built in; the attention layer learns
@@ -1453,8 +1462,8 @@ if run.profile != "smoke":                                      # each holds for
 # * **Step 4.** Queries, keys and values from three linear maps: the score is Luong's general
 #   score with $W_a = W_Q^\top W_K$ (checked), and a position can be found by one part of its
 #   vector and deliver another (a dictionary lookup, checked by hand-set weights; trained on the
-#   recall task, the layer answers with its heads sharing the lookup rather than with one sharp
-#   head, measured).
+#   recall task, the layer answers with several heads that between them find the asked fact,
+#   rather than with one sharp head (measured)).
 # * **Step 5.** Heads: $h$ attentions on slices of the projections, concatenated and mixed by
 #   $W_O$; a reshape equals a loop over heads. Two heads answer two questions where one head
 #   averages.
