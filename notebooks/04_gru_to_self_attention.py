@@ -481,9 +481,8 @@ if run.device.type == "cpu" and run.profile != "smoke":   # what the text below 
 # in proportion to its length, but its median from $T = 16$ to 64 grew x9.9 for a length x4,
 # and at least seven of its nine rounds at 64 took 11.35 ms or more (its first quartile). A
 # machine slowed throughout, on the other hand, leaves the brackets narrow, so they cannot show
-# it. Read every row's absolute times as this run's, on a busy machine (a quieter run can be
-# several times faster); the ratios within a row are steadier, since the three take turns in
-# every round. Where exactly the times cross depends on the device and on how busy it is. The
+# it. Read every row's absolute times as this run's, on a busy machine; the ratios within a row
+# are steadier, since the three take turns in every round. Where exactly the times cross depends on the device and on how busy it is. The
 # figure draws the medians only, without the brackets, on a log length axis labelled only at
 # $10^2$ and $10^3$: read the four lengths timed (16, 64, 256, 1024) and their spread in the
 # table.
@@ -1388,7 +1387,7 @@ if run.profile != "smoke":                                      # each holds for
 #   however many facts came before (in the `cpu` run, 98.7-99.6% over the three seeds); the GRU
 #   of the same width answers every question when there is one fact and falls steeply as their
 #   number grows (about half right overall, about a third with 12 facts: 31.2-33.9% over the
-#   `cpu` run's three seeds; another seed may land lower). The GRU must decide,
+#   `cpu` run's three seeds; another seed may land a few points either side). The GRU must decide,
 #   fact by fact, what to keep in a fixed state before it knows the question (the frozen
 #   proportions of step 2), and with this width and budget it does not manage to keep many. The attention layer
 #   keeps every fact and looks the asked key up when the question comes. It does not do so as
