@@ -290,6 +290,13 @@ def test_time_scale_from_env(monkeypatch):
 
 
 def test_setup_says_when_the_time_guards_are_scaled(monkeypatch, capsys):
+    import matplotlib as mpl
+
+    with mpl.rc_context():  # setup() applies the book's theme; later tests draw figures with the defaults
+        _setup_with_time_scales(monkeypatch, capsys)
+
+
+def _setup_with_time_scales(monkeypatch, capsys):
     monkeypatch.setenv("TFM_DEVICE", "cpu")
     monkeypatch.delenv("TFM_TIME_SCALE", raising=False)
     config.setup(0)
