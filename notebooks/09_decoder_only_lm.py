@@ -55,6 +55,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 import torch.nn.functional as F
+from matplotlib.ticker import FuncFormatter, NullFormatter
 from torch import Tensor
 
 from tfmlib import exercises
@@ -96,11 +97,11 @@ run = setup(
                gru_embed=16, gru_hidden=32, batch_size=32, lr=3e-3, floor_history=2_000, floor_draws=2_000,
                gen_lengths=(16, 32, 64), time_d_model=32, time_layers=1, time_repeats=1, long_repeats=1,
                lm_seeds=(0,), grammar_samples=20),
-    # cpu, one thread (measured in the committed run, on a machine shared with other work): 17-38 s
-    # per epoch for the decoder and 11-27 s for the GRU, x 2 epochs x 3 seeds: about 260 s of
-    # training (about half that on a quiet core); the grammar counts draw 5 x 400 sentences from each
-    # seed's decoder (about 20 s per model); the 1024-token run without the cache took 30-53 s a
-    # round, so it is timed twice (long_repeats), the shorter lengths 7 times. 8 min in all
+    # cpu, one thread (measured in the committed run, on a machine shared with other work): 12-17 s
+    # per epoch for the decoder and 11-16 s for the GRU, x 2 epochs x 3 seeds: about 160 s of
+    # training; the grammar counts draw 5 x 400 sentences from each seed's decoder (about 20 s per
+    # model in an earlier run); the 1024-token run without the cache took 26-28 s a round, so it is
+    # timed twice (long_repeats), the shorter lengths 7 times. 6 min in all
     cpu=dict(lm_sentences=20_000, valid_sentences=2_500, epochs=2, d_model=64, heads=4, layers=2,
              gru_embed=64, gru_hidden=128, batch_size=64, lr=3e-3, floor_history=50_000, floor_draws=50_000,
              gen_lengths=(64, 256, 1024), time_d_model=128, time_layers=2, time_repeats=7, long_repeats=2,
@@ -191,9 +192,9 @@ assert n_unknown == 0, "the perplexities below rely on a closed vocabulary"
 # error the cell prints. A model's *expected* cross-entropy is the entropy rate plus a KL divergence
 # that is never negative; on one finite sample a model could in principle land a little below
 # the floor, so "no model beats the generator" is a statement about expectations. The cell's
-# assert checks only the sample statement, every model above the floor on these sentences; in the
-# committed `cpu` run the nearest model (a GRU of section 3, 0.229 bits above the floor) is about
-# 29 of the printed standard errors (0.008 bits/token) away from it.
+# assert checks only the sample statement, every model above the floor on these sentences.
+# Section 3 prints how far the nearest model is in these standard errors: in the committed `cpu`
+# run, a GRU 0.229 bits above the floor, 29 standard errors of 0.008 bits/token.
 
 # %%
 def count_models(train: list[list[int]], V: int):
@@ -322,7 +323,8 @@ plot_over_seeds({name: b - floor_bits for name, b in bits.items()}, x=np.arange(
                 xlabel="epoch", ylabel="bits per token above the floor")
 ax.axhline((baseline_nats["trigram (interp.)"] - floor_nats) / math.log(2), color="gray", ls="--",
            label="trigram (interp.)")
-ax.legend()
+ax.set_xticks(np.arange(1, n_epochs + 1))  # whole epochs: the runs are evaluated after each one
+ax.legend(loc="upper right")
 plt.tight_layout()
 plt.show()
 print(f"{'model':20s}{'bits/token':>12s}{'perplexity':>12s}{'above floor (bits)':>20s}   "
@@ -334,6 +336,9 @@ for name, b in bits.items():
     print(f"{name:20s}{last:12.3f}{2 ** last:12.2f}{last - floor_bits:20.3f}   "
           f"seeds: {', '.join(f'{x - floor_bits:.3f}' for x in b[:, -1])}")
 print(f"{'floor (generator)':20s}{floor_bits:12.3f}{math.exp(floor_nats):12.2f}{0:20.3f}")
+nearest = min(float(b[:, -1].min()) for b in bits.values()) - floor_bits
+print(f"nearest model to the floor: {nearest:.3f} bits above it, {nearest / floor_se_bits:.0f} of the floor's "
+      f"standard errors ({floor_se_bits:.3f} bits/token)")
 gaps = SeedResults(list(run.lm_seeds), {name: (b[:, -1] - floor_bits).tolist() for name, b in bits.items()})
 print("bits above the floor after the last epoch:", gaps.verdict("GRU (ch. 01)", "decoder-only", "lower", ".3f"))
 assert (np.concatenate(list(bits.values())) > floor_bits).all(), "no model may beat the generator"
@@ -382,7 +387,11 @@ words = [vocab.itos[i] for i in top]
 fig, ax = plt.subplots(figsize=(11, 3.8))
 plot_grouped_bars({name: {w: float(d[i]) for w, i in zip(words, top, strict=True)} for name, d in dists.items()},
                   ax=ax, title=f"Next-token distribution after '{' '.join(prompt_words)}'",
-                  xlabel="the model's 10 most probable next words", ylabel="probability")
+                  xlabel="the model's 10 most probable next words", ylabel="probability", label_bars=False)
+for bars in ax.containers:  # values of the taller bars only: the short ones would overlap
+    ax.bar_label(bars, labels=[f"{b.get_height():.2f}" if b.get_height() >= 0.05 else "" for b in bars],
+                 fontsize=8, padding=2, rotation=90)
+ax.margins(y=0.15)
 plt.tight_layout()
 plt.show()
 for name, d in dists.items():
@@ -411,11 +420,33 @@ def grammatical(ids: list[int]) -> bool:
         and sentence_probability(words) > 0
 
 
+texts = {}
 for name, kw in {"greedy": dict(), **settings}.items():
     g = torch.Generator(device=run.device).manual_seed(0)
-    text = generate(lm, prompt, 25, generator=g, **({"temperature": 1.0} | kw) if name != "greedy" else {})
-    mark = "grammatical" if grammatical(text[0].tolist()[1:]) else "not grammatical"
-    print(f"{name:16s}| {show(text[0])}   [{mark}]")
+    texts[name] = generate(lm, prompt, 25, generator=g, **({"temperature": 1.0} | kw) if name != "greedy" else {})
+    mark = "grammatical" if grammatical(texts[name][0].tolist()[1:]) else "not grammatical"
+    print(f"{name:16s}| {show(texts[name][0])}   [{mark}]")
+
+# top-p against plain sampling, same generator seed: was plain sampling's word inside the nucleus
+# at every step up to its <eos>? (the logits of each step from one pass over the sampled text)
+plain = texts["model (tau = 1)"][0]
+P = prompt.shape[1]
+drawn = plain[P:].tolist()
+n_steps = drawn.index(EOS_ID) + 1 if EOS_ID in drawn else len(drawn)
+with torch.no_grad():
+    step_probs = next_token_probs(lm(plain[None, : P + n_steps - 1])[0, P - 1:], top_p=0.9)  # (n_steps, V)
+inside = (step_probs[torch.arange(n_steps), plain[P: P + n_steps]] > 0).tolist()
+same = show(texts["top-p, p = 0.9"][0]) == show(plain)
+print(f"top-p's text == tau 1's text: {same}; tau 1's word lay inside the p = 0.9 nucleus at "
+      f"{sum(inside)} of {n_steps} steps" + ("" if all(inside) else f" (first outside: step {inside.index(False) + 1})"))
+# the one-sample draw of torch.multinomial as an exponential race: the same generator seed,
+# argmax(p / q) with q exponential random numbers drawn in the same order
+race_p = torch.softmax(3 * torch.randn(2000, len(vocab), generator=torch.Generator().manual_seed(0)), -1).to(run.device)
+g1, g2 = (torch.Generator(device=run.device).manual_seed(1) for _ in range(2))
+drawn_ids = torch.multinomial(race_p, 1, generator=g1)[:, 0]
+race_ids = (race_p / torch.empty_like(race_p).exponential_(generator=g2)).argmax(-1)
+print(f"torch.multinomial(p, 1) == argmax(p / q) with the same generator: {int((drawn_ids == race_ids).sum())} "
+      f"of {len(race_p)} random distributions over the {len(vocab)} words, on {run.device}")
 
 # %% [markdown]
 # One sample per setting says little, so the next cell draws many whole sentences from `<bos>`
@@ -448,6 +479,8 @@ def sample_counts(seed: int) -> dict[str, float]:
         out[f"{name}: grammatical"] = 100 * sum(ok) / len(rows)
         out[f"{name}: distinct"] = 100 * len(set(sentences)) / len(rows)
         out[f"{name}: copied"] = 100 * sum(s in train_set for s in good) / max(1, len(good))
+        out[f"{name}: words"] = float(np.mean([len(s) for s in sentences]))  # tokens before <eos>
+        out[f"{name}: most repeated"] = Counter(sentences).most_common(1)[0][1]  # draws of the commonest
     return out
 
 
@@ -467,6 +500,18 @@ for a, b in verdicts:
     diffs = samples.differences(f"{a}: grammatical", f"{b}: grammatical")
     print(f"  {a} above {b}: {sum(wins)} of {len(wins)} models, by {float(np.median(diffs)):.1f} "
           f"[{min(diffs):.1f}, {max(diffs):.1f}] points")
+print("paired by model, distinct share (diversity): top-k's draws below each other setting's")
+for b in settings:
+    if b != "top-k, k = 5":
+        wins = samples.wins("top-k, k = 5: distinct", f"{b}: distinct", better="lower")
+        diffs = samples.differences(f"{b}: distinct", "top-k, k = 5: distinct")
+        print(f"  top-k, k = 5 below {b}: {sum(wins)} of {len(wins)} models, by {float(np.median(diffs)):.1f} "
+              f"[{min(diffs):.1f}, {max(diffs):.1f}] points")
+print("top-k, k = 5, per model: % distinct, mean length (tokens), draws of its most repeated sentence")
+for i, seed in enumerate(samples.seeds):
+    print(f"  seed {seed}: " + ", ".join(f"{samples.values[f'top-k, k = 5: {what}'][i]:{fmt}}"
+                                        for what, fmt in (("distinct", ".1f"), ("words", ".1f"),
+                                                          ("most repeated", ".0f"))))
 if run.profile != "smoke":  # smoke's model barely trains: its rates say nothing
     for a, b in verdicts[:2]:
         assert samples.holds_for_every_seed(f"{a}: grammatical", f"{b}: grammatical"), \
@@ -487,14 +532,17 @@ if run.profile != "smoke":  # smoke's model barely trains: its rates say nothing
 # ($p = 0.9$) 78.5% [69.2, 79.2], each above plain sampling for 3 of 3 models (printed, not
 # asserted), by 15 to 28 and 13 to 19 points. Against $\tau = 0.5$, top-k was within a few
 # points (below it for 2 of the 3 models, above for one) and top-p below it for all three. What
-# each gives up shows in the other columns, which the cell prints but does not pair by model.
-# Top-k's draws were the least diverse at the median (85.5% distinct, against 99-100% for the
-# other settings), but not for every model: two of the three decoders' top-k draws were 85.2% and
-# 85.5% distinct, below every other setting of any model, while the third's were 98.2% distinct,
-# above $\tau = 0.5$'s lowest (98.0%), so for that model the table does not tell whether top-k was
-# the least diverse. For the first two, about one draw in seven repeats an earlier one; why the
-# third model's top-5 draws almost never repeat was not looked into. Top-p kept nearly every draw
-# distinct (99.8% for each model). Few of the grammatical sentences were training sentences
+# each gives up shows in the other columns. Top-k's draws were the least diverse: in the committed
+# `cpu` run they held fewer distinct sentences than every other setting's for 3 of 3 models (the
+# paired lines; printed, not asserted), but by very different margins. Two decoders' top-k draws
+# were 85.5% and 85.2% distinct, 12.5 to 14.8 points below the other settings, and their most
+# repeated sentence came up 6 and 8 times in 400 draws: about one draw in seven repeats an earlier
+# one. The third's were 98.2% distinct, only 1.2 to 1.8 points below, and no sentence came up more
+# than twice: recurring sentences describe two of the three models, not all. Length does not
+# explain the third: its top-k sentences averaged 12.9 tokens, as long as the 85.2% model's (the
+# 85.5% model's averaged 8.6); why its top-5 draws almost never repeat was not looked into. Top-p
+# kept nearly every draw distinct (99.8% for each model). Few of the grammatical sentences were
+# training sentences
 # copied word for word (5-8% at the median for every setting): the models mostly write new
 # sentences the grammar allows.
 #
@@ -507,14 +555,19 @@ if run.profile != "smoke":  # smoke's model barely trains: its rates say nothing
 # probable word at each step, and in the committed `cpu` run that path ends in a sentence the
 # grammar cannot write (at another seed or device it may well end in a grammatical one). In the
 # committed `cpu` run, with the same generator seed, top-p's text also coincides with plain
-# sampling's (compare the two printed lines). When that happens it is a property of how PyTorch
-# draws a token, not of top-p: for one sample `torch.multinomial` gives every token its own
-# exponential random number $q_i$ and picks the largest $p_i / q_i$ (an exponential race, the
-# Gumbel-max trick in another form; this is the one-sample path of PyTorch's implementation,
-# which this notebook does not print a check of). Top-p sets some $p_i$ to zero and rescales the
-# rest by one common factor, which cannot change the winner if the winner was kept, so with the
-# same random numbers the two agree at a step whenever plain sampling's word lies inside the
-# nucleus, and the texts coincide only if it does at every step. A sampler that inverts the
+# sampling's: the cell prints `top-p's text == tau 1's text: True`, and plain sampling's word lay
+# inside the $p = 0.9$ nucleus at each of the 9 steps up to its `<eos>`. That is a property of
+# how PyTorch draws a token, not of top-p: for one sample `torch.multinomial` gives every token
+# its own exponential random number $q_i$ and picks the largest $p_i / q_i$ (an exponential race,
+# the Gumbel-max trick in another form). The cell checks this on the installed version: with the
+# same generator, `torch.multinomial` and `argmax(p / q)` picked the same token for 2000 of 2000
+# random distributions in the committed `cpu` run (on another device the sampler may draw
+# otherwise, and the line says which device it ran on). Top-p sets some $p_i$ to zero and
+# rescales the rest by one common factor, which cannot change the winner if the winner was kept,
+# so with the same random numbers the two agree at a step whenever plain sampling's word lies
+# inside the nucleus, and the texts coincide only if it does at every step (the count the cell
+# prints).
+# A sampler that inverts the
 # cumulative distribution with one uniform number would usually pick another word once the
 # distribution is renormalised.
 #
@@ -818,11 +871,39 @@ for n in run.gen_lengths:
           f"concatenated / pre-allocated {per_round('cache (concatenated)', 'cache (pre-allocated)')} "
           f"(median [min, max] of the per-round ratios)")
 
+n_long, head_dim = run.gen_lengths[-1], run.time_d_model // 4
+new_kv = torch.zeros(1, 4, 1, head_dim, device=run.device)   # one position's keys (or values), 4 heads
+
+
+def concat_only(n: int = n_long) -> None:
+    """Only the torch.cat calls of concatenated generation: every step, every layer, keys and values."""
+    layers = [[torch.zeros(1, 4, timing_prompt.shape[1], head_dim, device=run.device)] * 2
+              for _ in range(run.time_layers)]
+    for _ in range(n - 1):
+        for kv in layers:
+            kv[0], kv[1] = torch.cat([kv[0], new_kv], dim=2), torch.cat([kv[1], new_kv], dim=2)
+
+
+cat_time = interleaved_medians({"torch.cat alone": concat_only}, repeats=run.long_repeats, warmup=0,
+                               device=run.device)["torch.cat alone"]
+cat_bytes = sum(2 * run.time_layers * 4 * (t + 1) * run.time_d_model
+                for t in range(timing_prompt.shape[1], timing_prompt.shape[1] + n_long - 1))
+gap = speed[n_long]["cache (concatenated)"] - speed[n_long]["cache (pre-allocated)"]
+print(f"{n_long} tokens: the torch.cat calls alone (a new tensor and a copy per step, layer, keys and values: "
+      f"{cat_bytes / 1e6:.0f} MB written) took {cat_time * 1e3:.0f} ms (median of {run.long_repeats}); "
+      f"the concatenated and pre-allocated medians differ by {gap * 1e3:.0f} ms")
+
 fig, ax = plt.subplots(figsize=(7.5, 3.8))
 plot_curves({name: [n / speed[n][name] for n in run.gen_lengths] for name in speed[run.gen_lengths[0]]},
             x=list(run.gen_lengths), ax=ax, logy=True, title="Generation speed, batch 1",
             xlabel="generated tokens", ylabel="tokens per second")
 ax.set_xscale("log", base=2)
+ax.set_xticks(list(run.gen_lengths), [str(n) for n in run.gen_lengths])  # plain numbers, not powers
+low, high = ax.get_ylim()
+ticks = [m * 10 ** e for e in range(-1, 6) for m in (1, 2, 5) if low <= m * 10 ** e <= high]
+ax.set_yticks(ticks if len(ticks) > 1 else [float(f"{v:.2g}") for v in np.geomspace(low, high, 4)])
+ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+ax.yaxis.set_minor_formatter(NullFormatter())
 plt.tight_layout()
 plt.show()
 if run.device.type == "cpu" and run.profile != "smoke":  # the CPU claim below; on a GPU at batch 1, printed only
@@ -833,9 +914,9 @@ if run.device.type == "cpu" and run.profile != "smoke":  # the CPU claim below; 
 # Without the cache the time per generated token grows with the sequence (each step re-reads
 # everything); with it, it grows much more slowly, so on the CPU the speed-up grows with the
 # length. In the committed `cpu` run (one thread, on a machine shared with other work),
-# recompute / pre-allocated was 1.42 [1.34, 1.67] at 64 tokens, 2.68 [1.97, 3.98] at 256 and
-# 9.96 [8.26, 11.66] at 1024: the median [min, max] of the per-round ratios, over 7 rounds at 64
-# and 256 tokens and 2 at 1024, where one round without the cache takes more than half a minute.
+# recompute / pre-allocated was 1.79 [1.41, 2.52] at 64 tokens, 2.84 [2.03, 3.84] at 256 and
+# 8.06 [7.35, 8.77] at 1024: the median [min, max] of the per-round ratios, over 7 rounds at 64
+# and 256 tokens and 2 at 1024, where one round without the cache takes about half a minute.
 # The spread within one run is wide, and earlier runs of this notebook measured from 1.9x to 4.9x
 # at 256 tokens and from 5.4x to 29x at 1024: read the ratios as orders of magnitude. The cell
 # asserts only that on the CPU the cache is more than 3 times faster at the longest length; on a
@@ -843,24 +924,25 @@ if run.device.type == "cpu" and run.profile != "smoke":  # the CPU claim below; 
 # model this small costs mostly the fixed overhead of Python and kernel calls, not arithmetic.
 # `benchmarks/kv_cache.py` times a wider model ($d = 256$, 4 layers) the same way, every length in
 # one invocation; as another run it is not compared number for number with this cell. Its
-# committed results file, `benchmarks/results/kv_cache.json`, does not yet hold such a run: its
-# `lm` rows were timed by several invocations of an older version of the script that merged rows
-# across runs under different loads (the file's `note` says so), so read them with care.
+# committed results file, `benchmarks/results/kv_cache.json`, holds one such run with its machine,
+# day, start and finish times: on 2026-11-28, one thread of a shared 2-core CPU under other work
+# (1024 tokens without the cache took 598 s, where the script's comment expects about 100 s on an
+# idle core), the cache was 2.2, 3.2 and 10.6 times faster at 64, 256 and 1024 tokens (medians of
+# the per-round ratios; one round at 1024).
 #
-# Pre-allocating saves the copy of the whole cache that concatenation makes at every step. At 64
-# and 256 tokens that copy is small next to a step's fixed costs, and the two cached columns
-# cannot be told apart: concatenated / pre-allocated was 0.96 [0.72, 1.61] and
-# 0.94 [0.84, 1.36] in this run, ranges on both sides of 1. At 1024 tokens the copies add up
-# (every step copies every layer's cache so far), and in this run concatenating took
-# 2.36 [2.04, 2.68] times as long, in both rounds; the previous committed run (two threads, one
-# round) measured 1.14 there. The copied bytes probably explain only part of this run's gap. For
-# the timing model (2 layers, $d = 128$, float32, batch 1) a step at cache length $t$ writes the
-# keys and values of $t + 1$ positions, $2 \cdot 2 \cdot 128 \cdot 4 \cdot (t + 1)$ bytes, about
-# 1.1 GB over the 1024 steps (and as much read), while the medians differ by about 5.4 s; a
-# memory copy at even a few GB/s moves that in well under that time. The rest presumably comes
-# from allocating a fresh tensor per step and layer, and from the load on the shared machine; the
-# cell does not time `torch.cat` alone, so how the gap divides is not measured. The copy matters
-# most where the cache is large (long contexts, big batches, many layers).
+# Pre-allocating saves the copy of the whole cache that concatenation makes at every step. In
+# this run the two cached columns cannot be told apart at any length: concatenated / pre-allocated
+# was 1.18 [0.88, 1.67] at 64 tokens, 0.91 [0.54, 1.51] at 256 and 1.00 [0.86, 1.14] at 1024,
+# every range on both sides of 1. The cell times the `torch.cat` calls of the 1024-token run
+# alone, and they are small: for the timing model (2 layers, $d = 128$, float32, batch 1) a step
+# at cache length $t$ writes the keys and values of $t + 1$ positions,
+# $2 \cdot 2 \cdot 128 \cdot 4 \cdot (t + 1)$ bytes, 1089 MB over the 1023 steps (and as much
+# read), and allocating and copying them took 141 ms in this run, about 4% of the 3.4 s a cached
+# generation took. The previous committed run measured concatenation 2.36 [2.04, 2.68] times as
+# slow at 1024 tokens, a gap of 5.4 s between the medians that copies of this size cannot
+# explain; this run's medians differ by -65 ms, so that gap most likely came from the load on the
+# shared machine, not from the copy. The copy matters where the cache is large (long contexts,
+# big batches, many layers), not at these sizes.
 #
 # ### Prefill and decode
 #
@@ -882,10 +964,11 @@ if run.device.type == "cpu" and run.profile != "smoke":  # the CPU claim below; 
 #   every sequence has its own, $2 \cdot L \cdot n_{kv} \cdot d_{head} \cdot \text{bytes}$ per token
 #   ($n_{kv} d_{head} = d$ here), and a step reads all of it, at about one operation per byte
 #   whatever the batch. So the cache caps $B$ twice: by memory, and by the bytes each step reads.
-#   The next cell works the sizes out for a model of about 7 billion parameters; from its printed
-#   numbers, at 4096 tokens a step of one sequence reads about 13 GB of weights and 2 GB of cache,
-#   about 15 GB, and a step of the 31 sequences that fit reads about 13 + 31 x 2.1 GB (2.0 GiB),
-#   about 79 GB: about 5 times the bytes for 31 times the tokens, a gain of about 6, not 31. At
+#   The next cell works the sizes out for a model of about 7 billion parameters and prints the
+#   bytes a step reads: at 4096 tokens, about 15 GB for one sequence (13 GB of weights, 2 GB of
+#   cache) and about 79 GB for the 31 sequences that fit, 5.3 times the bytes for 31 times the
+#   tokens: a throughput gain of about 6, not 31 (with grouped-query attention about 21, for 125
+#   sequences). At
 #   long contexts the cache, not the weights, dominates a decode step (the point of Pope et al.
 #   2023, section 2, and of Shazeer 2019), which is a second reason, beside memory, to shrink it.
 # * *Hence the ways to shrink or pack the cache.* Multi-query attention (Shazeer 2019) keeps one
@@ -915,9 +998,15 @@ print(f"cache per token: {per_token / 2 ** 10:.0f} KiB in float16; one sequence 
       f"{per_token * tokens_7b / 2 ** 30:.1f} GiB, against about {weights_gb:.0f} GB of weights")
 print(f"with 8 key-value heads for the 32 query heads (grouped-query): {per_token // 4 / 2 ** 10:.0f} KiB "
       f"per token, {per_token // 4 * tokens_7b / 2 ** 30:.1f} GiB per sequence")
+fits = {kind: int((80e9 - weights_gb * 1e9) // (bytes_ * tokens_7b))
+        for kind, bytes_ in (("multi-head", per_token), ("grouped-query", per_token // 4))}
 print(f"sequences of {tokens_7b} tokens that fit in the 80 GB beside the weights: "
-      f"{int((80e9 - weights_gb * 1e9) // (per_token * tokens_7b))} (multi-head), "
-      f"{int((80e9 - weights_gb * 1e9) // (per_token // 4 * tokens_7b))} (grouped-query)")
+      f"{fits['multi-head']} (multi-head), {fits['grouped-query']} (grouped-query)")
+for kind, bytes_ in (("multi-head", per_token), ("grouped-query", per_token // 4)):
+    one, full = (weights_gb + b * bytes_ * tokens_7b / 1e9 for b in (1, fits[kind]))  # weights + every cache
+    print(f"bytes a decode step reads at {tokens_7b} tokens, {kind}: {one:.0f} GB at batch 1, {full:.0f} GB at "
+          f"batch {fits[kind]}: {full / one:.1f}x the bytes for {fits[kind]}x the tokens "
+          f"(throughput x {fits[kind] * one / full:.1f})")
 
 # %% [markdown]
 # **The names in Hugging Face's `transformers`.** The same objects under other names.
