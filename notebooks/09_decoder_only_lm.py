@@ -435,7 +435,7 @@ drawn = plain[P:].tolist()
 n_steps = drawn.index(EOS_ID) + 1 if EOS_ID in drawn else len(drawn)
 with torch.no_grad():
     step_probs = next_token_probs(lm(plain[None, : P + n_steps - 1])[0, P - 1:], top_p=0.9)  # (n_steps, V)
-inside = (step_probs[torch.arange(n_steps), plain[P: P + n_steps]] > 0).tolist()
+inside = (step_probs[torch.arange(n_steps, device=run.device), plain[P: P + n_steps]] > 0).tolist()
 same = show(texts["top-p, p = 0.9"][0]) == show(plain)
 print(f"top-p's text == tau 1's text: {same}; tau 1's word lay inside the p = 0.9 nucleus at "
       f"{sum(inside)} of {n_steps} steps" + ("" if all(inside) else f" (first outside: step {inside.index(False) + 1})"))

@@ -456,7 +456,7 @@ def accuracy_table(model: nn.Module, pairs: list[tuple[str, str]]) -> dict[str, 
     model.eval()
     for bucket, (low, high) in SOURCE_BUCKETS.items():
         chosen = [p for p in pairs if low <= len(tokenize(p[0])) <= high]
-        hits, counts = torch.zeros(1000, dtype=torch.long), torch.zeros(1000, dtype=torch.long)
+        hits, counts = torch.zeros(1000, dtype=torch.long), torch.zeros(1000, dtype=torch.long)  # cpu: as h, c
         examples = TranslationDataset(chosen, src_vocab, tgt_vocab).examples if chosen else []
         with torch.no_grad():
             for k in range(0, len(examples), 128):
