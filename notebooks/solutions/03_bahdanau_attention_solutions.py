@@ -193,7 +193,7 @@ def coverage_against_errors(seed: int) -> dict[str, float]:
         chunk = test_pairs[start:start + 128]
         src, src_mask = pad_sequences(encode_sources([en for en, _ in chunk], src_vocab))
         out = greedy_decode(small, src.to(run.device), src_mask.to(run.device), return_attention=True)
-        steps = torch.arange(out.tokens.shape[1])[None, :]
+        steps = torch.arange(out.tokens.shape[1])[None, :]  # cpu: compared with lengths.cpu()
         tgt_mask = steps <= out.lengths.cpu()[:, None]            # the words and the <eos> step
         _, skipped, repeated = coverage(out.attention.cpu(), tgt_mask, src_mask, low=0.5, high=1.5)
         words = src_mask.sum(1) - 1                               # source words, without <eos>
@@ -202,7 +202,7 @@ def coverage_against_errors(seed: int) -> dict[str, float]:
             rights.append(output == tokenize(reference))
             shares.append(float(skipped[b] + repeated[b]) / float(words[b]))
         skipped_total, repeated_total = skipped_total + int(skipped.sum()), repeated_total + int(repeated.sum())
-    shares_t, rights_t = torch.tensor(shares), torch.tensor(rights)
+    shares_t, rights_t = torch.tensor(shares), torch.tensor(rights)  # cpu: statistics, for printing
     print(f"seed {seed}: {len(history.step_loss)} steps in {history.seconds:.0f} s on {run.device}, last loss "
           f"{history.step_loss[-1]:.3f}; {int(rights_t.sum())} of {len(test_pairs)} translated exactly; "
           f"flagged source words: {skipped_total} skipped, {repeated_total} repeated")
