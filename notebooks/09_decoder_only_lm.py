@@ -194,7 +194,13 @@ assert n_unknown == 0, "the perplexities below rely on a closed vocabulary"
 # the floor, so "no model beats the generator" is a statement about expectations. The cell's
 # assert checks only the sample statement, every model above the floor on these sentences.
 # Section 3 prints how far the nearest model is in these standard errors: in the committed `cpu`
-# run, a GRU 0.229 bits above the floor, 29 standard errors of 0.008 bits/token.
+# run, a GRU 0.229 bits above the floor, 29 standard errors of 0.008 bits/token. That is the
+# floor's own standard error. The exact yardstick for "could a model land below the floor on this
+# sample" is the standard error of the paired per-sentence difference (the model's loss minus the
+# generator's, on the same sentences), which the chapter does not compute. If the model's losses
+# spread as much as the generator's and were uncorrelated with them, it would be about
+# $\sqrt{2} \cdot 0.008 = 0.011$ bits, and 0.229 bits about 20 of those; a positive correlation
+# between the two losses on the same sentences would make it smaller.
 
 # %%
 def count_models(train: list[list[int]], V: int):
@@ -542,9 +548,8 @@ if run.profile != "smoke":  # smoke's model barely trains: its rates say nothing
 # explain the third: its top-k sentences averaged 12.9 tokens, as long as the 85.2% model's (the
 # 85.5% model's averaged 8.6); why its top-5 draws almost never repeat was not looked into. Top-p
 # kept nearly every draw distinct (99.8% for each model). Few of the grammatical sentences were
-# training sentences
-# copied word for word (5-8% at the median for every setting): the models mostly write new
-# sentences the grammar allows.
+# training sentences copied word for word (5-8% at the median for every setting): the models mostly
+# write new sentences the grammar allows.
 #
 # The single samples above are one draw each from the first model with one generator seed, and
 # they are one run's strings: another device (the `gpu` profile trains and draws on CUDA) prints
@@ -566,10 +571,8 @@ if run.profile != "smoke":  # smoke's model barely trains: its rates say nothing
 # rescales the rest by one common factor, which cannot change the winner if the winner was kept,
 # so with the same random numbers the two agree at a step whenever plain sampling's word lies
 # inside the nucleus, and the texts coincide only if it does at every step (the count the cell
-# prints).
-# A sampler that inverts the
-# cumulative distribution with one uniform number would usually pick another word once the
-# distribution is renormalised.
+# prints). A sampler that inverts the cumulative distribution with one uniform number would
+# usually pick another word once the distribution is renormalised.
 #
 # ## 5. The KV cache
 #
@@ -912,8 +915,14 @@ if run.device.type == "cpu" and run.profile != "smoke":  # the CPU claim below; 
 
 # %% [markdown]
 # Without the cache the time per generated token grows with the sequence (each step re-reads
-# everything); with it, it grows much more slowly, so on the CPU the speed-up grows with the
-# length. In the committed `cpu` run (one thread, on a machine shared with other work),
+# everything); with it, a step's attention grows only linearly with the cache, and at these sizes
+# that growth is hidden under the fixed cost of a step: in the committed `cpu` run the cached time
+# per token stayed between 3.3 and 4.1 ms at all three lengths (pre-allocated 3.68, 4.11 and
+# 3.34 ms, concatenated 4.13, 3.75 and 3.27 ms: the medians divided by the tokens). The two
+# cached lines of the figure are roughly flat, 242 to 306 tokens per second (above its top tick,
+# 200; both highest at 1024 tokens), with no trend with length beyond the run's noise. Since the
+# uncached time per token grows and the cached one does not, on the CPU the speed-up grows with
+# the length. In the committed `cpu` run (one thread, on a machine shared with other work),
 # recompute / pre-allocated was 1.79 [1.41, 2.52] at 64 tokens, 2.84 [2.03, 3.84] at 256 and
 # 8.06 [7.35, 8.77] at 1024: the median [min, max] of the per-round ratios, over 7 rounds at 64
 # and 256 tokens and 2 at 1024, where one round without the cache takes about half a minute.
@@ -927,8 +936,10 @@ if run.device.type == "cpu" and run.profile != "smoke":  # the CPU claim below; 
 # committed results file, `benchmarks/results/kv_cache.json`, holds one such run with its machine,
 # day, start and finish times: on 2026-11-28, one thread of a shared 2-core CPU under other work
 # (1024 tokens without the cache took 598 s, where the script's comment expects about 100 s on an
-# idle core), the cache was 2.2, 3.2 and 10.6 times faster at 64, 256 and 1024 tokens (medians of
-# the per-round ratios; one round at 1024).
+# idle core), the pre-allocated cache was 2.2, 3.2 and 10.6 times faster than no cache at 64, 256
+# and 1024 tokens (medians of the per-round ratios over 7, 5 and 1 rounds). Concatenated /
+# pre-allocated was 0.98, 0.77 and 0.92 there (the same medians): another run in which the two
+# cannot be told apart, or concatenation is ahead.
 #
 # Pre-allocating saves the copy of the whole cache that concatenation makes at every step. In
 # this run the two cached columns cannot be told apart at any length: concatenated / pre-allocated
@@ -939,10 +950,16 @@ if run.device.type == "cpu" and run.profile != "smoke":  # the CPU claim below; 
 # $2 \cdot 2 \cdot 128 \cdot 4 \cdot (t + 1)$ bytes, 1089 MB over the 1023 steps (and as much
 # read), and allocating and copying them took 141 ms in this run, about 4% of the 3.4 s a cached
 # generation took. The previous committed run measured concatenation 2.36 [2.04, 2.68] times as
-# slow at 1024 tokens, a gap of 5.4 s between the medians that copies of this size cannot
-# explain; this run's medians differ by -65 ms, so that gap most likely came from the load on the
-# shared machine, not from the copy. The copy matters where the cache is large (long contexts,
-# big batches, many layers), not at these sizes.
+# slow at 1024 tokens, a gap of 5.4 s between the medians; this run's medians differ by -65 ms.
+# The isolated calls are only a lower bound on what concatenation costs: inside generation each
+# step also allocates fresh tensors among the model's own, and attention reads a contiguous tensor
+# in one case and a view of a larger buffer in the other. So the chapter does not measure how the
+# earlier 5.4 s gap divides between the load on the shared machine and the concatenated path as
+# a whole; it shows only that the bytes copied, timed alone in this run, account for little of
+# it (141 ms against 5.4 s). Read the concatenated / pre-allocated ratio at these sizes as moving
+# from run to run, both ways: 2.36 and 1.00 at 1024 tokens in two runs of this cell, 0.77 to 0.98
+# (medians) for the benchmark's wider model above. The bytes copied grow with the cache (long
+# contexts, big batches, many layers), and there pre-allocation saves them.
 #
 # ### Prefill and decode
 #
@@ -966,11 +983,14 @@ if run.device.type == "cpu" and run.profile != "smoke":  # the CPU claim below; 
 #   whatever the batch. So the cache caps $B$ twice: by memory, and by the bytes each step reads.
 #   The next cell works the sizes out for a model of about 7 billion parameters and prints the
 #   bytes a step reads: at 4096 tokens, about 15 GB for one sequence (13 GB of weights, 2 GB of
-#   cache) and about 79 GB for the 31 sequences that fit, 5.3 times the bytes for 31 times the
-#   tokens: a throughput gain of about 6, not 31 (with grouped-query attention about 21, for 125
-#   sequences). At
-#   long contexts the cache, not the weights, dominates a decode step (the point of Pope et al.
-#   2023, section 2, and of Shazeer 2019), which is a second reason, beside memory, to shrink it.
+#   cache) and about 79 GB for the 31 sequences that fit (taking 80 GB as $80 \cdot 10^9$ bytes and
+#   counting nothing but weights and caches; an "80GB" H100 has about 80 GiB, about
+#   $85.9 \cdot 10^9$ bytes, where about 34 would fit, and activations, workspace and
+#   fragmentation, which the cell ignores, pull the other way), 5.3 times the bytes for 31 times
+#   the tokens: a throughput gain of about 6, not 31 (with grouped-query attention about 21, for
+#   125 sequences). At long contexts the cache, not the weights, dominates a decode step (the
+#   point of Pope et al. 2023, section 2, and of Shazeer 2019), which is a second reason, beside
+#   memory, to shrink it.
 # * *Hence the ways to shrink or pack the cache.* Multi-query attention (Shazeer 2019) keeps one
 #   key-value head for all the query heads, grouped-query attention (Ainslie et al. 2023; exercise
 #   1) keeps $G$ of them and divides the cache by $H / G$; sliding-window attention (exercise 2)
