@@ -50,6 +50,7 @@
 # %%
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import itertools
@@ -113,26 +114,30 @@ run = setup(
     seed=0,
     # smoke: a 1-layer, 32-wide model and short sweeps, seconds per section; the compile is skipped
     # (~30-40 s on its own); the three torchrun launches (~5-15 s each, mostly starting Python and
-    # importing torch) are most of its ~25 s under pytest.
+    # importing torch) are most of its ~25 s under pytest. mp_budget_s (section 3's time guard, in
+    # every profile) is ~3x the slowest precision run measured in smoke: bf16's 1.8 s, at load 8.
     smoke=dict(sentences=2_000, d_model=32, heads=2, layers=1, batch_size=16, block_len=32, packed_batch=8,
                attn_lengths=(32, 64, 128), attn_heads=2, attn_dk=16, attn_repeats=1, flash_len=64,
-               flash_repeats=1, mp_steps=16, mp_budget_s=None, time_steps=3, compile=False,
+               flash_repeats=1, mp_steps=16, mp_budget_s=6.0, time_steps=3, compile=False,
                thread_steps=2, matmul_n=256, ddp_steps=4, over_steps=2, ddp_global_batch=8, ddp_timeout_s=120,
                resume_steps=6, table_steps=3, window=1, profile_steps=1, lr=3e-3, ddp_sizes=(32, 2, 1, 32, 2_000), mp_seeds=(1,),
                rounds=1),
     # cpu: sized for a machine with AVX512-BF16 at one thread (its time in all not measured at these
     # sizes). Without bf16 instructions the cell below shortens every precision run and every timing
     # window. The committed run is from such a 2-core
-    # machine (a bf16 step ~8x an fp32 one), 1 thread (TFM_THREADS=1), shared with two other notebook
-    # runs (load average 4-8): 17 min in all, the two compiles 186 s and 89 s.
+    # machine (a bf16 step ~9x an fp32 one), 1 thread (TFM_THREADS=1), beside other work (load
+    # average 2-6): 533 s in all, the two compiles 125 s and 60 s. mp_budget_s is ~3x the slowest
+    # precision run measured at load 4-8 (fp16's 52.8 s for 20 steps, in the run before; 11.4 s in
+    # the committed run at a lower load), a guard that a run stopped by its count does not reach.
     cpu=dict(sentences=20_000, d_model=128, heads=4, layers=2, batch_size=32, block_len=64, packed_batch=8,
              attn_lengths=(64, 128, 256, 512, 1024), attn_heads=4, attn_dk=32, attn_repeats=3, flash_len=256,
-             flash_repeats=3, mp_steps=50, mp_budget_s=None, time_steps=4, compile=True,
+             flash_repeats=3, mp_steps=50, mp_budget_s=180.0, time_steps=4, compile=True,
              thread_steps=6, matmul_n=1024, ddp_steps=30, over_steps=10, ddp_global_batch=16, ddp_timeout_s=300,
              resume_steps=20, table_steps=4, window=2, profile_steps=3, lr=3e-3, ddp_sizes=(128, 4, 2, 64, 20_000),
              mp_seeds=(1, 2), rounds=2),
-    # gpu (the committed outputs are a cpu run's; the time guard and its cut-short branch, the
-    # free-memory cap and the pinned-copy timing run only in a gpu run): chapter 09's model at
+    # gpu (the committed outputs are a cpu run's; the free-memory cap and the pinned-copy timing run
+    # only in a gpu run; section 3's cut-short branch runs wherever the guard fires, which
+    # TFM_TIME_SCALE=1e-6 forces in any profile): chapter 09's model at
     # GPT-2 small's size (d_model 768, 12 layers, 12 heads, context 1024,
     # 0.62 GFLOP per training token, section 6): size is this chapter's subject, so the gpu profile
     # keeps it, and spends the GPU on seeds where the chapter compares (the precisions: 5 seeds).
@@ -147,7 +152,8 @@ run = setup(
     # state written in section 8 is ~1 GiB, 10 writes with fsync). About 5 minutes alone, of which
     # the compiles are 2: above the 180 s the book aims at, because compiling a GPT-2-size model is
     # one of the things this chapter measures. Each precision run stops at mp_steps; mp_budget_s is
-    # only a guard (~3x fp32's measured 7.5 s), and a run it cuts short is reported and not asserted.
+    # only a guard (~3x fp32's 7.5 s, from the per-step costs measured above; bf16's ~3 s), and where
+    # it cuts a run short section 3 says so and skips the asserts the cut runs cannot support.
     gpu=dict(sentences=50_000, d_model=768, heads=12, layers=12, batch_size=64, block_len=1024, packed_batch=16,
              attn_lengths=(512, 1024, 2048, 4096, 8192), attn_heads=12, attn_dk=64, attn_repeats=5,
              flash_len=1024, flash_repeats=3, mp_steps=30, mp_budget_s=25.0, time_steps=10, compile=True,
@@ -158,15 +164,14 @@ run = setup(
 print(f"torch {torch.__version__}; device {run.device}; CPU threads in this process: {torch.get_num_threads()}; "
       f"cores on this machine: {os.cpu_count()}")
 # A CPU without bf16 instructions emulates bf16 (and fp16): a 16-bit step takes the time of several
-# fp32 steps there (about 8 in the committed run, section 3). The cpu profile then runs every precision run shorter (fp32 too, to compare like with like)
+# fp32 steps there (about 9 in the committed run, section 3). The cpu profile then runs every precision run shorter (fp32 too, to compare like with like)
 # and makes every timing window of the chapter one step; fewer steps make the evidence less precise,
-# and what they change beyond that is not measured. (The line printed below says "16-bit runs
-# shortened": mp_steps applies to fp32's runs as well, and window to every timing.)
+# and what they change beyond that is not measured.
 emulated_16bit = run.profile == "cpu" and run.device.type == "cpu" and not cpu_has_fast_bf16()
 if emulated_16bit:
     shorter = dict(mp_steps=20, window=1)
-    print("no bf16 instructions on this CPU (bf16 and fp16 emulated): 16-bit runs shortened, "
-          + ", ".join(f"{k} {run.sizes[k]} -> {v}" for k, v in shorter.items()))
+    print("no bf16 instructions on this CPU (bf16 and fp16 emulated): every precision run (fp32 too) and every "
+          "timing window shortened, " + ", ".join(f"{k} {run.sizes[k]} -> {v}" for k, v in shorter.items()))
     run.sizes.update(shorter)
 
 
@@ -367,10 +372,10 @@ free_memory()
 # there is limited by reading and writing memory, not by arithmetic, and a kernel that keeps each
 # tile in on-chip memory never writes the matrix out. On this CPU (1 thread on a machine shared
 # with other work, the committed `cpu` run) the fused flash kernel was also the fastest at every
-# length from $T = 128$ on, and the gap in milliseconds grew with the length (at $T = 64$ the
-# explicit attention was the fastest, 2.2 against 9.5 ms: at that size a call's overhead and the
-# load decide): at $T = 1024$ the explicit attention took 1463 ms, the math backend 871 ms and the
-# flash kernel 260 ms. The math backend computes what chapter 05's version computes, in fewer and larger
+# length, and the gap in milliseconds grew with the length (at $T = 64$ it was 1.1 against the
+# explicit attention's 1.8 ms, a difference that a call's overhead and the load can decide at that
+# size): at $T = 1024$ the explicit attention took 501 ms, the math backend 278 ms and the
+# flash kernel 77 ms. The math backend computes what chapter 05's version computes, in fewer and larger
 # operations; the flash kernel also skips the tiles above the diagonal (PyTorch's CPU kernel,
 # `aten/src/ATen/native/cpu/FlashAttentionKernel.cpp`, stops each block of queries at
 # `num_keys = is_causal ? min(m + qBlockSize, kvSize) : kvSize`) and never writes the weights to
@@ -673,9 +678,9 @@ print(f"T = {T_check}: {tiles[64]} tiles of 64 x 64 and {tiles[16]} of 16 x 16 c
 # product's view). Its time is the price of writing it in Python: every tile is a few
 # PyTorch calls (two small matrix products, the exponentials, the rescaling), each with its own
 # overhead. With 64 x 64 tiles a sequence of 256 has only 10 tiles on or below the diagonal, and
-# the tiled attention was slower than the explicit one (61 against 53 ms in the committed run, 2.0x
+# the tiled attention was slower than the explicit one (13.1 against 11.4 ms in the committed run, 2.2x
 # the fused kernel; the quartiles printed show how much the load of a shared machine moved these);
-# with 16 x 16 tiles there are 136, and it took 310 ms, 10.0x the fused kernel. A GPU kernel
+# with 16 x 16 tiles there are 136, and it took 59 ms, 10.1x the fused kernel. A GPU kernel
 # runs the same loops with the tiles in registers and on-chip memory, one launch for the whole
 # computation. So this is the algorithm, readable and checked, not a way to train; `tfmlib` trains
 # with `F.scaled_dot_product_attention`. (`tests/test_flash.py` checks the same equalities in
@@ -725,7 +730,8 @@ print(f"T = {T_check}: {tiles[64]} tiles of 64 x 64 and {tiles[16]} of 16 x 16 c
 # %%
 def train_run(precision: str, steps: int = run.mp_steps, seed: int = run.seed):
     """A model from ``seed``'s initialisation trained ``steps`` steps on ``seed``'s packed batches in
-    ``precision``; its History (``mp_budget_s``, where set, only guards the time)."""
+    ``precision``; its History (``mp_budget_s`` only guards the time: ``History.cut_by_time`` says
+    when it, not the count, ended the run)."""
     model = new_model(seed)
     optimizer = make_adamw(model.parameters(), lr=run.lr)          # fused AdamW where the device has it
     loader = packed_loader(seed)
@@ -737,6 +743,7 @@ def train_run(precision: str, steps: int = run.mp_steps, seed: int = run.seed):
 precisions = ["fp32", "bf16"] + (["fp16"] if supports_fp16(run.device) else [])
 mp_seeds = [run.seed, *run.mp_seeds]
 curves_by_seed: dict[str, list[np.ndarray]] = {p: [] for p in precisions}
+cut_by_seed: dict[str, list[bool]] = {p: [] for p in precisions}   # True where the time guard ended the run
 
 
 def minus_fp32(curve: np.ndarray, fp32: np.ndarray) -> np.ndarray:
@@ -752,6 +759,7 @@ def precisions_from(seed: int) -> dict[str, float]:
         h = train_run(p, seed=seed)
         curves[p] = np.array(h.step_loss)
         curves_by_seed[p].append(curves[p])
+        cut_by_seed[p].append(h.cut_by_time)
         print(f"seed {seed}, {p}: {len(h.step_loss)} steps in {h.seconds:.1f} s, loss {h.step_loss[0]:.4f} -> "
               f"{np.mean(h.step_loss[-10:]):.4f} (mean of the last 10), steps skipped by the scaler {h.skipped_steps}")
     result = {"fp32, mean of the last 10 steps": float(curves["fp32"][-10:].mean())}
@@ -763,12 +771,26 @@ def precisions_from(seed: int) -> dict[str, float]:
 
 
 mp = over_seeds(precisions_from, mp_seeds)
-steps_run = {p: [len(c) for c in curves_by_seed[p]] for p in precisions}
-cut_short = any(n < run.mp_steps for ns in steps_run.values() for n in ns)
-if cut_short:
-    print(f"cut short by the time guard ({run.mp_budget_s} s a run; steps run {steps_run} of {run.mp_steps}): "
-          "the differences below are over the steps both ran; 'bf16 and fp16 train like fp32' is not checked")
+cut_runs = [f"seed {seed} {p} ({len(curves_by_seed[p][i])} of {run.mp_steps} steps)"
+            for p in precisions for i, seed in enumerate(mp_seeds) if cut_by_seed[p][i]]
+if cut_runs:
+    print(f"cut short by the time guard (mp_budget_s {run.mp_budget_s:g} s a run): {', '.join(cut_runs)}. "
+          "The differences below are over the steps both runs of a seed took. Not checked therefore: that the "
+          "16-bit runs' last ten steps stay within the tolerance below of fp32's (the fp32 spread it comes from "
+          "is over cut runs too); the first step's agreement is still checked (outside the smoke profile)")
 print(mp.table(fmt=".4f"))
+# What "trains like fp32" is measured against: how far apart the fp32 runs of different seeds end.
+# A 16-bit run must end much closer to the fp32 run of its own seed than that (a fifth of it).
+fp32_ends = mp.values["fp32, mean of the last 10 steps"]
+fp32_spread = max(fp32_ends) - min(fp32_ends)
+tolerance = fp32_spread / 5
+print(f"fp32's own seed spread: its last-10-step means over the {len(mp_seeds)} seeds span {fp32_spread:.4f} nats "
+      f"({min(fp32_ends):.4f} to {max(fp32_ends):.4f}); tolerance for |16-bit - fp32| of the same seed, a fifth "
+      f"of it: {tolerance:.4f} nats")
+for p in precisions[1:]:
+    gaps = [abs(x) for x in mp.values[f"{p} - fp32, mean of the last 10 steps"]]
+    print(f"  |{p} - fp32|, mean of the last 10 steps: largest {max(gaps):.4f} nats ({max(gaps) / fp32_spread:.1%} "
+          f"of the spread); within the tolerance for {sum(g < tolerance for g in gaps)} of {len(gaps)} seeds")
 n = min(len(c) for cs in curves_by_seed.values() for c in cs)
 fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
 plot_over_seeds({p: np.stack([c[:n] for c in curves_by_seed[p]]) for p in precisions}, ax=axes[0], smooth=5,
@@ -781,12 +803,13 @@ plot_over_seeds({f"{p} - fp32": np.stack([minus_fp32(c[:n], f[:n]) for c, f in
 axes[1].axhline(0, color="gray", lw=0.8)
 plt.tight_layout()
 plt.show()
-if run.profile != "smoke" and not cut_short:
+if run.profile != "smoke":
     for p in precisions[1:]:
         assert all(abs(x) < 0.05 for x in mp.values[f"{p} - fp32, step 1"]), \
             f"{p}: the first step's loss differs from fp32's only by rounding, for every seed"
-        assert all(abs(x) < 0.2 for x in mp.values[f"{p} - fp32, mean of the last 10 steps"]), \
-            f"{p} trains like fp32 from every seed"
+        if not cut_runs:   # a run cut by the time guard ended early: its last ten steps are not the count's
+            assert all(abs(x) < tolerance for x in mp.values[f"{p} - fp32, mean of the last 10 steps"]), \
+                f"{p} ends within a fifth of fp32's seed spread of the fp32 run of its seed, for every seed"
 
 # %% [markdown]
 # Before the first update the models of one seed are the same, so the first step's losses differ
@@ -796,11 +819,22 @@ if run.profile != "smoke" and not cut_short:
 # cell's printed lines at the top of the chapter say so) the loss fell from
 # about 5.7 to between 4.19 and 4.48 (the fp32 runs' last ten steps), and over the last ten steps bf16's loss was +0.0048 [+0.0015, +0.0115] nats from fp32's (median
 # [min, max] over the 3 seeds), its largest difference at a single step 0.018 [0.004, 0.256]; fp16, with the
-# gradient scaler, +0.0014 [+0.0004, +0.0079], largest 0.006 [0.003, 0.016]. The asserts check, for every seed, that the first steps agree to rounding
-# (within 0.05 nats) and that the last ten steps' means stay within 0.2 nats of fp32's. That second
-# bound is loose: the fp32 runs of different seeds alone ended 0.29 nats apart (4.19 to 4.48), so
-# it would pass a 16-bit run as far from its fp32 twin as another seed is; the differences printed
-# are at most 0.0115 nats, and they, not the assert, are the evidence. They cover the first 20
+# gradient scaler, +0.0014 [+0.0004, +0.0079], largest 0.006 [0.003, 0.016].
+#
+# What should "close" be measured against? Against how far fp32 itself lands from another seed: in
+# that run the fp32 runs' last ten steps ended 0.2912 nats apart over the 3 seeds (4.1861 to
+# 4.4772), so a 16-bit run that ended 0.2 nats from its fp32 twin would be no closer to it than
+# another seed's fp32 run is. The cell therefore sets its tolerance at a fifth of that spread,
+# 0.0582 nats in that run, and asserts, for every seed, that each 16-bit run's last ten steps end
+# within it of the fp32 run of the same seed (and that the first steps agree to rounding, within
+# 0.05 nats). bf16's largest gap was 0.0115 nats (3.9% of the spread) and fp16's 0.0079 (2.7%):
+# within the tolerance for 3 of 3 seeds each. A fifth is a choice, not a law; what the printed
+# numbers say is that bf16's largest gap is a 25th of the fp32 spread, and a 6th of the distance
+# between the two fp32 seeds that ended closest (seeds 1 and 2, 4.4084 and 4.4772 in the table). Each run stops at its step count; the time guard
+# (`mp_budget_s`, about three times the slowest run, in every profile) only catches a device far
+# slower than the one measured: where it cuts a run, the cell prints "cut short", and the
+# tolerance assert, whose last ten steps would not be the count's, is skipped. These differences
+# cover the first 20
 # steps, early in the first epoch, before the failure modes of 16-bit training (updates lost to
 # rounding, a scaler backing off) have had much time to show; longer runs are not measured here. In this run bf16 and fp16 ended above fp32 for 3 of 3 seeds, by a few
 # thousandths of a nat, less than one step's excursion (up to 0.256 nats); three seeds and 20
@@ -949,16 +983,16 @@ free_memory()
 # On a CPU it depends on the instructions the processor has: bf16 products need AVX512-BF16, AMX
 # or Arm's BF16 to be fast, and without them they are emulated and slower than float32. The machine
 # of the committed run has none of them (printed: `False`; section 6 measures a large bf16 matrix
-# product at 0.4 GFLOP/s against fp32's 30.8 in the committed run), so `pick_precision("cpu", "auto")` chose fp32 here,
-# and bf16 and fp16 were slower than fp32 in both rounds: 0.13x and 0.11x to 0.12x. (Two kinds of
+# product at 0.5 GFLOP/s against fp32's 35.1 in the committed run), so `pick_precision("cpu", "auto")` chose fp32 here,
+# and bf16 and fp16 were slower than fp32 in both rounds: 0.08x to 0.11x and 0.07x to 0.09x. (Two kinds of
 # round are printed: the table's header counts the interleaved turns of one timing, 4 samples of
 # each row taken in turn; "over 2 round(s)" counts whole timings, each with its own turns.) The machine
-# was shared with other work (load average 7.6 on 2 cores): the absolute rates are about 3.5x below
-# those section 9 printed for the same fp32 step (1,784 against 6,208 tokens/s, at load 4.7), so
-# only the ratios within one timing compare. The TF32
+# was shared with other work (load average 2.4 on 2 cores when this timing ended): the absolute
+# rates are about 2x above those section 9 printed for the same fp32 step (10,467 against 5,138
+# tokens/s, at load 6.1), so only the ratios within one timing compare. The TF32
 # line measures what that does to a ratio: it computes exactly what fp32 computes (the product
-# printed is bit-identical: a CPU has no TF32 unit), yet it came out at 1.03x in one round and 1.01x
-# in the other: a few percent is noise here. Only the direction that holds in every round is a result here. Section 10 profiles
+# printed is bit-identical: a CPU has no TF32 unit), yet it came out at 1.01x in one round and 0.64x
+# in the other: a third is noise here. Only the direction that holds in every round is a result here. Section 10 profiles
 # a bf16 step on this machine: the emulated products take most of it. On a GPU with bf16 matrix units the bf16 step is expected to be several times faster than
 # the fp32 one at GPT-2's size, and about twice as fast as fp32 with TF32 (the peaks above); the
 # `gpu` profile measures it.
@@ -1029,10 +1063,10 @@ else:
     print(f"trained eagerly ({report}); both rows time the same eager model")
 
 # %% [markdown]
-# The first line is the compile: 186 s for the first step, forward and backward, in the committed
-# run. The calls with new lengths after it took 0.36-0.47 s each, about what an eager step took here:
+# The first line is the compile: 125 s for the first step, forward and backward, in the committed
+# run. The calls with new lengths after it took 0.47-0.52 s each, about what an eager step took here:
 # the symbolic graph covers them, nothing was compiled again. Then the steady state, both warm (16
-# untimed steps each first): in the committed run the compiled step was slower (527 against 477 ms; the quartiles
+# untimed steps each first): in the committed run the compiled step was slower (459 against 448 ms; the quartiles
 # printed show how much a shared machine moves single steps, and the table of section 9 times the
 # same pair again), and the compile never pays for itself there (printed); an earlier run of this chapter measured it
 # faster, 316 against 357 ms: a gain of this size is within what the load moves.
@@ -1094,12 +1128,12 @@ print(f"({run.device}; this process uses {torch.get_num_threads()} thread(s) aga
 # one core's worth of other work). With two idle cores, two threads approach twice the speed only
 # for large matrix products; a step of a small model is partly Python and small operations that one
 # thread runs as fast as two. In the committed run the second core was not free even before the
-# spinner started (load 6.0: other notebooks ran on the machine), and in both lines the second
-# thread made the step *slower*: about 28 times slower as the machine was (0.04x), 15 times with
-# the spinner (0.07x). That is why this run's process used 1 thread everywhere else (the first
+# spinner started (load 5.4: other notebooks ran on the machine), and in both lines the second
+# thread made the step *slower*: about 4 times slower as the machine was (0.23x), 5.5 times with
+# the spinner (0.18x). That is why this run's process used 1 thread everywhere else (the first
 # line of the chapter prints it). The threads of an operation wait for each other at its end, and when one of them is
 # descheduled because its core is taken, the whole operation waits for it. How much slower depends
-# on what else runs at that moment (the two-thread quartiles span a factor of two or more); that a busy core makes a second thread a loss does not.
+# on what else runs at that moment (the two-thread quartiles span 320-1078 ms as the machine was); that a busy core makes a second thread a loss does not.
 #
 # **Several processes** make the same mistake easy. The script of section 7,
 # `python -m tfmlib.ddp_train`, trains the same kind of model in one or more processes launched by
@@ -1142,7 +1176,7 @@ over = ddp[2, 1]["tokens_per_s"] / ddp[2, 2]["tokens_per_s"]
 print(f"2 x 1 thread / 2 x 2 threads: {over:.2f}x the tokens per second")
 
 # %% [markdown]
-# The third line is the oversubscribed one: four threads on two cores, 18 times fewer tokens per
+# The third line is the oversubscribed one: four threads on two cores, 7.6 times fewer tokens per
 # second than two processes with one thread each (how many times depends on the load, as above; a
 # few seconds of training per launch make these rates rough). PyTorch's
 # `torchrun` sets `OMP_NUM_THREADS=1` for each process when it starts more than one, for this
@@ -1192,7 +1226,7 @@ print(f"this chapter's model: {flops_per_token / 1e6:.2f} MFLOP per training tok
       f"{measured['tokens_per_s']:,.0f} tokens/s in fp32 = {measured['model_flops_per_s'] / 1e9:.2f} GFLOP/s")
 datasheet = "n/a (none known for this device)" if measured["mfu"] is None else f"{measured['mfu']:.1%}"
 print(f"MFU against the measured fp32 matmul: {mfu(measured['tokens_per_s'], flops_per_token, peaks['fp32']):.1%}; "
-      f"against a datasheet peak: {datasheet}")
+      f"against a datasheet peak: {datasheet} (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
 with torch.device("meta"):                       # shapes only: nothing is allocated
     gpt2 = DecoderLM(len(vocab), d_model=768, heads=12, layers=12, context=1024)
 gpt2_flops = lm_flops_per_token(gpt2, 1024)
@@ -1200,12 +1234,12 @@ print(f"GPT-2 small's shape (d 768, 12 layers, T 1024, this vocabulary): {gpt2_f
       f"35% of an H100's 989 bf16 TFLOP/s is {0.35 * 989e12 / gpt2_flops:,.0f} tokens/s")
 
 # %% [markdown]
-# The small model reached 31.4% of what the same thread does on one large matrix product in the
+# The small model reached 49.1% of what the same thread does on one large matrix product in the
 # committed run: the matrix product is the best of 10 tries, the steps are medians on a machine
-# whose other core was busy, and this cell does not print the load. The load moves this figure:
-# section 9's reference row timed the same fp32 step on packed blocks at 6,208 tokens/s in the same
-# run (load 4.7), 17.4 GFLOP/s or about 56% of the matmul, and section 3 at 1,784 (load 7.6), so
-# the same step's rate moved 3.5x between sections; only the ratios within one interleaved timing
+# whose other core was busy (load average 5.4, printed beside it). The load moves this figure:
+# section 9's reference row timed the same fp32 step on packed blocks at 5,138 tokens/s in the same
+# run (load 6.1), 14.4 GFLOP/s or about 41% of the matmul, and section 3 at 10,467 (load 2.4), about
+# 83%, so the same step's rate moved 2x between sections; only the ratios within one interleaved timing
 # compare. What remains below 100% is also the model: its matrices are
 # small (a 128-wide layer multiplies 512 rows by 128 columns), and a step also runs layer norms,
 # the softmax, the optimizer and Python, which do few FLOPs for the time they take. That ratio is the MFU against the machine's reachable peak; against
@@ -1403,7 +1437,7 @@ free_memory()
 # %% [markdown]
 # The gradients are the same (the printed difference), the memory kept for the backward pass fell
 # and the step took longer: in the committed `cpu` run 2.2 MiB against 11.3 (0.20x),
-# and 1.37x the time. What is left is
+# and 1.35x the time. What is left is
 # the output layer's logits and the loss (outside the checkpointed blocks) and the block inputs; a
 # deeper model keeps one input per block where it kept a dozen activations per block, so the
 # saving grows with the depth. Checkpointing every $\sqrt{L}$-th block instead of every block keeps
@@ -1654,7 +1688,7 @@ names = [name for name in table if name not in references]
 for i, name in enumerate(names):
     rate, util = table[name]
     if name.startswith("+ 2 processes"):
-        vs_base = f"{rate / table[names[0]][0]:5.2f}x".rjust(20)
+        vs_base = "-".rjust(20)   # the script counts its warm-up steps: not comparable with the timed rows
         vs_above = f"{rate / ddp[1, 1]['tokens_per_s']:5.2f}x".rjust(20)
     else:
         vs_base = factor(name, names[0]).rjust(20)
@@ -1662,8 +1696,8 @@ for i, name in enumerate(names):
     print(f"{name:50s}{rate:10,.0f}{vs_base}{vs_above}{util:8.1%}")
 if "+ 2 processes (torchrun, 1 thread each)" in table:
     print(f"(the last row is tfmlib.ddp_train in fp32, eager, on packed blocks, one launch; 'vs row above' compares "
-          f"it with the same script in 1 process, {ddp[1, 1]['tokens_per_s']:,.0f} tokens/s; its MFU is against 2 "
-          "cores' fp32 matmul peak)")
+          f"it with the same script in 1 process, {ddp[1, 1]['tokens_per_s']:,.0f} tokens/s; the script counts its "
+          "steps from the first, warm-up included, so no 'vs baseline'; its MFU is against 2 cores' fp32 matmul peak)")
 else:
     print("2 processes: not measured on this device (the torchrun runs of section 5 used the CPU's gloo backend)")
 print(f"the peaks behind the MFU column: fp32 {(peak_flops(run.device, 'fp32') or peaks['fp32']) / 1e9:,.1f}, bf16 "
@@ -1694,37 +1728,41 @@ plt.show()
 # **Which steps help here.** The middle column is each row against the baseline, the next each
 # step's own factor; both are medians over the rounds, and the brackets hold the smallest and the
 # largest factor of a single round, which is how much the load of a shared machine moves them. On
-# this CPU (1 thread, load 4.7, no bf16 instructions), with a model this small and padded
+# this CPU (1 thread, load 6.1, no bf16 instructions), with a model this small and padded
 # sentences of 20 tokens on average, in the committed run:
 #
-# * fused attention: 1.02x (0.97x to 1.07x): no factor that holds in both rounds. The padded
+# * fused attention: 1.07x (1.03x to 1.12x), faster in both rounds, by little. The padded
 #   batches are cut at the packed rows' 512 positions, the same tokens per step as a packed row;
 #   their sentences are short (20 tokens on average in the four batches drawn), and at such
 #   lengths section 1's lead of the flash kernel is small;
-# * bf16: 0.13x of the fused row (0.12x to 0.13x), slower in both rounds: bf16 is emulated on this
+# * bf16: 0.13x of the fused row (0.13x to 0.13x), slower in both rounds: bf16 is emulated on this
 #   CPU (section 3);
-# * `torch.compile` with symbolic shapes: 0.94x over eager bf16 (0.91x to 0.97x), slower in both
-#   rounds of this run, as section 4's timing of the same pair (527 against 477 ms), where an earlier
-#   run measured it faster; the emulated bf16 products, most of a bf16 step here
-#   (section 10), are not what Inductor fuses, so a small gain is all there is to find;
-# * packed blocks, compiled for their one shape: 1.00x (0.99x to 1.01x). Chapter 09's bucketed
-#   batches carry almost no padding (0.4%, printed: 499 real tokens in 501 positions), so packing
-#   has almost nothing to remove; eagerly, packed blocks ran at 0.98x the bucketed batches' rate in
-#   fp32 and 1.03x in bf16 (the reference rows: the packed rows' attention spans 64 positions,
-#   against 20 on average). Against sentences in random order (65.5% padding) the bucketed step's
-#   fused fp32 twin ran at 0.40x, so bucketing by length, chapter 02's trick, already gets what
-#   packing would gain here. Packing pays where padding is large, and it is what makes a fixed
-#   context of 1024 tokens possible at all with sentences this short; the table measures speed, not
-#   what the model learns from longer contexts;
-# * two processes with one thread each: 1.35x the script's one-process rate (5,642 against 4,192
-#   tokens/s), from one launch of each (a few seconds of training), at the load printed in section
-#   5. Two processes can use both cores only when the second one is free, and the all-reduce of
-#   every step costs time. (The script counts every step from the first, warm-up included, so its
-#   rates are compared with each other, not with the rows above: the table's 0.91x in the "vs
-#   baseline" column of that row is not a comparison to read.)
+# * `torch.compile` with symbolic shapes: 0.98x over eager bf16 (0.90x to 1.07x): no factor that
+#   holds in both rounds; section 4's timing of the same pair had it slower (459 against 448 ms,
+#   within its quartiles), and an earlier run of this chapter measured it faster; the emulated bf16
+#   products, most of a bf16 step here (section 10), are not what Inductor fuses, so a small gain
+#   is all there is to find;
+# * packed blocks, compiled for their one shape: 0.83x (0.77x to 0.89x), slower than the row
+#   above in both rounds. Eagerly, packing made little difference: packed blocks ran at 1.01x the
+#   bucketed batches' rate in fp32 (0.96x to 1.06x) and 0.95x in bf16 (0.88x to 1.02x) (the
+#   reference rows: the packed rows' attention spans 64 positions, against 20 on average), and the
+#   eager bf16 packed reference row (638 tokens/s) ran faster than its compiled twin (540) in the
+#   same turns; so most of this row's loss in this run is the static compile's, on the emulated
+#   bf16 step. Chapter 09's bucketed batches carry almost no padding (0.4%, printed: 499 real
+#   tokens in 501 positions), so packing has almost nothing to remove here. Against sentences in
+#   random order (65.5% padding) the bucketed step's fused fp32 twin ran at 0.37x, so bucketing by
+#   length, chapter 02's trick, already gets what packing would gain here. Packing pays where
+#   padding is large, and it is what makes a fixed context of 1024 tokens possible at all with
+#   sentences this short; the table measures speed, not what the model learns from longer contexts;
+# * two processes with one thread each: 0.83x the script's one-process rate (5,497 against 6,584
+#   tokens/s), slower, from one launch of each (a few seconds of training), at the load printed in
+#   section 5. Two processes can use both cores only when the second one is free, which on this
+#   shared machine it was not, and the all-reduce of every step costs time. (The script counts
+#   every step from the first, warm-up included, so its rates are compared with each other, not
+#   with the rows above: the table prints "-" in the "vs baseline" column of that row.)
 #
-# The MFU column is against the measured matmul of each row's own precision: 30.8 GFLOP/s in fp32
-# and 0.4 GFLOP/s in bf16 in the committed run. An emulated 1024 x 1024 bf16 product is slower per FLOP than the
+# The MFU column is against the measured matmul of each row's own precision: 35.1 GFLOP/s in fp32
+# and 0.5 GFLOP/s in bf16 in the committed run. An emulated 1024 x 1024 bf16 product is slower per FLOP than the
 # model's small bf16 products, so the bf16 rows come out far above 100% "of the peak": a
 # measured peak is a reference, not a bound, and an MFU compares rows of one precision.
 #
@@ -1769,8 +1807,29 @@ plt.show()
 # %%
 del rows, references, contenders           # the table's models and optimizers
 free_memory()
-profiled = {p: profile_steps(make_step(new_model(), table_packed, p), device=run.device, steps=run.profile_steps,
-                             warmup=1) for p in ("fp32", "bf16")}
+
+
+@contextlib.contextmanager
+def quiet_native_stderr():
+    """Send what C++ code writes to the process's stderr (file descriptor 2) to /dev/null for the block:
+    the profiler's C++ side (Kineto) logs a 'profiler_start' and a 'profiler_stop' line there for every
+    profile, with a time and a process id. In a notebook, Python's warnings reach the page through the
+    kernel's ``sys.stderr``, not this descriptor (run as a plain script, a warning inside the block would be
+    lost too); an exception still propagates, after the descriptor is put back."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+with quiet_native_stderr():
+    profiled = {p: profile_steps(make_step(new_model(), table_packed, p), device=run.device, steps=run.profile_steps,
+                                 warmup=1) for p in ("fp32", "bf16")}
 MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "gemm", "Gemm", "sm90", "cutlass")
 CASTS = ("aten::copy_", "aten::_to_copy", "aten::to")
 OPTIMIZER = ("Optimizer.step", "adam", "Adam")
@@ -1899,17 +1958,16 @@ else:
 # this chapter's printed numbers comes from one.
 #
 # **What the profile shows, on this CPU** (the committed run, 1 thread; each profiled step took
-# 78 ms in fp32 and 666 ms in bf16, slowed by the profiler). The first lines of the profile's
-# output, `USDT: ... profiler_start` and `profiler_stop` with a date and a process id, are log
-# lines that the profiler's backend writes when each profile starts and stops (two profiles, fp32
-# and bf16), different on every run, not results. The matrix products (`aten::mm` for
-# the products of the backward pass and `aten::addmm` for the biased ones of the forward) took 57%
-# of the operators' self time in fp32 and 90% in bf16: emulated bf16 products are most of a bf16
+# 167 ms in fp32 and 1,119 ms in bf16, slowed by the profiler). (The cell sends the log lines that
+# the profiler's C++ backend writes when each profile starts and stops to /dev/null: they carry a
+# date and a process id, different on every run, and are not results.) The matrix products (`aten::mm` for
+# the products of the backward pass and `aten::addmm` for the biased ones of the forward) took 55%
+# of the operators' self time in fp32 and 91% in bf16: emulated bf16 products are most of a bf16
 # step here, and they alone make it slower than fp32. The fused AdamW (`aten::_fused_adamw_`, one
 # call per step) and the rest of the optimizer took 3% in fp32. autocast casts every weight and many activations to bf16 and
 # back (156 `aten::copy_` calls per step in bf16), but next to emulated products
-# those copies are 1% of the time. The gaps between the top-level operators were 11% of the wall
-# time in fp32 and 1% in bf16: Python's time between operators starts to count once the operators
+# those copies are 1% of the time. The gaps between the top-level operators were 5% of the wall
+# time in fp32 and 3% in bf16: Python's time between operators starts to count once the operators
 # are fast. On a GPU the
 # same table ranks CUDA kernels, and there the gaps are what to read first: a small model's kernels
 # take microseconds, about as long as launching them.
@@ -1934,8 +1992,8 @@ else:
 # * bf16 autocast runs the matrix products in 16 bits and keeps weights, gradients, optimizer state,
 #   the residual stream and the loss in float32; over the first 20 steps its loss curve stayed
 #   with fp32's, and so did fp16's, for every seed of the committed cpu run (3 seeds; the last ten
-#   steps' means within 0.0115 nats of fp32's, while different seeds of fp32 ended 0.29 nats apart;
-#   the `gpu` profile runs 5 seeds of a larger model, not shown here). fp16 needs a gradient scaler for its
+#   steps' means within 0.0115 nats of fp32's, while different seeds of fp32 ended 0.29 nats apart,
+#   asserted within a fifth of that spread; the `gpu` profile runs 5 seeds of a larger model, not shown here). fp16 needs a gradient scaler for its
 #   narrow range; bf16 does not. Its speed depends on the hardware: without bf16 instructions a CPU
 #   emulates it, slower than fp32, and `pick_precision("auto")` then picks fp32. TF32 is float32
 #   with tensor-core products on recent NVIDIA GPUs (off by default in PyTorch, and nothing on a CPU).
@@ -1943,7 +2001,7 @@ else:
 #   `compile_or_fallback` trains eagerly, and says so, where it cannot compile.
 # * Threads: one process's `set_num_threads` speeds up large operations on idle cores; threads
 #   that outnumber the free cores (busy cores, or several processes each taking all of them) slow
-#   every operation down, 15 to 28 times in the committed run. Timings on a shared machine move with its load:
+#   every operation down, 4 to 5.5 times in the committed run. Timings on a shared machine move with its load:
 #   repeat them, and trust the factors that hold in every round.
 # * MFU relates tokens per second to a peak: $6N$ plus attention FLOPs per token (PaLM's count, the
 #   full $T \times T$ square), against a datasheet or a measured matmul peak of the same precision.
