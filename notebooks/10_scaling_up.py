@@ -775,7 +775,7 @@ cut_runs = [f"seed {seed} {p} ({len(curves_by_seed[p][i])} of {run.mp_steps} ste
             for p in precisions for i, seed in enumerate(mp_seeds) if cut_by_seed[p][i]]
 if cut_runs:
     print(f"cut short by the time guard (mp_budget_s {run.mp_budget_s:g} s a run): {', '.join(cut_runs)}. "
-          "The differences below are over the steps both runs of a seed took. Not checked therefore: that the "
+          "The differences below are over the steps both runs of a seed took, and not checked therefore: that the "
           "16-bit runs' last ten steps stay within the tolerance below of fp32's (the fp32 spread it comes from "
           "is over cut runs too); the first step's agreement is still checked (outside the smoke profile)")
 print(mp.table(fmt=".4f"))
