@@ -915,7 +915,7 @@ assert seen["parameters"] == seen["gradients"] == seen["AdamW state (exp_avg)"] 
 # (`tfmlib.precision.make_grad_scaler` returns a disabled scaler for bf16 and fp32):
 
 # %%
-tiny = torch.tensor(1e-8)
+tiny = torch.tensor(1e-8)  # cpu: a number's rounding in each format, shown on the host
 scale = 2.0**16
 print(f"a gradient of {tiny.item():.0e}: in fp16 {tiny.half().item():.1e}, in bf16 {tiny.bfloat16().item():.1e}; "
       f"scaled by 2^16 in fp16 {(tiny * scale).half().item():.2e} -> unscaled in fp32 "
@@ -1938,7 +1938,7 @@ got = list(prefetched(host_batches, run.device))
 assert all(torch.equal(a.cpu(), b) for g, h in zip(got, host_batches, strict=True) for a, b in zip(g, h, strict=True)), \
     "prefetching changes when a batch arrives, not what it holds"
 if run.device.type == "cuda":
-    big = torch.randn(64, 1024, 1024)                                        # 256 MiB of float32 on the host
+    big = torch.randn(64, 1024, 1024)                                        # cpu: 256 MiB on the host, to copy
     pinned, dst = big.pin_memory(), torch.empty(big.shape, device=run.device)
     copies = interleaved_medians({"pageable, .to(device)": lambda: dst.copy_(big),
                                   "pinned, non_blocking": lambda: dst.copy_(pinned, non_blocking=True)},

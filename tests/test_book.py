@@ -28,6 +28,7 @@ SOLUTIONS = NOTEBOOKS / "solutions"
 PACKAGE = ROOT / "tfmlib"
 sys.path.insert(0, str(ROOT / "tools"))
 
+import book  # noqa: E402
 import booksync  # noqa: E402
 
 HEADER = """\
@@ -143,6 +144,9 @@ def execution_problems(path: Path) -> list[str]:
                 problems.append(
                     f"{rel(path)}: cell {i} has an error output: {out.get('ename')}: {out.get('evalue')}"
                 )
+            if book.WIDGET_MIME in out.get("data", {}):  # a progress bar, stored at 0%
+                problems.append(f"{rel(path)}: cell {i} keeps a progress bar's widget output "
+                                f"(python tools/book.py refresh drops them)")
     if unrun:
         problems.append(
             f"{rel(path)}: cells {unrun} were not executed (run `python tools/book.py refresh {rel(path)}`)"
@@ -617,3 +621,16 @@ def test_notebook_text_has_no_control_characters():
             if bad:
                 problems.append(f"{rel(py)}:{lineno}: {', '.join(bad)}")
     assert not problems, "control characters (a lost backslash?):\n" + "\n".join(problems)
+
+
+def test_drop_progress_bars_keeps_everything_else():
+    bar = nbformat.v4.new_output("display_data", data={book.WIDGET_MIME: {"model_id": "x"},
+                                                       "text/plain": "train 1/3:   0%|          | 0/782"})
+    printed = nbformat.v4.new_output("stream", name="stdout", text="BLEU 25.2\n")
+    figure = nbformat.v4.new_output("display_data", data={"image/png": "iVBOR", "text/plain": "<Figure>"})
+    cell = nbformat.v4.new_code_cell("fit(...)", outputs=[bar, printed, figure])
+    nb = nbformat.v4.new_notebook(cells=[cell, nbformat.v4.new_markdown_cell("text")])
+    assert book.drop_progress_bars(nb) == 1
+    assert nb.cells[0].outputs == [printed, figure]
+    book.strip_volatile(nb)
+    assert book.drop_progress_bars(nb) == 0, "strip_volatile (what refresh does) drops them too"

@@ -437,8 +437,8 @@ assert default_count < static_count, "automatic dynamic shapes recompile less"
 torch.manual_seed(0)
 lm_small = DecoderLM(200, d_model=64, heads=4, layers=2, context=run.length)
 opt = torch.optim.SGD(lm_small.parameters(), lr=0.01)
-x = torch.randint(4, 200, (run.batch, run.length))
-y = torch.randint(4, 200, (run.batch, run.length))
+x = torch.randint(4, 200, (run.batch, run.length))  # cpu: lm_small stays on the CPU (its threads are the subject)
+y = torch.randint(4, 200, (run.batch, run.length))  # cpu: as x
 
 
 def step(rows, threads):
