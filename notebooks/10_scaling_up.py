@@ -1072,8 +1072,8 @@ else:
 # the symbolic graph covers them, nothing was compiled again. Then the steady state, both warm (16
 # untimed steps each first): in the committed run the compiled step was slower (459 against 448 ms; the quartiles
 # printed show how much a shared machine moves single steps, and the table of section 9 times the
-# same pair again), and the compile never pays for itself there (printed); an earlier run of this chapter measured it
-# faster, 316 against 357 ms: a gain of this size is within what the load moves.
+# same pair again), and the compile never pays for itself there (printed); a difference of this
+# size is within what the load moves, and another run may put it the other way.
 # Inductor's CPU code fuses element-wise chains, but the chains are not where most of this step's
 # time goes: section 10's profile puts the matrix products, which both versions hand to the same
 # library, at most of an eager step's operator time. On a GPU a small model's
@@ -1745,7 +1745,7 @@ plt.show()
 #   CPU (section 3);
 # * `torch.compile` with symbolic shapes: 0.98x over eager bf16 (0.90x to 1.07x): no factor that
 #   holds in both rounds; section 4's timing of the same pair had it slower (459 against 448 ms,
-#   within its quartiles), and an earlier run of this chapter measured it faster; the emulated bf16
+#   within its quartiles), so another run may put it either way; the emulated bf16
 #   products, most of a bf16 step here (section 10), are not what Inductor fuses, so a small gain
 #   is all there is to find;
 # * packed blocks, compiled for their one shape: 0.83x (0.77x to 0.89x), slower than the row
