@@ -878,8 +878,10 @@ n_long, head_dim = run.gen_lengths[-1], run.time_d_model // 4
 new_kv = torch.zeros(1, 4, 1, head_dim, device=run.device)   # one position's keys (or values), 4 heads
 
 
-def concat_only(n: int = n_long) -> None:
-    """Only the torch.cat calls of concatenated generation: every step, every layer, keys and values."""
+def concat_only(n: int | None = None) -> None:
+    """Only the torch.cat calls of concatenated generation (``n`` tokens, default the longest timed):
+    every step, every layer, keys and values."""
+    n = n_long if n is None else n
     layers = [[torch.zeros(1, 4, timing_prompt.shape[1], head_dim, device=run.device)] * 2
               for _ in range(run.time_layers)]
     for _ in range(n - 1):
