@@ -14,20 +14,12 @@ import ast
 import sys
 from pathlib import Path
 
-import jupytext
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 sys.path.insert(0, str(ROOT / "tools"))
 import book  # noqa: E402  (tools/book.py: what counts as a literal setting, shared with the exercises' sweep)
-
-
-def notebook_sources() -> list[Path]:
-    """The chapters' and the solutions' jupytext ``.py`` files."""
-    chapters = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py"))
-    solutions = sorted((NOTEBOOKS / "solutions").glob("[0-9][0-9]_*_solutions.py"))
-    return chapters + solutions
 
 
 def _calls_setup(node: ast.AST) -> bool:
@@ -59,19 +51,9 @@ def work_before_setup(source: str) -> list[str]:
     return problems + ["no setup() call"]
 
 
-def code_of(path: Path) -> str:
-    """The notebook's code cells joined in order, with IPython magics and shell lines dropped."""
-    nb = jupytext.read(path)
-    lines = []
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            lines += [ln for ln in cell.source.splitlines() if not ln.lstrip().startswith(("%", "!"))]
-    return "\n".join(lines)
-
-
-@pytest.mark.parametrize("path", notebook_sources(), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", book.notebook_sources(NOTEBOOKS), ids=lambda p: p.name)
 def test_notebook_calls_setup_before_any_work(path: Path):
-    problems = work_before_setup(code_of(path))
+    problems = work_before_setup(book.notebook_code(path))
     assert not problems, f"{path.relative_to(ROOT)}: work before setup():\n  " + "\n  ".join(problems)
 
 

@@ -39,12 +39,6 @@ SCALE = "1e-9"
 MUST_FIRE = {"07_transformer_architecture", "10_scaling_up"}
 
 
-def notebook_sources() -> list[Path]:
-    chapters = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py"))
-    solutions = sorted((NOTEBOOKS / "solutions").glob("[0-9][0-9]_*_solutions.py"))
-    return chapters + solutions
-
-
 def guard_calls(source: str) -> list[int]:
     """Lines of the calls in ``source`` that pass a time guard: a keyword ``time_budget_s`` whose
     value is not the constant ``None`` and not a parameter of the function the call is in (a
@@ -73,14 +67,8 @@ def guard_calls(source: str) -> list[int]:
     return found
 
 
-def code_of(path: Path) -> str:
-    """The code cells of a jupytext ``.py`` notebook, joined (magics commented out by jupytext)."""
-    nb = jupytext.read(path)
-    return "\n".join(c.source for c in nb.cells if c.cell_type == "code")
-
-
 def guarded_notebooks() -> list[Path]:
-    return [p for p in notebook_sources() if guard_calls(code_of(p))]
+    return [p for p in book.notebook_sources(NOTEBOOKS) if guard_calls(book.notebook_code(p))]
 
 
 def test_the_scan_finds_guards_and_only_guards():

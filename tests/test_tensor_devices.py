@@ -25,6 +25,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import book  # tools/book.py (conftest puts tools/ on sys.path): which files are the notebooks
 import jupytext
 import pytest
 
@@ -35,12 +36,6 @@ FACTORIES = frozenset({"zeros", "ones", "empty", "full", "arange", "linspace", "
 MOVES = frozenset({"to", "cuda"})
 MOVERS = frozenset({"move_to", "fit"})  # functions that move the tensors they are given to the device
 MARKER = "# cpu:"
-
-
-def notebook_sources() -> list[Path]:
-    chapters = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py"))
-    solutions = sorted((NOTEBOOKS / "solutions").glob("[0-9][0-9]_*_solutions.py"))
-    return chapters + solutions
 
 
 def _names_a_device(node: ast.AST) -> bool:
@@ -131,8 +126,7 @@ def notebook_findings(path: Path) -> list[str]:
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
-        src = "\n".join("" if line.lstrip().startswith(("%", "!")) else line
-                        for line in cell.source.splitlines())
+        src = "\n".join(book.code_lines(cell.source))
         try:
             hits = unplaced_factories(src)
         except SyntaxError:
@@ -159,7 +153,7 @@ def test_the_rule_on_cells_written_for_it():
                               "y = f(m.to(run.device))\n") == [], "awareness is per scope"
 
 
-@pytest.mark.parametrize("path", notebook_sources(), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", book.notebook_sources(NOTEBOOKS), ids=lambda p: p.stem)
 def test_no_notebook_makes_a_tensor_off_the_device_it_meets(path):
     found = notebook_findings(path)
     assert not found, ("tensor factories without device= in a cell or function that names a device; add "

@@ -217,6 +217,27 @@ def chapter_notebooks(notebooks_dir: Path, suffix: str = ".ipynb") -> tuple[list
     return chapters, solutions
 
 
+def notebook_sources(notebooks_dir: Path) -> list[Path]:
+    """The chapters' jupytext ``.py`` files, then the solutions', each sorted: what the static
+    tests of the notebooks read."""
+    chapters, solutions = chapter_notebooks(notebooks_dir, ".py")
+    return chapters + solutions
+
+
+def code_lines(source: str) -> list[str]:
+    """A code cell's ``source`` as Python lines: IPython magics and shell lines (``%...``,
+    ``!...``) blanked, so that ``ast.parse`` reads it and line numbers stay the cell's."""
+    return ["" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()]
+
+
+def notebook_code(path: Path) -> str:
+    """A notebook's code cells (read with jupytext, ``.py`` or ``.ipynb``), in order, as one Python
+    source (:func:`code_lines` of each)."""
+    nb = jupytext.read(path)
+    cells = [cell.source for cell in nb.cells if cell.cell_type == "code"]
+    return "\n".join(line for source in cells for line in code_lines(source))
+
+
 def notebook_title(nb: nbformat.NotebookNode, fallback: str) -> str:
     """The first markdown heading of ``nb`` (without the #s), else ``fallback``."""
     for cell in nb.cells:
