@@ -313,12 +313,12 @@ def chapter_printed(notebook: str, pattern: str) -> tuple[str, ...]:
     """The groups of ``pattern`` in the first printed line of the committed ``notebook`` that matches
     (the chapter's cpu run), so that this answer follows each refresh of the chapter."""
     here = Path.cwd().resolve()
-    for folder in (here, *here.parents):
-        path = folder / notebook if folder.name == "notebooks" else folder / "notebooks" / notebook
-        if path.exists():
+    for folder in (here, *here.parents):  # the checkout: notebooks/ beside tfmlib/ (not a build's copies)
+        path = folder / "notebooks" / notebook
+        if (folder / "tfmlib").is_dir() and path.exists():
             break
     else:
-        raise FileNotFoundError(f"notebooks/{notebook} not found above {here}")
+        raise FileNotFoundError(f"notebooks/{notebook} of the checkout not found above {here}")
     for cell in json.loads(path.read_text())["cells"]:
         for output in cell.get("outputs", []) if cell["cell_type"] == "code" else []:
             for line in "".join(output.get("text", "")).splitlines():

@@ -58,12 +58,12 @@ def chapter_printed(notebook: str, pattern: str) -> tuple[str, ...]:
     """The groups of ``pattern`` in the first printed line of the committed ``notebook`` that matches:
     how these answers quote the chapter's numbers (its cpu run), so they follow each refresh."""
     here = Path.cwd().resolve()
-    for folder in (here, *here.parents):
-        path = folder / notebook if folder.name == "notebooks" else folder / "notebooks" / notebook
-        if path.exists():
+    for folder in (here, *here.parents):  # the checkout: notebooks/ beside tfmlib/ (not a build's copies)
+        path = folder / "notebooks" / notebook
+        if (folder / "tfmlib").is_dir() and path.exists():
             break
     else:
-        raise FileNotFoundError(f"notebooks/{notebook} not found above {here}")
+        raise FileNotFoundError(f"notebooks/{notebook} of the checkout not found above {here}")
     for cell in json.loads(path.read_text())["cells"]:
         for output in cell.get("outputs", []) if cell["cell_type"] == "code" else []:
             for line in "".join(output.get("text", "")).splitlines():
