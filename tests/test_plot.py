@@ -247,6 +247,23 @@ def test_over_seeds_from_seed_by_point_arrays_smoothed():
     assert all(line.get_marker() in ("None", None) for line in ax.lines), "30 points: lines, no markers"
 
 
+def test_over_seeds_colors_override_some_models():
+    results = {"attention": {1: [1.0, 2.0], 2: [2.0, 3.0]}, "no attention": {1: [0.0, 1.0], 2: [0.5, 1.5]}}
+    ax = plot_over_seeds(results, colors={"no attention": "0.4"}, **KW)
+    to_rgb = matplotlib.colors.to_rgb
+    lines = {line.get_label(): line for line in ax.lines}
+    assert to_rgb(lines["no attention"].get_color()) == to_rgb("0.4"), "the given colour is used"
+    assert to_rgb(lines["attention"].get_color()) == to_rgb(sns.color_palette(n_colors=2)[0]), \
+        "a model without a given colour keeps the palette's"
+    faint = [line for line in _seed_lines(ax) if line.get_label().endswith("of no attention")]
+    assert faint and all(to_rgb(line.get_color()) == to_rgb("0.4") for line in faint), "its seeds too"
+    legend = {t.get_text(): h for t, h in zip(ax.get_legend().get_texts(), ax.get_legend().legend_handles,
+                                               strict=True)}
+    assert to_rgb(legend["no attention"].get_color()) == to_rgb("0.4"), "and its legend entry"
+    with pytest.raises(ValueError, match=r"colors names \['seq2seq'\]"):
+        plot_over_seeds(results, colors={"seq2seq": "0.4"}, **KW)
+
+
 def test_over_seeds_bad_input():
     with pytest.raises(ValueError, match="results is empty"):
         plot_over_seeds({}, **KW)

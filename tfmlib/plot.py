@@ -248,6 +248,7 @@ def plot_over_seeds(
     logy: bool = False,
     x: Sequence[float] | None = None,
     smooth: int = 1,
+    colors: Mapping[str, Any] | None = None,
 ) -> plt.Axes:
     """Results of several seeds per point: a line through their ``estimator``, and their spread.
 
@@ -265,6 +266,8 @@ def plot_over_seeds(
     placed in their given order with error bars and no connecting line, models side by side.
     Each seed is also drawn faintly (lines labelled
     ``"_seed i of name"``) when ``show_seeds`` (default: when there are at most 10 seeds).
+    ``colors`` gives some models a colour of their own (any matplotlib colour, e.g. ``"0.4"`` for a
+    baseline in grey); the others take the palette's colours in order.
     """
     if not results:
         raise ValueError("plot_over_seeds: results is empty: give {model: {x: [one value per seed]}}")
@@ -293,6 +296,11 @@ def plot_over_seeds(
     data = pd.DataFrame(rows)
     names = list(results)
     colours = dict(zip(names, sns.color_palette(n_colors=len(names)), strict=True))
+    if colors:
+        unknown = [n for n in colors if n not in colours]
+        if unknown:
+            raise ValueError(f"plot_over_seeds: colors names {unknown}, which are not in results {names}")
+        colours |= dict(colors)
     numeric = all(_is_number(xv) for xv in xs_all)
     if show_seeds is None:
         show_seeds = data["seed"].max() + 1 <= _MAX_FAINT_SEEDS
