@@ -431,10 +431,16 @@ for k, T_len in enumerate(timing_lengths):
           + f" {arithmetic[T_len]:>8.2f}x")
 print(f"sequential steps per sequence: nn.GRU and the Python loop T, the parallel form 1; "
       f"the arithmetic breaks even at T = 2d = {2 * D}")
-plot_curves(timings, x=timing_lengths, logy=True,
-            title=f"Forward pass, batch {timing_batch}, width {D}, on {run.device.type}",
-            xlabel="sequence length T", ylabel="time (ms, log scale)")
-plt.xscale("log")
+ax = plot_curves(timings, x=timing_lengths, logy=True,
+                 title=f"Forward pass, batch {timing_batch}, width {D}, on {run.device.type}",
+                 xlabel="sequence length T (log scale)", ylabel="time (ms, log scale)")
+for line, name in zip(ax.get_lines(), timings, strict=True):   # the quartile brackets the table prints
+    medians, (q1s, q3s) = np.array(timings[name]), np.array(quartiles[name]).T
+    ax.errorbar(timing_lengths, medians, yerr=[medians - q1s, q3s - medians], fmt="none",
+                ecolor=line.get_color(), capsize=3, lw=1)
+ax.set_xscale("log")
+ax.set_xticks(timing_lengths, [str(T_len) for T_len in timing_lengths])   # the lengths timed
+ax.xaxis.set_minor_locator(plt.NullLocator())
 plt.show()
 lengths_ratio = timing_lengths[-1] / timing_lengths[0]
 loop_growth = {name: timings[name][-1] / timings[name][0] for name in ("nn.GRU (fused loop)", "GRU, Python loop")}
@@ -464,34 +470,41 @@ if run.device.type == "cpu" and run.profile != "smoke":   # what the text below 
 # and more beyond. The times need not cross where the arithmetic does, at $T = 2d = 128$. In
 # the `cpu` run printed here, beyond the spread (the line "beyond the spread", a rule of thumb:
 # one's quartile bracket entirely below the other's, not a statistical test), the parallel
-# form was faster at $T = 16$ and 64 and slower at 1024. At $T = 256$, where it does 1.67 times
-# the GRU's arithmetic, the two medians differ by 3% (time ratio 0.97x) and their quartile
-# brackets overlap: a tie in this run, so on this CPU the times cross at or above 256, not near
-# 128. A likely reason, not measured here: the parallel form's multiply-adds sit in a few
-# large matrix products, which a CPU runs at a higher rate than the GRU's $T$ small products
-# of a batch of 8, one after another. At $T = 16$ the time ratio (0.44x) is near the arithmetic
-# ratio (0.42x); the row at 64 is too disturbed to be read that way (next paragraph).
+# form was faster at $T = 16$ and slower at 1024. At $T = 64$ its median was lower (time ratio
+# 0.39x), but the brackets overlap (its third quartile, 6.25 ms, is above the first quartile of
+# `nn.GRU`, 4.91 ms); at $T = 256$, where it does 1.67 times the GRU's arithmetic, its median
+# was 13% higher (1.13x) and the brackets overlap again. So in this run the medians cross
+# between 64 and 256, where the arithmetic does, but the rows at 64 and 256 are ties within
+# their spread: this run does not place the crossing more precisely than between 16 and 1024.
+# From $T = 64$ on, the time ratio sits below the arithmetic ratio (0.39x against 0.67x,
+# 1.13x against 1.67x, 3.56x against 5.67x); at $T = 16$ it sits above it (0.57x against
+# 0.42x). A likely reason, not measured here: the parallel form's multiply-adds sit in a few
+# large matrix products, which a CPU runs at a higher rate than the GRU's $T$ small products of
+# a batch of 8, one after another, while at $T = 16$ every product is small and the fixed cost
+# of each call weighs more.
 #
-# The brackets also show how a shared, busy machine disturbs some calls. At $T = 16$ the
-# median of `nn.GRU` is 1.28 ms but its third quartile 12.93 ms; at $T = 64$ the parallel
-# form's first quartile is 1.50 ms and its median 9.89 ms. Some calls took about ten
-# milliseconds longer than others doing the same work, presumably because other processes
-# shared the machine (waiting for a core, or sharing its caches). The same disturbance
-# presumably explains the `nn.GRU` line "time x194" for a length x64: a recurrence's work grows
-# in proportion to its length, but its median from $T = 16$ to 64 grew x9.9 for a length x4,
-# and at least seven of its nine rounds at 64 took 11.35 ms or more (its first quartile). A
-# machine slowed throughout, on the other hand, leaves the brackets narrow, so they cannot show
-# it. Read every row's absolute times as this run's, on a busy machine; the ratios within a row
-# are steadier, since the three take turns in every round. Where exactly the times cross depends on the device and on how busy it is. The
-# figure draws the medians only, without the brackets, on a log length axis labelled only at
-# $10^2$ and $10^3$: read the four lengths timed (16, 64, 256, 1024) and their spread in the
-# table.
+# The brackets also show how a shared, busy machine disturbs some calls. At $T = 64$ the three
+# third quartiles sit 4 to 28 ms above their medians (`nn.GRU` 5.07 ms with a third quartile of
+# 9.70 ms, the parallel form 2.00 and 6.25 ms, the Python loop 25.89 and 54.13 ms), and at
+# $T = 1024$ each third quartile is about twice its first (`nn.GRU` 67.89 to 144.82 ms, the
+# Python loop 411.59 to 803.45 ms): the slower quarter of the calls took about twice as long as
+# the faster quarter, doing the same work, presumably because other processes shared the
+# machine (waiting for a core, or sharing its caches). Through that noise the median of `nn.GRU`
+# grew about in proportion to its length: x72 for a length x64 (the line "time x72"), x4.3 from
+# $T = 256$ to 1024 (a length x4). The Python
+# loop's did not, either way: x1.3 from $T = 16$ to 64, x6.1 from 256 to 1024. A machine slowed
+# throughout, on the other hand, leaves the brackets narrow, so they cannot show it. Read every
+# row's absolute times as this run's, on a busy machine; the ratios within a row are steadier,
+# since the three take turns in every round. Where exactly the times cross depends on the
+# device and on how busy it is. The figure draws each median with its quartile bracket as an
+# error bar, at the lengths timed.
 #
 # At the longest length timed, $T = 16 d = 1024$ in the `cpu` profile, the parallel form does
-# 5.7 times the GRU's arithmetic, and on a CPU it is slower there (3.64x in this run, with
-# the quartile brackets far apart; checked, on a CPU). From the row before to the last its time
-# grows about as its arithmetic does: $2Td^2 + 2T^2d$ at $d = 64$ grows x13.6 from $T = 256$ to
-# 1024, and the last printed line says x13.0, while the GRU's $6Td^2$ grows x4.0 (printed: x3.5;
+# 5.7 times the GRU's arithmetic, and on a CPU it is slower there (3.56x in this run, with
+# the quartile brackets far apart: its first quartile, 312.16 ms, is more than twice the third
+# of `nn.GRU`, 144.82 ms; checked, on a CPU). From the row before to the last its time grows
+# about as its arithmetic does: $2Td^2 + 2T^2d$ at $d = 64$ grows x13.6 from $T = 256$ to
+# 1024, and the last printed line says x13.4, while the GRU's $6Td^2$ grows x4.0 (printed: x4.3;
 # the faster growth is checked, on a CPU). Attention trades sequential steps for total work. On a GPU the same lines can read
 # differently, since thousands of cores absorb the $T^2$ scores while every step of a
 # recurrence waits for the one before; the printed numbers say which. The Python loop's line
