@@ -97,11 +97,11 @@ run = setup(
                gru_embed=16, gru_hidden=32, batch_size=32, lr=3e-3, floor_history=2_000, floor_draws=2_000,
                gen_lengths=(16, 32, 64), time_d_model=32, time_layers=1, time_repeats=1, long_repeats=1,
                lm_seeds=(0,), grammar_samples=20),
-    # cpu, one thread (measured in the committed run, on a machine shared with other work): 12-17 s
-    # per epoch for the decoder and 11-16 s for the GRU, x 2 epochs x 3 seeds: about 160 s of
+    # cpu, one thread (measured in the committed run, on a machine shared with other work): 17-27 s
+    # per epoch for the decoder and 15-19 s for the GRU, x 2 epochs x 3 seeds: about 240 s of
     # training; the grammar counts draw 5 x 400 sentences from each seed's decoder (about 20 s per
-    # model in an earlier run); the 1024-token run without the cache took 26-28 s a round, so it is
-    # timed twice (long_repeats), the shorter lengths 7 times. 6 min in all
+    # model in an earlier run); the 1024-token run without the cache took 26-27 s a round, so it is
+    # timed twice (long_repeats), the shorter lengths 7 times. 7.5 min in all
     cpu=dict(lm_sentences=20_000, valid_sentences=2_500, epochs=2, d_model=64, heads=4, layers=2,
              gru_embed=64, gru_hidden=128, batch_size=64, lr=3e-3, floor_history=50_000, floor_draws=50_000,
              gen_lengths=(64, 256, 1024), time_d_model=128, time_layers=2, time_repeats=7, long_repeats=2,
@@ -330,7 +330,7 @@ plot_over_seeds({name: b - floor_bits for name, b in bits.items()}, x=np.arange(
 ax.axhline((baseline_nats["trigram (interp.)"] - floor_nats) / math.log(2), color="gray", ls="--",
            label="trigram (interp.)")
 ax.set_xticks(np.arange(1, n_epochs + 1))  # whole epochs: the runs are evaluated after each one
-ax.legend(loc="upper right")
+ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))  # outside the axes: it covers no line
 plt.tight_layout()
 plt.show()
 print(f"{'model':20s}{'bits/token':>12s}{'perplexity':>12s}{'above floor (bits)':>20s}   "
@@ -905,7 +905,7 @@ plot_curves({name: [n / speed[n][name] for n in run.gen_lengths] for name in spe
 ax.set_xscale("log", base=2)
 ax.set_xticks(list(run.gen_lengths), [str(n) for n in run.gen_lengths])  # plain numbers, not powers
 low, high = ax.get_ylim()
-ticks = [m * 10 ** e for e in range(-1, 6) for m in (1, 2, 5) if low <= m * 10 ** e <= high]
+ticks = [m * 10 ** e for e in range(-1, 6) for m in (1, 2, 3, 5) if low <= m * 10 ** e <= high]
 ax.set_yticks(ticks if len(ticks) > 1 else [float(f"{v:.2g}") for v in np.geomspace(low, high, 4)])
 ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
 ax.yaxis.set_minor_formatter(NullFormatter())
@@ -916,20 +916,26 @@ if run.device.type == "cpu" and run.profile != "smoke":  # the CPU claim below; 
         "on the CPU the cache should be several times faster at the longest length"
 
 # %% [markdown]
-# Without the cache the time per generated token grows with the sequence (each step re-reads
-# everything); with it, a step's attention grows only linearly with the cache, and at these sizes
-# that growth is hidden under the fixed cost of a step: in the committed `cpu` run the cached time
-# per token stayed between 3.3 and 4.1 ms at all three lengths (pre-allocated 3.68, 4.11 and
-# 3.34 ms, concatenated 4.13, 3.75 and 3.27 ms: the medians divided by the tokens). The two
-# cached lines of the figure are roughly flat, 242 to 306 tokens per second (above its top tick,
-# 200; both highest at 1024 tokens), with no trend with length beyond the run's noise. Since the
-# uncached time per token grows and the cached one does not, on the CPU the speed-up grows with
-# the length. In the committed `cpu` run (one thread, on a machine shared with other work),
-# recompute / pre-allocated was 1.79 [1.41, 2.52] at 64 tokens, 2.84 [2.03, 3.84] at 256 and
-# 8.06 [7.35, 8.77] at 1024: the median [min, max] of the per-round ratios, over 7 rounds at 64
-# and 256 tokens and 2 at 1024, where one round without the cache takes about half a minute.
-# The spread within one run is wide, and earlier runs of this notebook measured from 1.9x to 4.9x
-# at 256 tokens and from 5.4x to 29x at 1024: read the ratios as orders of magnitude. The cell
+# Without the cache each step re-reads everything, so the time per generated token grows with
+# the sequence; with it, a step's attention grows only linearly with the cache, and at these
+# sizes that growth is hidden under the fixed cost of a step. In the committed `cpu` run the rows
+# at 256 and 1024 tokens read that way: without the cache 12.3 and 25.9 ms per token, with the
+# pre-allocated cache 4.70 and 3.03 ms, concatenated 4.03 and 2.75 ms (the medians divided by the
+# tokens). The 64-token row does not: every column took more per token there than at 256
+# (recompute 13.4 ms, pre-allocated 8.89, concatenated 8.66), although its steps do less work,
+# so that row was presumably slowed by other work on the shared machine (its fastest rounds took
+# 8.9, 4.3 and 5.6 ms per token). So the figure's cached lines rise from about 113 and 116 tokens
+# per second at 64 tokens to 330 and 364 at 1024: read that rise as this run's load, not as a
+# cache that gets faster with length (the previous committed run's cached lines were flat, 3.3-4.1
+# ms per token at all three lengths). Since the uncached time per token grows and the cached one
+# does not, on the CPU the speed-up grows with the length; the per-round ratios, whose two sides
+# share each round's load, show it at all three lengths. In the committed `cpu` run (one thread,
+# on a machine shared with other work), recompute / pre-allocated was 1.56 [1.29, 3.18] at 64
+# tokens, 2.79 [2.08, 3.51] at 256 and 8.71 [7.36, 10.06] at 1024: the median [min, max] of the
+# per-round ratios, over 7 rounds at 64 and 256 tokens and 2 at 1024, where one round without
+# the cache takes about half a minute. The spread within one run is wide, and earlier runs of
+# this notebook measured from 1.9x to 4.9x at 256 tokens and from 5.4x to 29x at 1024: read the
+# ratios as orders of magnitude. The cell
 # asserts only that on the CPU the cache is more than 3 times faster at the longest length; on a
 # GPU at batch 1 it need not be (below). The short lengths gain less because a cached step of a
 # model this small costs mostly the fixed overhead of Python and kernel calls, not arithmetic.
@@ -944,24 +950,26 @@ if run.device.type == "cpu" and run.profile != "smoke":  # the CPU claim below; 
 # cannot be told apart, or concatenation is ahead.
 #
 # Pre-allocating saves the copy of the whole cache that concatenation makes at every step. In
-# this run the two cached columns cannot be told apart at any length: concatenated / pre-allocated
-# was 1.18 [0.88, 1.67] at 64 tokens, 0.91 [0.54, 1.51] at 256 and 1.00 [0.86, 1.14] at 1024,
-# every range on both sides of 1. The cell times the `torch.cat` calls of the 1024-token run
-# alone, and they are small: for the timing model (2 layers, $d = 128$, float32, batch 1) a step
-# at cache length $t$ writes the keys and values of $t + 1$ positions,
-# $2 \cdot 2 \cdot 128 \cdot 4 \cdot (t + 1)$ bytes, 1089 MB over the 1023 steps (and as much
-# read), and allocating and copying them took 141 ms in this run, about 4% of the 3.4 s a cached
-# generation took. The previous committed run measured concatenation 2.36 [2.04, 2.68] times as
-# slow at 1024 tokens, a gap of 5.4 s between the medians; this run's medians differ by -65 ms.
-# The isolated calls are only a lower bound on what concatenation costs: inside generation each
-# step also allocates fresh tensors among the model's own, and attention reads a contiguous tensor
-# in one case and a view of a larger buffer in the other. So the chapter does not measure how the
+# this run the two cached columns cannot be told apart at 64 and 256 tokens: concatenated /
+# pre-allocated was 1.00 [0.92, 1.30] at 64 tokens and 1.05 [0.59, 1.28] at 256, both ranges on
+# both sides of 1; at 1024 it was 0.91 [0.90, 0.91], concatenation the faster in both rounds.
+# The cell times the `torch.cat` calls of the 1024-token run alone, and they are small: for the
+# timing model (2 layers, $d = 128$, float32, batch 1) a step at cache length $t$ writes the keys
+# and values of $t + 1$ positions, $2 \cdot 2 \cdot 128 \cdot 4 \cdot (t + 1)$ bytes, 1089 MB over
+# the 1023 steps (and as much read), and allocating and copying them took 103 ms in this run,
+# about 3-4% of the 2.8-3.1 s a cached generation took. Two earlier committed runs measured
+# concatenation 2.36 [2.04, 2.68] times as slow at 1024 tokens (a gap of 5.4 s between the
+# medians) and 1.00 [0.86, 1.14] (a gap of -65 ms); this run's medians differ by -288 ms. The
+# isolated calls are only a lower bound on what concatenation costs: inside generation each step
+# also allocates fresh tensors among the model's own, and attention reads a contiguous tensor in
+# one case and a view of a larger buffer in the other. So the chapter does not measure how the
 # earlier 5.4 s gap divides between the load on the shared machine and the concatenated path as
-# a whole; it shows only that the bytes copied, timed alone in this run, account for little of
-# it (141 ms against 5.4 s). Read the concatenated / pre-allocated ratio at these sizes as moving
-# from run to run, both ways: 2.36 and 1.00 at 1024 tokens in two runs of this cell, 0.77 to 0.98
-# (medians) for the benchmark's wider model above. The bytes copied grow with the cache (long
-# contexts, big batches, many layers), and there pre-allocation saves them.
+# a whole; it shows only that the bytes copied, timed alone (141 ms in the previous run, 103 ms
+# in this one), account for little of it. Read the concatenated / pre-allocated ratio at these
+# sizes as moving from run to run, both ways: 2.36, 1.00 and 0.91 at 1024 tokens in three runs
+# of this cell, 0.77 to 0.98 (medians) for the benchmark's wider model above. The bytes copied
+# grow with the cache (long contexts, big batches, many layers), and there pre-allocation saves
+# them.
 #
 # ### Prefill and decode
 #
