@@ -392,7 +392,7 @@ assert err_parallel < 1e-12, "the parallel form must compute what the loop compu
 # a loop's cost on this device is the interpreter rather than arithmetic. The package's
 # `interleaved_medians` times them (`tfmlib.timing`, introduced in chapter 01): it waits for the
 # device before and after every call, warms up, lets the three take turns so that a busy
-# machine disturbs them alike, and keeps the median of the rounds; the cell prints each median
+# machine disturbs them more alike, and keeps the median of the rounds; the cell prints each median
 # with its first and third quartiles, so that a row disturbed in some of its rounds shows as a
 # wide bracket (a machine slowed throughout does not show in the brackets at all). (Chapter 05
 # measures this properly, with backward passes and memory; here it is a first look.) On a GPU,
@@ -476,27 +476,38 @@ if run.device.type == "cpu" and run.profile != "smoke":   # what the text below 
 # was 13% higher (1.13x) and the brackets overlap again. So in this run the medians cross
 # between 64 and 256, where the arithmetic does, but the rows at 64 and 256 are ties within
 # their spread: this run does not place the crossing more precisely than between 16 and 1024.
-# From $T = 64$ on, the time ratio sits below the arithmetic ratio (0.39x against 0.67x,
-# 1.13x against 1.67x, 3.56x against 5.67x); at $T = 16$ it sits above it (0.57x against
-# 0.42x). A likely reason, not measured here: the parallel form's multiply-adds sit in a few
-# large matrix products, which a CPU runs at a higher rate than the GRU's $T$ small products of
-# a batch of 8, one after another, while at $T = 16$ every product is small and the fixed cost
-# of each call weighs more.
+# Other runs on this machine, not printed here, agree at 64 and put 256 on either side (the
+# chapter's previous `cpu` run printed 0.78x and 0.97x; a reader's runs 0.15-0.42x at 64, the
+# parallel form faster every time, and 0.87-1.13x at 256): on this CPU the times cross near
+# 256, above the arithmetic's 128 as far as the rows at 64 and 256 can tell (128 itself was
+# not timed). From $T = 64$ on, the time ratio sits below the arithmetic ratio (0.39x against
+# 0.67x, 1.13x against 1.67x, 3.56x against 5.67x). At $T = 16$ it is 0.57x against 0.42x in
+# this run, but other runs put it on either side (the previous `cpu` run printed 0.44x; readers'
+# runs gave 0.40-0.60x): near the arithmetic ratio. A likely reason for the ratio below the
+# arithmetic's, not measured here: the parallel form's multiply-adds sit in a few large matrix
+# products, which a CPU runs at a higher rate than the GRU's recurrent half, $T$ small products
+# of a batch of 8 one after another (`nn.GRU` computes its input half for all positions in one
+# product).
 #
 # The brackets also show how a shared, busy machine disturbs some calls. At $T = 64$ the three
 # third quartiles sit 4 to 28 ms above their medians (`nn.GRU` 5.07 ms with a third quartile of
 # 9.70 ms, the parallel form 2.00 and 6.25 ms, the Python loop 25.89 and 54.13 ms), and at
-# $T = 1024$ each third quartile is about twice its first (`nn.GRU` 67.89 to 144.82 ms, the
-# Python loop 411.59 to 803.45 ms): the slower quarter of the calls took about twice as long as
-# the faster quarter, doing the same work, presumably because other processes shared the
-# machine (waiting for a core, or sharing its caches). Through that noise the median of `nn.GRU`
+# $T = 1024$ the third quartiles of `nn.GRU` and the Python loop are about twice their first
+# (`nn.GRU` 67.89 to 144.82 ms, the Python loop 411.59 to 803.45 ms; the parallel form x1.8,
+# 312.16 to 555.78 ms): for those two, the three slowest of the nine rounds took at least about
+# twice as long as the three fastest, doing the same work, presumably because other processes
+# shared the machine (waiting for a core, or sharing its caches). Through that noise the median of `nn.GRU`
 # grew about in proportion to its length: x72 for a length x64 (the line "time x72"), x4.3 from
 # $T = 256$ to 1024 (a length x4). The Python
-# loop's did not, either way: x1.3 from $T = 16$ to 64, x6.1 from 256 to 1024. A machine slowed
-# throughout, on the other hand, leaves the brackets narrow, so they cannot show it. Read every
-# row's absolute times as this run's, on a busy machine; the ratios within a row are steadier,
-# since the three take turns in every round. Where exactly the times cross depends on the
-# device and on how busy it is. The figure draws each median with its quartile bracket as an
+# loop's did not (x1.3 from $T = 16$ to 64, x6.1 from 256 to 1024), which we read as the same
+# load, here through a whole row: its 16 row is 1.2 ms a position, against 0.4-0.7 ms at the
+# other lengths, with a narrow bracket. A machine slowed throughout a row leaves its bracket
+# narrow like that, so the brackets cannot show it. Read every row's absolute times as this run's, on a busy machine; the
+# ratios within a row are usually steadier, since the three take turns in every round (not when
+# one of the three alone is disturbed: in a reader's runs, not printed here, `nn.GRU` at
+# $T = 64$ took 2.7-7.1 ms while the parallel form stayed at 1.0-1.5 ms, and the ratio at 64
+# varied more than the times). Where exactly the times cross depends on the device and on how
+# busy it is. The figure draws each median with its quartile bracket as an
 # error bar, at the lengths timed.
 #
 # At the longest length timed, $T = 16 d = 1024$ in the `cpu` profile, the parallel form does
