@@ -476,14 +476,12 @@ if run.device.type == "cpu" and run.profile != "smoke":   # what the text below 
 # was 13% higher (1.13x) and the brackets overlap again. So in this run the medians cross
 # between 64 and 256, where the arithmetic does, but the rows at 64 and 256 are ties within
 # their spread: this run does not place the crossing more precisely than between 16 and 1024.
-# Other runs on this machine, not printed here, agree at 64 and put 256 on either side (the
-# chapter's previous `cpu` run printed 0.78x and 0.97x; a reader's runs 0.15-0.42x at 64, the
-# parallel form faster every time, and 0.87-1.13x at 256): on this CPU the times cross near
-# 256, above the arithmetic's 128 as far as the rows at 64 and 256 can tell (128 itself was
-# not timed). From $T = 64$ on, the time ratio sits below the arithmetic ratio (0.39x against
+# The chapter's previous `cpu` run (its committed outputs before this one) printed 0.78x at 64
+# and 0.97x at 256: it agrees at 64 and puts 256 on the other side, so on this CPU the times
+# cross near 256, above the arithmetic's 128 as far as the rows at 64 and 256 can tell (128
+# itself was not timed). From $T = 64$ on, the time ratio sits below the arithmetic ratio (0.39x against
 # 0.67x, 1.13x against 1.67x, 3.56x against 5.67x). At $T = 16$ it is 0.57x against 0.42x in
-# this run, but other runs put it on either side (the previous `cpu` run printed 0.44x; readers'
-# runs gave 0.40-0.60x): near the arithmetic ratio. A likely reason for the ratio below the
+# this run, and 0.44x in the previous `cpu` run: near the arithmetic ratio, on either side. A likely reason for the ratio below the
 # arithmetic's, not measured here: the parallel form's multiply-adds sit in a few large matrix
 # products, which a CPU runs at a higher rate than the GRU's recurrent half, $T$ small products
 # of a batch of 8 one after another (`nn.GRU` computes its input half for all positions in one
@@ -496,17 +494,14 @@ if run.device.type == "cpu" and run.profile != "smoke":   # what the text below 
 # (`nn.GRU` 67.89 to 144.82 ms, the Python loop 411.59 to 803.45 ms; the parallel form x1.8,
 # 312.16 to 555.78 ms): for those two, the three slowest of the nine rounds took at least about
 # twice as long as the three fastest, doing the same work, presumably because other processes
-# shared the machine (waiting for a core, or sharing its caches). Through that noise the median of `nn.GRU`
-# grew about in proportion to its length: x72 for a length x64 (the line "time x72"), x4.3 from
-# $T = 256$ to 1024 (a length x4). The Python
-# loop's did not (x1.3 from $T = 16$ to 64, x6.1 from 256 to 1024), which we read as the same
+# shared the machine (waiting for a core, or sharing its caches). Through that noise the median
+# of `nn.GRU` grew about in proportion to its length: x72 for a length x64 (the line "time
+# x72"), x4.3 from $T = 256$ to 1024 (a length x4). The Python loop's did not (x1.3 from $T = 16$ to 64, x6.1 from 256 to 1024), which we read as the same
 # load, here through a whole row: its 16 row is 1.2 ms a position, against 0.4-0.7 ms at the
 # other lengths, with a narrow bracket. A machine slowed throughout a row leaves its bracket
-# narrow like that, so the brackets cannot show it. Read every row's absolute times as this run's, on a busy machine; the
-# ratios within a row are usually steadier, since the three take turns in every round (not when
-# one of the three alone is disturbed: in a reader's runs, not printed here, `nn.GRU` at
-# $T = 64$ took 2.7-7.1 ms while the parallel form stayed at 1.0-1.5 ms, and the ratio at 64
-# varied more than the times). Where exactly the times cross depends on the device and on how
+# narrow like that, so the brackets cannot show it. Read every row's absolute times as this
+# run's, on a busy machine; the ratios within a row are usually steadier, since the three take
+# turns in every round (not when one of the three alone is disturbed). Where exactly the times cross depends on the device and on how
 # busy it is. The figure draws each median with its quartile bracket as an
 # error bar, at the lengths timed.
 #
