@@ -98,7 +98,7 @@ run = setup(
                gen_lengths=(16, 32, 64), time_d_model=32, time_layers=1, time_repeats=1, long_repeats=1,
                lm_seeds=(0,), grammar_samples=20),
     # cpu, one thread (measured in the committed run, on a machine shared with other work): 17-27 s
-    # per epoch for the decoder and 15-19 s for the GRU, x 2 epochs x 3 seeds: about 240 s of
+    # per epoch for the decoder and 14-19 s for the GRU, x 2 epochs x 3 seeds: about 240 s of
     # training; the grammar counts draw 5 x 400 sentences from each seed's decoder (about 20 s per
     # model in an earlier run); the 1024-token run without the cache took 26-27 s a round, so it is
     # timed twice (long_repeats), the shorter lengths 7 times. 7.5 min in all
@@ -916,38 +916,41 @@ if run.device.type == "cpu" and run.profile != "smoke":  # the CPU claim below; 
         "on the CPU the cache should be several times faster at the longest length"
 
 # %% [markdown]
-# Without the cache each step re-reads everything, so the time per generated token grows with
-# the sequence; with it, a step's attention grows only linearly with the cache, and at these
-# sizes that growth is hidden under the fixed cost of a step. In the committed `cpu` run the rows
-# at 256 and 1024 tokens read that way: without the cache 12.3 and 25.9 ms per token, with the
-# pre-allocated cache 4.70 and 3.03 ms, concatenated 4.03 and 2.75 ms (the medians divided by the
-# tokens). The 64-token row does not: every column took more per token there than at 256
-# (recompute 13.4 ms, pre-allocated 8.89, concatenated 8.66), although its steps do less work,
-# so that row was presumably slowed by other work on the shared machine (its fastest rounds took
-# 8.9, 4.3 and 5.6 ms per token). So the figure's cached lines rise from about 113 and 116 tokens
-# per second at 64 tokens to 330 and 364 at 1024: read that rise as this run's load, not as a
-# cache that gets faster with length (the previous committed run's cached lines were flat, 3.3-4.1
-# ms per token at all three lengths). Since the uncached time per token grows and the cached one
-# does not, on the CPU the speed-up grows with the length; the per-round ratios, whose two sides
-# share each round's load, show it at all three lengths. In the committed `cpu` run (one thread,
-# on a machine shared with other work), recompute / pre-allocated was 1.56 [1.29, 3.18] at 64
-# tokens, 2.79 [2.08, 3.51] at 256 and 8.71 [7.36, 10.06] at 1024: the median [min, max] of the
-# per-round ratios, over 7 rounds at 64 and 256 tokens and 2 at 1024, where one round without
-# the cache takes about half a minute. The spread within one run is wide, and earlier runs of
-# this notebook measured from 1.9x to 4.9x at 256 tokens and from 5.4x to 29x at 1024: read the
-# ratios as orders of magnitude. The cell
-# asserts only that on the CPU the cache is more than 3 times faster at the longest length; on a
-# GPU at batch 1 it need not be (below). The short lengths gain less because a cached step of a
-# model this small costs mostly the fixed overhead of Python and kernel calls, not arithmetic.
+# Without the cache each step re-reads everything, so the time per generated token grows with the
+# sequence; with it, a step's attention grows only linearly with the cache, and at these sizes that
+# growth is hidden under the fixed cost of a step. In the committed `cpu` run the uncached time per
+# token grew: 12.3 ms at 256 tokens and 25.9 ms at 1024 (medians divided by the tokens; 5.8 and
+# 25.2 ms in the fastest rounds). The cached columns were too disturbed by other work on the shared
+# machine to show a trend: their medians fell from 256 to 1024 tokens (pre-allocated 4.70 to 3.03
+# ms, concatenated 4.03 to 2.75 ms) while their fastest rounds rose (1.83 to 2.64 ms and 1.74 to
+# 2.38 ms). At 64 tokens every column took more per token than at 256 (recompute 13.4 ms,
+# pre-allocated 8.89, concatenated 8.66 by the medians; 8.9, 4.3 and 5.6 ms in the fastest rounds),
+# although the steps there do less work, so that row was presumably slowed by other work too. So the
+# figure's cached lines rise from about 113 and 116 tokens per second at 64 tokens to 330 and 364
+# at 1024: read that rise as this run's load, not as a cache that gets faster with length (the
+# previous committed run's cached medians were flat, 3.3-4.1 ms per token at all three lengths).
+# Since the uncached time per token grows and the cached one, in that earlier run, did not, on the
+# CPU the speed-up should grow with the length; in this run the medians of the per-round ratios
+# grow with the length (below), though at 64 and 256 tokens their ranges overlap. A per-round ratio
+# compares two runs made back to back, which cancels load that lasts a round, not load that comes
+# and goes within one. In the committed `cpu` run (one thread, on a machine shared with other
+# work), recompute / pre-allocated was 1.56 [1.29, 3.18] at 64 tokens, 2.79 [2.08, 3.51] at 256 and
+# 8.71 [7.36, 10.06] at 1024: the median [min, max] of the per-round ratios, over 7 rounds at 64
+# and 256 tokens and 2 at 1024, where one round without the cache takes about half a minute. The
+# spread within one run is wide, and earlier runs of this notebook measured from 1.9x to 4.9x at
+# 256 tokens and from 5.4x to 29x at 1024: read the ratios as orders of magnitude. The cell asserts
+# only that on the CPU the cache is more than 3 times faster at the longest length; on a GPU at
+# batch 1 it need not be (below). The short lengths gain less because a cached step of a model this
+# small costs mostly the fixed overhead of Python and kernel calls, not arithmetic.
 # `benchmarks/kv_cache.py` times a wider model ($d = 256$, 4 layers) the same way, every length in
-# one invocation; as another run it is not compared number for number with this cell. Its
-# committed results file, `benchmarks/results/kv_cache.json`, holds one such run with its machine,
-# day, start and finish times: on 2026-11-28, one thread of a shared 2-core CPU under other work
-# (1024 tokens without the cache took 598 s, where the script's comment expects about 100 s on an
-# idle core), the pre-allocated cache was 2.2, 3.2 and 10.6 times faster than no cache at 64, 256
-# and 1024 tokens (medians of the per-round ratios over 7, 5 and 1 rounds). Concatenated /
-# pre-allocated was 0.98, 0.77 and 0.92 there (the same medians): another run in which the two
-# cannot be told apart, or concatenation is ahead.
+# one invocation; as another run it is not compared number for number with this cell. Its committed
+# results file, `benchmarks/results/kv_cache.json`, holds one such run with its machine, day, start
+# and finish times: on 2026-11-28, one thread of a shared 2-core CPU under other work (1024 tokens
+# without the cache took 598 s, where the script's comment expects about 100 s on an idle core),
+# the pre-allocated cache was 2.2, 3.2 and 10.6 times faster than no cache at 64, 256 and 1024
+# tokens (medians of the per-round ratios over 7, 5 and 1 rounds). Concatenated / pre-allocated was
+# 0.98, 0.77 and 0.92 there (the same medians): another run in which the two cannot be told apart,
+# or concatenation is ahead.
 #
 # Pre-allocating saves the copy of the whole cache that concatenation makes at every step. In
 # this run the two cached columns cannot be told apart at 64 and 256 tokens: concatenated /
