@@ -61,7 +61,7 @@ from tfmlib.config import setup
 from tfmlib.corpora import load_corpus
 from tfmlib.data import PAD_ID, TranslationDataset, Vocab, build_vocabs, make_loader, pad_sequences, tokenize
 from tfmlib.decoding import encode_sources, evaluate_translator, greedy_decode
-from tfmlib.plot import plot_bleu_by_length, plot_curves, plot_heatmap, plot_over_seeds
+from tfmlib.plot import plot_curves, plot_grouped_bars, plot_heatmap, plot_over_seeds
 from tfmlib.rnn_attention import attention_penalty
 from tfmlib.seeds import over_seeds
 from tfmlib.seq2seq import (
@@ -87,12 +87,14 @@ run = setup(
                baseline=dict(embed=32, hidden=64, epochs=1),
                embed=32, enc_hidden=32, hidden=64, attn_size=64, epochs=1,
                score_steps=15, score_sizes=dict(embed=16, enc_hidden=16, hidden=32, attn_size=32),
-               lin_pairs=1_000, lin_epochs=1, seeds=(0, 1), timing_rounds=3, timing_window=1),
+               lin_pairs=1_000, lin_epochs=1, seeds=(0, 1), headline_seeds=(0, 1), timing_rounds=3,
+               timing_window=1),
     cpu=dict(train_pairs=50_000, test_pairs=2_500, batch_size=64, lr=2e-3,
              baseline=dict(embed=128, hidden=256, epochs=3),
              embed=128, enc_hidden=128, hidden=256, attn_size=256, epochs=1,
              score_steps=400, score_sizes=dict(embed=64, enc_hidden=64, hidden=128, attn_size=128),
-             lin_pairs=12_000, lin_epochs=3, seeds=(0, 1, 2), timing_rounds=15, timing_window=1),
+             lin_pairs=12_000, lin_epochs=3, seeds=(0, 1, 2), headline_seeds=(0, 1, 2), timing_rounds=15,
+             timing_window=1),
     # The cpu profile's sizes with 5 seeds instead of 3; every training call stops by its step or
     # epoch count (no time cap). Costs measured on one H100 on 2026-11-26, five notebooks sharing
     # it, at the old gpu sizes (../shared/gpu/results-2026-11-26.md): an RNNsearch step (decoder
@@ -101,21 +103,21 @@ run = setup(
     # * RNNsearch, 782 steps: 25-34 s; chapter 02's model, loaded from chapter 02's checkpoint
     #   when chapter 02 ran first in the same profile (the same recipe), else retrained: 2,346
     #   steps, 35-45 s;
+    # * section 3's seeds 1 and 2: both models retrained twice, 2 x (25-34 + 35-45) = 120-160 s;
     # * section 5, 5 seeds x (3 scores x 400 steps + 400 seq2seq steps): 220-300 s;
     # * section 6, 5 seeds x 2 classifiers x 327 steps: about 50 s.
-    # About 295-430 s of training: over the 180 s per notebook the book aims at; section 5's seeds
-    # are most of it. An estimate only: not yet run at these sizes on a GPU. If it holds, section
-    # 5's seeds (or its general contender) are what to shrink. Section 3's headline stays one seed
-    # per model here too: its seq2seq side is chapter 02's checkpoint (one seed), so two more seeds
-    # would retrain both models twice, about 2 x (25-34 + 35-45) = 120-160 s more, on top of an
-    # estimate already over the target; section 5's seeds test its direction instead (overall and
-    # on the shortest and the longest sentences); at 400 steps they do not reproduce its shape
-    # (section 5 prints so in the `cpu` run), which rests on one seed here as in `cpu`.
+    # About 415-590 s of training: over the 180 s per notebook the book aims at; section 5's seeds
+    # and section 3's are most of it. An estimate only: not yet run at these sizes on a GPU. If it
+    # holds, section 5's seeds (or its general contender) are what to shrink. Section 3 keeps 3
+    # seeds here (headline_seeds), not 5: each is two full trainings, and its cpu run already holds
+    # the conclusion for every seed; two more would add 120-160 s to a notebook already over the
+    # target.
     gpu=dict(train_pairs=50_000, test_pairs=2_500, batch_size=64, lr=2e-3,
              baseline=dict(embed=128, hidden=256, epochs=3),
              embed=128, enc_hidden=128, hidden=256, attn_size=256, epochs=1,
              score_steps=400, score_sizes=dict(embed=64, enc_hidden=64, hidden=128, attn_size=128),
-             lin_pairs=12_000, lin_epochs=3, seeds=(0, 1, 2, 3, 4), timing_rounds=15, timing_window=5),
+             lin_pairs=12_000, lin_epochs=3, seeds=(0, 1, 2, 3, 4), headline_seeds=(0, 1, 2),
+             timing_rounds=15, timing_window=5),
 )
 
 # %% [markdown]
@@ -408,17 +410,28 @@ class AttentionSeq2Seq(EncoderDecoder):
 # seed.
 
 # %%
-torch.manual_seed(run.seed)
-attention_model = AttentionSeq2Seq(len(src_vocab), len(tgt_vocab), embed=run.embed, enc_hidden=run.enc_hidden,
-                                   hidden=run.hidden, attn_size=run.attn_size, max_source_len=max_source_len)
-baseline_model = Seq2Seq(len(src_vocab), len(tgt_vocab), **{k: v for k, v in run.baseline.items() if k != "epochs"},
-                         max_source_len=max_source_len)
-print(f"attention model: {count_parameters(attention_model):,} parameters; "
-      f"chapter 02's model: {count_parameters(baseline_model):,}")
-for part, n in count_parameters(attention_model, by_child=True).items():
+def new_attention_model() -> AttentionSeq2Seq:
+    """RNNsearch at the profile's sizes, with fresh weights from torch's current random state."""
+    return AttentionSeq2Seq(len(src_vocab), len(tgt_vocab), embed=run.embed, enc_hidden=run.enc_hidden,
+                            hidden=run.hidden, attn_size=run.attn_size, max_source_len=max_source_len)
+
+
+def train_attention(seed: int) -> tuple[AttentionSeq2Seq, History]:
+    """A new RNNsearch initialised from ``seed``, trained with chapter 02's recipe on batches shuffled by
+    ``seed`` (section 3 trains more seeds of it)."""
+    torch.manual_seed(seed)
+    model = new_attention_model()
+    history, _ = train_translator(model, train_data, epochs=run.epochs, batch_size=run.batch_size, lr=run.lr,
+                                  device=run.device, seed=seed, desc=f"attention, seed {seed}")
+    return model, history
+
+
+baseline_sizes = {k: v for k, v in run.baseline.items() if k != "epochs"}
+print(f"attention model: {count_parameters(new_attention_model()):,} parameters; chapter 02's model: "
+      f"{count_parameters(Seq2Seq(len(src_vocab), len(tgt_vocab), **baseline_sizes, max_source_len=max_source_len)):,}")
+for part, n in count_parameters(new_attention_model(), by_child=True).items():
     print(f"  {part:12s} {n:>10,}")
-attention_history, _ = train_translator(attention_model, train_data, epochs=run.epochs, batch_size=run.batch_size,
-                                        lr=run.lr, device=run.device, seed=run.seed, desc="attention")
+attention_model, attention_history = train_attention(run.seed)
 print(f"trained on {run.device} for {len(attention_history.step_loss):,} steps ({run.epochs} epoch(s) of "
       f"batches of {run.batch_size}) in {attention_history.seconds:.0f} s")
 
@@ -436,6 +449,18 @@ print(f"trained on {run.device} for {len(attention_history.step_loss):,} steps (
 recipe = dict(corpus=corpus_name, train_pairs=len(train_pairs), embed=run.baseline["embed"],
               hidden=run.baseline["hidden"], epochs=run.baseline["epochs"], batch_size=run.batch_size,
               lr=run.lr, seed=run.seed, max_source_len=max_source_len)
+
+
+def train_seq2seq(seed: int) -> tuple[Seq2Seq, History]:
+    """Chapter 02's model, initialised from ``seed`` and trained with its recipe on batches shuffled by ``seed``."""
+    torch.manual_seed(seed)
+    model = Seq2Seq(len(src_vocab), len(tgt_vocab), embed=recipe["embed"], hidden=recipe["hidden"],
+                    max_source_len=max_source_len)
+    history, _ = train_translator(model, train_data, epochs=recipe["epochs"], batch_size=run.batch_size,
+                                  lr=run.lr, device=run.device, seed=seed, desc=f"seq2seq, seed {seed}")
+    return model, history
+
+
 path = checkpoint_dir() / f"ch02_seq2seq_{run.profile}.pt"
 try:
     checkpoint = load_checkpoint(path)
@@ -443,46 +468,92 @@ try:
 except CheckpointError:
     loaded = False
 if loaded:
+    baseline_model = Seq2Seq(len(src_vocab), len(tgt_vocab), **baseline_sizes, max_source_len=max_source_len)
     load_checkpoint(path, baseline_model)
     baseline_steps, baseline_seconds = checkpoint.config["step_loss"], checkpoint.config["train_seconds"]
     print(f"loaded chapter 02's model from {path.name} (trained in {baseline_seconds:.0f} s)")
 else:
     print("chapter 02's model is not saved for this recipe: training it again")
-    torch.manual_seed(run.seed)
-    baseline_model = Seq2Seq(len(src_vocab), len(tgt_vocab), embed=recipe["embed"], hidden=recipe["hidden"],
-                             max_source_len=max_source_len)
-    history, _ = train_translator(baseline_model, train_data, epochs=recipe["epochs"], batch_size=run.batch_size,
-                                  lr=run.lr, device=run.device, seed=run.seed, desc="seq2seq")
+    baseline_model, history = train_seq2seq(run.seed)
     baseline_steps, baseline_seconds = history.step_loss, history.seconds
 baseline_model.to(run.device)
 
-reports = {
-    "seq2seq (ch. 02)": evaluate_translator(baseline_model, test_pairs, src_vocab, tgt_vocab,
-                                            lowercase_bleu=real_corpus),
-    "attention (RNNsearch)": evaluate_translator(attention_model, test_pairs, src_vocab, tgt_vocab,
-                                                 lowercase_bleu=real_corpus),
-}
+# %% [markdown]
+# Those are one model of each kind, from seed 0. One seed is one draw: another initialisation and
+# another order of the batches give other numbers, and a difference between two models can be
+# smaller than the spread of either. So we train both models again from each of the profile's
+# other seeds (`run.headline_seeds`: 0, 1 and 2 in the `cpu` profile), with the same recipe, and
+# test every model on the same test split. This is the most expensive cell of the chapter: each
+# further seed costs one training of each model (the seconds are printed).
+# `tfmlib.seeds.over_seeds` (chapter 01) collects one result per seed and prints each as its
+# median and range; a conclusion is asserted only where it holds for every seed. The *lead* in a
+# bucket is the attention model's BLEU minus the seq2seq model's, for the same seed.
+
+# %%
+MODELS = {"seq2seq": "seq2seq (ch. 02)", "attention": "attention (RNNsearch)"}
+headline_reports = {}   # seed -> {model: report}, to print and plot
+headline_seconds = {}   # seed -> {model: training seconds}, for the seeds trained in this cell
 
 
-def cell(bleu_score: float, exact: float) -> str:
-    return f"{bleu_score:5.1f} BLEU, {exact:4.0%} exact"
+def translate_test_split(seed: int) -> dict[str, float]:
+    """Both models from ``seed`` (seed 0's are the ones above; the others are trained here), tested on
+    the test split: BLEU per source-length bucket and overall, the exact-match rate in %, and the
+    attention model's lead in every bucket."""
+    if seed == run.seed:
+        models = {"seq2seq": baseline_model, "attention": attention_model}
+    else:
+        (seq2seq, seq2seq_history), (attention, attention_hist) = train_seq2seq(seed), train_attention(seed)
+        models = {"seq2seq": seq2seq, "attention": attention}
+        headline_seconds[seed] = {"seq2seq": seq2seq_history.seconds, "attention": attention_hist.seconds}
+    reports = {name: evaluate_translator(model.to(run.device), test_pairs, src_vocab, tgt_vocab,
+                                         lowercase_bleu=real_corpus) for name, model in models.items()}
+    headline_reports[seed] = reports
+    out = {}
+    for name, report in reports.items():
+        out |= {f"{name} {row['bucket']}": row["bleu"] for row in report.by_length}
+        out |= {f"{name} all": report.bleu.score, f"{name} exact %": 100 * report.exact}
+    for row in reports["attention"].by_length:
+        out[f"lead {row['bucket']}"] = out[f"attention {row['bucket']}"] - out[f"seq2seq {row['bucket']}"]
+    return out
 
 
-print(f"\n{'source length':>14s} {'n':>6s} " + " ".join(f"{name:>22s}" for name in reports))
-for bucket_rows in zip(*(r.by_length for r in reports.values()), strict=False):
-    print(f"{bucket_rows[0]['bucket']:>14s} {bucket_rows[0]['n']:>6,} "
-          + " ".join(f"{cell(r['bleu'], r['exact']):>22s}" for r in bucket_rows))
-print(f"{'all':>14s} {len(test_pairs):>6,} "
-      + " ".join(f"{cell(r.bleu.score, r.exact):>22s}" for r in reports.values()))
-print(f"\nsignature: {reports['attention (RNNsearch)'].bleu.signature}")
-plot_bleu_by_length({name: r.by_length for name, r in reports.items()},
-                    title="Fixed vector vs attention, same test split")
+headline = over_seeds(translate_test_split, run.headline_seeds)
+bucket_rows = headline_reports[run.seed]["attention"].by_length   # the same test split for every seed
+buckets = [row["bucket"] for row in bucket_rows]
+shortest, longest = buckets[0], buckets[-1]
+for seed, seconds in headline_seconds.items():
+    print(f"seed {seed} trained on {run.device}: seq2seq {seconds['seq2seq']:.0f} s, "
+          f"attention {seconds['attention']:.0f} s")
+print(f"\nBLEU on the test split, median [min, max] over seeds {list(run.headline_seeds)}; "
+      "lead = attention - seq2seq, per seed")
+print(f"{'source length':>14s} {'n':>6s} {MODELS['seq2seq']:>22s} {MODELS['attention']:>22s}   lead, seed by seed")
+for label, n in [(row["bucket"], row["n"]) for row in bucket_rows] + [("all", len(test_pairs)),
+                                                                        ("exact %", len(test_pairs))]:
+    leads = [a - q for a, q in zip(headline.values[f"attention {label}"], headline.values[f"seq2seq {label}"],
+                                   strict=True)]
+    print(f"{label:>14s} {n:>6,} " + " ".join(f"{headline.summary(f'{name} {label}', '.1f'):>22s}" for name in MODELS)
+          + "   " + " ".join(f"{lead:+6.1f}" for lead in leads))
+print(f"\nsignature: {headline_reports[run.seed]['attention'].bleu.signature}")
+print(headline.verdict(f"attention {longest}", f"seq2seq {longest}", better="higher", fmt="+.1f"))
+print(headline.verdict(f"lead {longest}", f"lead {shortest}", better="higher", fmt="+.1f"))
+widest = [max(buckets, key=lambda b, i=i: headline.values[f"lead {b}"][i]) for i in range(len(headline.seeds))]
+print("the bucket with the largest lead, seed by seed: " + ", ".join(widest))
+ax = plot_grouped_bars({MODELS[name]: {f"{row['bucket']}\n(n={row['n']})": headline.values[f"{name} {row['bucket']}"]
+                                       for row in bucket_rows} for name in MODELS},
+                       title=f"Fixed vector vs attention, same test split, {len(headline.seeds)} seeds "
+                             "(median, range)", xlabel="source length (tokens)", ylabel="BLEU")
+ax.set_ylim(0, 1.2 * max(max(headline.values[f"{name} {bucket}"]) for name in MODELS for bucket in buckets))
+ax.legend(loc="upper center", ncols=2)   # above the bars, which reach almost 100 on short sentences
 plt.show()
-seq2seq_report, attention_report = reports.values()
-longest = {name: r.by_length[-1]["bleu"] for name, r in reports.items()}
-if run.profile != "smoke":  # 10 BLEU better, or half of what the fixed vector misses when it is near 100
-    assert longest["attention (RNNsearch)"] >= longest["seq2seq (ch. 02)"] + min(
-        10, (100 - longest["seq2seq (ch. 02)"]) / 2), "attention should hold up far better on the longest sentences"
+if run.profile != "smoke":
+    for i, seed in enumerate(headline.seeds):  # 10 BLEU better, or half of what the fixed vector misses near 100
+        attention_longest = headline.values[f"attention {longest}"][i]
+        seq2seq_longest = headline.values[f"seq2seq {longest}"][i]
+        assert attention_longest >= seq2seq_longest + min(10, (100 - seq2seq_longest) / 2), \
+            f"seed {seed}: attention should hold up far better on the longest sentences"
+    assert headline.holds_for_every_seed(f"lead {longest}", f"lead {shortest}"), \
+        "the lead should be larger on the longest sentences than on the shortest, for every seed"
+    assert max(headline.values[f"lead {shortest}"]) < 10, "the two models should be close on the shortest sentences"
 
 # %% [markdown]
 # The figure is the one of Bahdanau et al. (2014, Figure 2), measured on our corpus. In the
@@ -527,9 +598,9 @@ plt.show()
 steps = len(attention_history.step_loss)
 print(f"mean loss over the first {steps} steps: seq2seq {np.mean(baseline_steps[:steps]):.3f}, "
       f"attention {np.mean(attention_history.step_loss):.3f}")
-print(f"training time on {run.device}: seq2seq {baseline_seconds:.0f} s for {len(baseline_steps):,} steps "
-      f"(measured {'in chapter 02' if loaded else 'here'}), attention {attention_history.seconds:.0f} s for "
-      f"{steps:,} steps; two more seeds of both: about {2 * (baseline_seconds + attention_history.seconds) / 60:.0f} min")
+print(f"training time on {run.device}, seed {run.seed}: seq2seq {baseline_seconds:.0f} s for "
+      f"{len(baseline_steps):,} steps (measured {'in chapter 02' if loaded else 'here'}), "
+      f"attention {attention_history.seconds:.0f} s for {steps:,} steps")
 
 # %% [markdown]
 # Those seconds come from two runs made at different times, under whatever else the machine was
@@ -804,7 +875,7 @@ def train_contenders(seed: int) -> dict[str, float]:
         out |= {f"{name} loss": float(np.mean(history.step_loss[-20:])), f"{name} BLEU": report.bleu.score,
                 f"{name} BLEU {short['bucket']}": short["bleu"], f"{name} BLEU {long['bucket']}": long["bleu"]}
     for bucket in (short["bucket"], long["bucket"]):   # section 3's shape: the lead on short and long sentences
-        out[f"additive - seq2seq BLEU {bucket}"] = out[f"additive BLEU {bucket}"] - out[f"seq2seq BLEU {bucket}"]
+        out[f"additive lead {bucket}"] = out[f"additive BLEU {bucket}"] - out[f"seq2seq BLEU {bucket}"]
     for name in ("additive", "seq2seq"):   # and how much of its short-sentence BLEU each model keeps on long ones
         on_short = out[f"{name} BLEU {short['bucket']}"]
         out[f"{name} BLEU {long['bucket']} / {short['bucket']}"] = (
@@ -829,7 +900,7 @@ print()
 for a, b in (("general", "additive"), ("dot", "additive"), ("additive", "seq2seq")):
     print(scores.verdict(f"{a} BLEU", f"{b} BLEU", better="higher", fmt=".1f"))
     print(scores.verdict(f"{a} loss", f"{b} loss", better="lower", fmt=".3f"))
-gap_short, gap_long = (f"additive - seq2seq BLEU {b}" for b in (shortest_bucket, longest_bucket))
+gap_short, gap_long = (f"additive lead {b}" for b in (shortest_bucket, longest_bucket))
 print(scores.verdict(f"additive BLEU {longest_bucket}", f"seq2seq BLEU {longest_bucket}", better="higher", fmt=".1f"))
 print(scores.verdict(f"additive BLEU {shortest_bucket}", f"seq2seq BLEU {shortest_bucket}", better="higher",
                      fmt=".1f"))
@@ -838,6 +909,7 @@ print(scores.verdict(f"additive BLEU {longest_bucket} / {shortest_bucket}",
                      f"seq2seq BLEU {longest_bucket} / {shortest_bucket}", better="higher", fmt=".2f"))
 fig, ax = plt.subplots(figsize=(8, 4.5))
 plot_over_seeds({name: np.array(curves) for name, curves in score_curves.items()}, smooth=20, ax=ax,
+                colors={"seq2seq": "0.45"},   # the model without attention in grey
                 title=f"Three attention scores and no attention, {run.score_steps} steps, "
                       f"{len(run.seeds)} seeds (median and range)",
                 xlabel="optimisation step", ylabel="training loss (nats per token)")
