@@ -17,7 +17,8 @@
 # # 03 · Attention: learning to align while translating
 #
 # Chapter 02 ended with a measured failure: an encoder-decoder that squeezes the source into
-# one vector $c$ translates short sentences well and long ones badly. Bahdanau, Cho and Bengio
+# one vector $c$, at that chapter's size and training budget, translates short sentences well
+# and long ones badly. Bahdanau, Cho and Bengio
 # (2014) removed the squeeze. Their encoder keeps a vector for *every* source word, and before
 # writing each target word the decoder computes a probability distribution over the source
 # positions, "where to look now", and reads the weighted average of those vectors. The
@@ -33,7 +34,7 @@
 # 2. RNNsearch, Bahdanau et al.'s translation model (a bidirectional encoder, the attention,
 #    a decoder that reads a fresh context at every step), trained with chapter 02's recipe;
 # 3. the comparison with chapter 02's model on the same test split: BLEU by source length, both
-#    models on one figure;
+#    models on one figure, three seeds of each;
 # 4. attention heatmaps on real sentences, and a measurement of how often the model's attention
 #    lands on the right source word (crossing alignments, `ne ... pas`, agreement);
 # 5. Luong et al.'s dot and general scores against the additive one, on the same split;
@@ -556,39 +557,46 @@ if run.profile != "smoke":
     assert max(headline.values[f"lead {shortest}"]) < 10, "the two models should be close on the shortest sentences"
 
 # %% [markdown]
-# The figure is the one of Bahdanau et al. (2014, Figure 2), measured on our corpus. In the
-# committed `cpu` run the two models are close on the shortest sentences (97 and 99 BLEU on 3
-# to 10 tokens), and then they part: on sentences of 40 tokens or more the fixed-vector model
-# keeps 12 BLEU and the attention model 72, with 78% of all test sentences translated exactly
-# against 52%. (BLEU on this synthetic corpus, whose grammar is small and whose references are
-# the only correct translations, runs far higher than on real text: 89 here says nothing about a
-# WMT score; Bahdanau et al.'s RNNsearch-50 scored 26.75 on WMT'14 English-French, their
-# Table 1.) The two models have about the
-# same number of parameters (printed in section 2), and the attention model was trained for
-# fewer epochs than chapter 02's (one against three in the `cpu` profile; the steps and seconds
-# of your run are printed below). The table above holds the numbers of your run.
+# The figure is the one of Bahdanau et al. (2014, Figure 2), measured on our corpus, with the
+# median and the range of three seeds of each model. In the committed `cpu` run the two models
+# are close on the shortest sentences (medians of 96.8 and 99.4 BLEU on 3 to 10 tokens;
+# attention leads there by 2.2 to 2.9 points, seed by seed), and then they part: on sentences of
+# 40 tokens or more the fixed-vector model keeps 11.6 to 12.7 BLEU and the attention model 55.4
+# to 78.9, a lead of 42.6 to 67.3 points. Both verdict lines read "for 3 of 3 seeds": attention
+# is ahead on the longest sentences at every seed, and its lead there is larger than on the
+# shortest at every seed (by 39.8 to 64.5 points). So the figure's *shape*, not only its
+# direction, holds for each seed, and the cell asserts both. Over the whole test split the
+# attention model translates 83.9% of the sentences exactly (median) against 52.6%.
 #
-# This comparison is **one seed per model**: chapter 02's model is its checkpoint, trained from
-# seed 0, and the attention model is trained once here. A second and third seed of both would
-# cost the training times printed below again, twice (the cell prints the estimate: about 32
-# min in the committed `cpu` run). So the figure's *shape*, close on the shortest sentences and
-# far apart on the longest, is shown here on one seed per model, and what supports it is the
-# size of the gap: 60 BLEU on 40 tokens or more in the committed `cpu` run, several times the
-# spread between seeds that section 5 prints for the same bucket (from the lowest seed to the
-# highest, 5 to 16 BLEU, depending on the score); those models are mid-training, though, and a
-# spread measured at 10 to 40 BLEU need not bound the spread at 70.
+# Two things the medians would hide. The lead is not largest on the longest sentences: it peaks
+# on 25 to 39 tokens for seeds 0 and 1 and on 18 to 24 for seed 2 (the line under the
+# verdicts), so past some length the attention model loses ground too. And the attention
+# model's scores on long sentences are the least repeatable numbers of the table: from 55.4 to
+# 78.9 BLEU on 40 tokens or more, and from 67.4 to 94.0 on 25 to 39, where the fixed-vector
+# model's spreads are about 1 and 3 points; seed 2's model is the weak one, at 78.3 BLEU overall
+# against 91.4 and 93.9. One run of RNNsearch shows the direction and the shape; its score on
+# long sentences, in this run, varies by about 25 points from seed to seed.
 #
-# Section 5 repeats the
-# comparison over `run.seeds` (3 in the `cpu` profile), smaller and shorter: a fixed-vector model
-# with the additive-attention model's parameter count, on the same batches for the same 400
-# steps, with the shortest and the longest sentences printed for every seed. In the committed
-# `cpu` run that repeat holds the *direction* at each of the 3 seeds, overall and at both ends,
-# but not the shape in BLEU points: after 400 steps the small fixed-vector model is far behind
-# on short sentences too (23 to 26 BLEU on 3 to 10 tokens against 79 to 82), so attention's lead
-# is larger there (54 to 58 points) than on the longest sentences (7 to 11), where neither model
-# has got far. Only relative to its own short sentences does the fixed-vector model fall off more,
-# at every seed, and that is a weak sign (section 5). The shape rests on this section's one seed.
-# The training loss, step by step on the same batches, shows the direction from the other side:
+# (BLEU on this synthetic corpus, whose grammar is small and whose references are the only
+# correct translations, runs far higher than on real text: 91 here says nothing about a WMT
+# score; Bahdanau et al.'s RNNsearch-50 scored 26.75 on WMT'14 English-French, their Table 1.)
+# The two models have about the same number of parameters (printed in section 2), and the
+# attention model was trained for fewer epochs than chapter 02's (one against three in the
+# `cpu` profile; the steps and seconds of your run are printed). How far the result reaches:
+# models of this size, trained this briefly, on this corpus. For them the fixed vector is the
+# bottleneck. Sutskever, Vinyals and Le (2014, §3.7) found that far larger models (four layers
+# of 1,000 LSTM cells reading reversed sources, trained for days) "did not have difficulty on
+# long sentences" (chapter 02, section 8), so the figure does not say that a fixed vector cannot
+# carry a long sentence; it says that at this scale attention gets there and the fixed vector
+# does not.
+#
+# Section 5 repeats the comparison at a smaller size and budget (400 steps, 3 seeds), with a
+# fixed-vector model of the additive-attention model's parameter count on the same batches. In
+# the committed `cpu` run that repeat holds the direction at each of its seeds, overall and at
+# both ends, but not the shape: after 400 steps the small fixed-vector model has not learned
+# even the short sentences, so attention's lead is larger there than on the longest ones. The
+# shape needs models trained as long as this section's. The training loss of seed 0, step by
+# step on the same batches, shows the direction from the other side:
 
 # %%
 plot_curves({"seq2seq (ch. 02)": baseline_steps, "attention (RNNsearch)": attention_history.step_loss},
@@ -957,10 +965,11 @@ print("relative to the dot score: " + ", ".join(
 # per-seed table prints each): the direction of section 3's headline holds over the 3 seeds at a
 # smaller size and budget. Its shape does not, in BLEU points: the additive model's lead is
 # 54 to 58 points on 3 to 10 tokens and 7 to 11 on 40 or more, the reverse of section 3's
-# figure. The verdict line that compares the two leads reads "additive - seq2seq BLEU 40+ higher
-# than additive - seq2seq BLEU 3-10 for 0 of 3 seeds", and the difference after it, -46.9
-# [-48.8, -42.5], says that the lead on 40 or more tokens is 42.5 to 48.8 points smaller than
-# the lead on 3 to 10 (each name there is one quantity, a lead, not a sum of terms). A likely
+# figure. The verdict line that compares the two leads reads "additive lead 40+ higher than
+# additive lead 3-10 for 0 of 3 seeds", and the difference after it, -46.9 [-48.8, -42.5], says
+# that the lead on 40 or more tokens is 42.5 to 48.8 points smaller than the lead on 3 to 10.
+# Section 3's three seeds of the full-size models, trained for longer, hold the shape at every
+# seed; this section's small ones do not. A likely
 # reason is that after 400 steps the small fixed-vector model (embed 64, hidden 128) has not yet
 # learned even the short sentences: chapter 02's larger model (embed 128, hidden 256) reached 97
 # BLEU there after 2,346 steps, and this section does not train the small one longer, so how
@@ -1264,12 +1273,14 @@ plt.show()
 #   (checked), and a fully masked row gives zeros, not NaN.
 # * RNNsearch (bidirectional encoder, attention, the same decoder and output layer as chapter
 #   02) has about as many parameters as chapter 02's model. Trained with the same recipe, it is
-#   close on short sentences and far better on long ones (the BLEU-by-length figure of section 3,
-#   one seed per model): the bottleneck is gone. Over the 3 seeds of the committed `cpu` run, at
-#   a smaller size and budget (section 5), attention is ahead overall, on the shortest and on
-#   the longest sentences at every seed: the direction holds. The shape (close on short
-#   sentences) does not show at that budget, where the small fixed-vector model is still far
-#   behind on short sentences too; it rests on section 3's one seed.
+#   close on short sentences and far better on long ones, for each of the 3 seeds of the
+#   committed `cpu` run (the BLEU-by-length figure of section 3); the lead is largest on 25 to 39
+#   tokens, and attention's own score on the longest sentences is what varies most from seed to
+#   seed. For models of this size and training the bottleneck is gone (far larger fixed-vector
+#   models, Sutskever et al.'s, did not show it). At a smaller size and budget (section 5),
+#   attention is ahead overall, on the shortest and on the longest sentences at every seed, but
+#   the shape does not show: the small fixed-vector model is still far behind on short
+#   sentences too.
 #   A training step costs more, since the decoder runs as a Python loop (timed in section 3).
 # * The weights are an alignment learned from translation alone: for nouns and adjectives the
 #   attention peak is on the English word being translated 95-97% of the time in the committed
