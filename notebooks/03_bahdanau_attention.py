@@ -660,10 +660,11 @@ print(f"attention / seq2seq: {step_times['attention (RNNsearch)'] / step_times['
 # Attention is not free. Each decoder step computes a score for every source position, and the
 # decoder must run as a Python loop over steps, because $c_i$ depends on $s_{i-1}$, where chapter
 # 02's decoder runs inside one fused GRU call. The interleaved timing above shows the price: in
-# the committed `cpu` run an attention step took 1.51 times a seq2seq step by the medians and
-# 1.07 times by the fastest rounds (the least disturbed ones; the machine was busy with other
-# work, and the quartiles show how much the rounds varied). It is printed, not asserted: how much a Python loop costs against a fused call depends on the device
-# and on the load of the machine. Chapters 04 and 05 remove the loop.
+# the committed `cpu` run an attention step took 1.42 times a seq2seq step by the medians and
+# 1.37 times by the fastest rounds (the least disturbed ones; the quartiles, 57 to 130 ms for
+# seq2seq and 76 to 210 ms for attention, show how much the rounds varied). It is printed, not
+# asserted: how much a Python loop costs against a fused call depends on the device and on the
+# load of the machine. Chapters 04 and 05 remove the loop.
 #
 # ## 4. What the model attends to
 #
@@ -731,9 +732,9 @@ plt.show()
 # it looks back at the English adjective that came first, a crossing alignment; the object
 # pronoun `le` (*him*), which French puts before the verb, is written while the model looks at
 # `see`, the verb it must precede. In the negation, `ne` looks at the auxiliary `does`, the verb
-# at the verb, and `pas` again at the verb it must follow, while `de` looks at `a`: under
-# negation French turns the indefinite article into `de`, and the model has found the word that
-# decides it. In the third sentence agreement shows twice: `fâchées` is feminine plural like
+# at the verb, and `pas` again at the verb it must follow, while `de` puts about a third of its
+# weight on `a` and most of the rest on the negated verb: under negation French turns the
+# indefinite article into `de`, and the model reads the two words that decide it. In the third sentence agreement shows twice: `fâchées` is feminine plural like
 # `tantes` and crosses like the first example, and `jeunes`, after the verb, is plural because
 # `aunts` is, three words earlier. The attention of `jeunes` is on `young`, not on
 # `aunts`: the number reaches it through the annotations (each one a bidirectional summary) and
@@ -800,12 +801,13 @@ if run.profile != "smoke" and not real_corpus:
 # %% [markdown]
 # The percentages say how far the heatmaps generalise. When the model writes a noun or an
 # adjective, its attention peaks on the English word it translates in the large majority of
-# cases (95-97% in the committed `cpu` run), for adjectives that cross as often as for those that
-# keep their place. That is alignment learned from translation alone. The negation words behave
+# cases (96.5% to 98.8% in the committed `cpu` run), for adjectives that cross (98.8%) as often as
+# for those that keep their place (96.5%). That is alignment learned from translation alone. The negation words behave
 # differently, as the counts show: in the committed `cpu` run `ne` peaks on the auxiliary
-# (`does`, `do`, `is`) in most cases, and `pas` peaks on `not` only about a quarter of the time
-# (an earlier run on a GPU, of a larger model than the `gpu` profile now trains, printed 16%),
-# otherwise on nearby verbs and adverbs: the place of `pas` is
+# (`does`, `do`, `is`: 85% of the cases), and `pas` peaks on `not` only about a quarter of the
+# time (27%; an earlier run on a GPU, of a larger model than the `gpu` profile now trains,
+# printed 16%), otherwise spread thinly over other words, the most frequent of them verbs
+# (`carry`, `watch`, `draw`, 3% each): the place of `pas` is
 # fixed by the French verb, and the model looks where the verb is. An attention peak is where
 # the model found the information it needed, which is often but not always "the word being
 # translated". Jain and Wallace (2019) make the general point that attention weights are not
@@ -950,39 +952,43 @@ print("relative to the dot score: " + ", ".join(
 # %% [markdown]
 # In the committed `cpu` run, at this small size and budget, the two bilinear scores learned
 # *faster* than the additive one, for each of its 3 seeds: lower loss and higher BLEU after the
-# same 400 steps (BLEU 54 and 64, medians, for general and dot against 40 for additive; the paired
-# differences are 14 to 23 points for general and 24 to 26 for dot). The size of the gap is a
-# draw: the additive model leaves its early plateau later than the other two, and when it does
-# depends on the seed, which is why the seeds are run. All of these models are mid-training (the
-# full RNNsearch of section 3 reaches 89 in the committed `cpu` run), so this says which score
-# learns faster early, not
+# same 400 steps (BLEU 59.1 and 59.0, medians, for general and dot against 38.3 for additive;
+# the paired differences are 13 to 26 points for general and 12 to 33 for dot). The size of the
+# gap is a draw: the additive model leaves its early plateau later than the other two, and when
+# it does depends on the seed, which is why the seeds are run. All of these models are
+# mid-training (the full RNNsearch of section 3 reaches 78 to 94 BLEU over its three seeds in the
+# committed `cpu` run), so this says which score learns faster early, not
 # which ends better. The literature is divided too: Luong et al. (2015, §4.4) found their concat
 # score worse than dot and general, while Britz et al. (2017), with large models and much more
 # tuning, found additive attention slightly but consistently better. Without attention at all,
 # the same number of parameters on the same batches reached 8 BLEU, below every attention model
-# at every seed (25 to 32 points below the additive one), on the shortest sentences (23 to 26
-# BLEU against 79 to 82 for the additive model) and on the longest (2 to 3 against 9 to 14; the
+# at every seed (26 to 36 points below the additive one), on the shortest sentences (23 to 27
+# BLEU against 75 to 81 for the additive model) and on the longest (about 3 against 8 to 17; the
 # per-seed table prints each): the direction of section 3's headline holds over the 3 seeds at a
 # smaller size and budget. Its shape does not, in BLEU points: the additive model's lead is
-# 54 to 58 points on 3 to 10 tokens and 7 to 11 on 40 or more, the reverse of section 3's
+# 50 to 56 points on 3 to 10 tokens and 6 to 14 on 40 or more, the reverse of section 3's
 # figure. The verdict line that compares the two leads reads "additive lead 40+ higher than
-# additive lead 3-10 for 0 of 3 seeds", and the difference after it, -46.9 [-48.8, -42.5], says
-# that the lead on 40 or more tokens is 42.5 to 48.8 points smaller than the lead on 3 to 10.
+# additive lead 3-10 for 0 of 3 seeds", and the difference after it, -40.7 [-50.5, -39.1], says
+# that the lead on 40 or more tokens is 39.1 to 50.5 points smaller than the lead on 3 to 10.
 # Section 3's three seeds of the full-size models, trained for longer, hold the shape at every
 # seed; this section's small ones do not. A likely
 # reason is that after 400 steps the small fixed-vector model (embed 64, hidden 128) has not yet
 # learned even the short sentences: chapter 02's larger model (embed 128, hidden 256) reached 97
 # BLEU there after 2,346 steps, and this section does not train the small one longer, so how
-# it would do with more steps is not measured. Relative to its own short-sentence BLEU, the fixed-vector model does lose more on the
-# longest sentences at every seed (it keeps 0.09 to 0.13 of it, the additive model 0.12 to 0.18; the last
-# verdict line), but a BLEU of 2 to 3 is close to the metric's floor, so that ratio is printed,
+# it would do with more steps is not measured. Relative to its own short-sentence BLEU, the
+# fixed-vector model loses more on the longest sentences at two of the three seeds, not at all
+# of them (the last verdict line: "for 2 of 3 seeds"). At seeds 0 and 1 it keeps 0.105 and 0.108
+# of its short-sentence BLEU, the additive model 0.18 and 0.20; at seed 2 the additive model,
+# whose BLEU on 40 or more tokens is the lowest of its three seeds (8.4), keeps 0.106 against the
+# fixed-vector model's 0.117. A BLEU of 2.6 to 2.9 is close to the metric's floor, so that ratio is printed,
 # not asserted. Per step, the bilinear scores save the $\tanh$
 # layer over every source position, and the saving in a whole step is modest: the rest of a
 # step (the GRU cell, the output layer into the vocabulary, the Python loop) is shared. In the
-# committed `cpu` run the fastest rounds put the additive step at 1.06 times the dot step, and
-# general at 1.02 times; by the medians the additive step was even a little faster (0.92 times),
-# and under that run's load the rounds' spreads overlap almost entirely (first quartiles 45 and
-# 48 ms), so the run does not resolve the difference more finely than "a little". The
+# committed `cpu` run the medians put the additive step at 1.17 times the dot step and general
+# at 1.03 times; the fastest rounds put them at 1.01 and 0.83 times (general's fastest round was
+# the fastest of the three). Under that run's load the rounds' spreads overlap almost entirely
+# (first quartiles 47, 43 and 43 ms for additive, general and dot, third quartiles 127, 111 and
+# 109 ms), so the run does not resolve the difference more finely than "a little". The
 # Transformer chose the dot product for its speed, and had to add a scale (chapter 05) because
 # large dot products saturate the softmax.
 #
