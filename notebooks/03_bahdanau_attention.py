@@ -801,13 +801,14 @@ if run.profile != "smoke" and not real_corpus:
 # %% [markdown]
 # The percentages say how far the heatmaps generalise. When the model writes a noun or an
 # adjective, its attention peaks on the English word it translates in the large majority of
-# cases (96.5% to 98.8% in the committed `cpu` run), for adjectives that cross (98.8%) as often as
-# for those that keep their place (96.5%). That is alignment learned from translation alone. The negation words behave
-# differently, as the counts show: in the committed `cpu` run `ne` peaks on the auxiliary
-# (`does`, `do`, `is`: 85% of the cases), and `pas` peaks on `not` only about a quarter of the
-# time (27%; an earlier run on a GPU, of a larger model than the `gpu` profile now trains,
-# printed 16%), otherwise spread thinly over other words, the most frequent of them verbs
-# (`carry`, `watch`, `draw`, 3% each): the place of `pas` is
+# cases (96.5% to 98.8% in the committed `cpu` run), for adjectives that cross (98.8%) at least
+# as often as for those that keep their place (96.5%). That is alignment learned from
+# translation alone. The negation words behave differently, as the counts show: in the
+# committed `cpu` run `ne` peaks on the auxiliary (`does`, `do`, `is`: 85% of the cases), and
+# `pas` peaks on `not` only about a quarter of the time (27%; an earlier run on a GPU, of a
+# larger model than the `gpu` profile now trains, printed 16%), otherwise spread thinly over
+# other words, the most frequent of them verbs (`carry`, `watch`, `draw`, 3% each): the place of
+# `pas` is
 # fixed by the French verb, and the model looks where the verb is. An attention peak is where
 # the model found the information it needed, which is often but not always "the word being
 # translated". Jain and Wallace (2019) make the general point that attention weights are not
@@ -980,8 +981,8 @@ print("relative to the dot score: " + ", ".join(
 # of them (the last verdict line: "for 2 of 3 seeds"). At seeds 0 and 1 it keeps 0.105 and 0.108
 # of its short-sentence BLEU, the additive model 0.18 and 0.20; at seed 2 the additive model,
 # whose BLEU on 40 or more tokens is the lowest of its three seeds (8.4), keeps 0.106 against the
-# fixed-vector model's 0.117. A BLEU of 2.6 to 2.9 is close to the metric's floor, so that ratio is printed,
-# not asserted. Per step, the bilinear scores save the $\tanh$
+# fixed-vector model's 0.117. A BLEU of 2.6 to 2.9 is close to the metric's floor, so that
+# ratio is printed, not asserted. Per step, the bilinear scores save the $\tanh$
 # layer over every source position, and the saving in a whole step is modest: the rest of a
 # step (the GRU cell, the output layer into the vocabulary, the Python loop) is shared. In the
 # committed `cpu` run the medians put the additive step at 1.17 times the dot step and general
