@@ -58,6 +58,8 @@ return {
   remPx: parseFloat(getComputedStyle(document.documentElement).fontSize),
   tocEntries: document.querySelectorAll('nav.book-toc li').length,
   banner: (document.querySelector('.book-banner') || {}).innerText || '',
+  wrappedOutputs: Array.from(document.querySelectorAll('.jp-OutputArea-output pre'))
+    .filter(p => getComputedStyle(p).whiteSpace !== 'pre').length,
 };
 """
 
@@ -145,6 +147,9 @@ def test_page_reads_in_a_browser(browser, committed_pages, name):
         assert any(link["href"].startswith("solutions/") for link in found["links"]), (
             f"{name}: no link to the chapter's solutions"
         )
+    assert found["wrappedOutputs"] == 0, (
+        f"{name}: {found['wrappedOutputs']} printed outputs wrap their lines (a table's columns break)"
+    )
     assert found["columnPx"] <= 60 * found["remPx"], (
         f"{name}: the text column is {found['columnPx']:.0f} px wide on a 1600 px window"
     )
