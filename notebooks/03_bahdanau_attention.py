@@ -443,8 +443,10 @@ print(f"trained on {run.device} for {len(attention_history.step_loss):,} steps (
 # and its recipe is the one this profile prescribes; otherwise (chapter 02 not run yet, or run
 # in another profile) we train it again here with that recipe and seed. Both profiles that
 # train (`cpu` and `gpu`) use the same recipe, chapter 02's `cpu` sizes. Retrained on the CPU
-# it is the same model, only later; on a GPU a close one, not a bit-identical one (cuDNN's GRU
-# backward and atomic additions do not add in a fixed order).
+# with the same number of threads it is the same model, only later; with another thread count,
+# or on a GPU, a close one, not a bit-identical one (the order in which floating-point sums are
+# added changes: across threads, and in cuDNN's GRU backward and atomic additions), and training
+# amplifies the difference (below, one seed's score moves by several BLEU).
 
 # %%
 recipe = dict(corpus=corpus_name, train_pairs=len(train_pairs), embed=run.baseline["embed"],
@@ -482,9 +484,9 @@ baseline_model.to(run.device)
 # %% [markdown]
 # Those are one model of each kind, from seed 0. One seed is one draw: another initialisation and
 # another order of the batches give other numbers, and a difference between two models can be
-# smaller than the spread of either. So we train both models again from each of the profile's
-# other seeds (`run.headline_seeds`: 0, 1 and 2 in the `cpu` profile), with the same recipe, and
-# test every model on the same test split. This is the most expensive cell of the chapter: each
+# smaller than the spread of either. So we train both models again from the profile's other
+# seeds (1 and 2 in the `cpu` profile: `run.headline_seeds` is 0, 1, 2, and seed 0's models are
+# the ones above), with the same recipe, and test every model on the same test split. This is the most expensive cell of the chapter: each
 # further seed costs one training of each model (the seconds are printed).
 # `tfmlib.seeds.over_seeds` (chapter 01) collects one result per seed and prints each as its
 # median and range; a conclusion is asserted only where it holds for every seed. The *lead* in a
@@ -570,12 +572,19 @@ if run.profile != "smoke":
 #
 # Two things the medians would hide. The lead is not largest on the longest sentences: it peaks
 # on 25 to 39 tokens for seeds 0 and 1 and on 18 to 24 for seed 2 (the line under the
-# verdicts), so past some length the attention model loses ground too. And the attention
+# verdicts; for seed 2 a close call, leads of 50.4 and 46.4), so past some length the attention
+# model loses ground too. And the attention
 # model's scores on long sentences are the least repeatable numbers of the table: from 55.4 to
 # 78.9 BLEU on 40 tokens or more, and from 67.4 to 94.0 on 25 to 39, where the fixed-vector
-# model's spreads are about 1 and 3 points; seed 2's model is the weak one, at 78.3 BLEU overall
-# against 91.4 and 93.9. One run of RNNsearch shows the direction and the shape; its score on
-# long sentences, in this run, varies by about 25 points from seed to seed.
+# model's spreads are about 1 and 3 points. Seed 2's model is the weak one: its lead overall is
+# the smallest (+30.7), and its score, 78.3 BLEU, is the bottom of the range (91.4 and 93.9 for
+# the others; each seed's score is its lead plus the seq2seq score, which moves by under 4
+# points). Not all of that spread is the seed: seed 0's attention model, trained by the same
+# code with one thread instead of two (the chapter's previous committed `cpu` run), scored 71.5
+# on 40 tokens or more and 88.9 overall, where this run's scores 78.9 and 93.9. One run of
+# RNNsearch shows the direction and the shape; its score on long sentences it pins down only to
+# within about 25 points in this run (23.5 on 40 or more, 26.6 on 25 to 39), from seed to seed
+# and, in part, from run to run of one seed.
 #
 # (BLEU on this synthetic corpus, whose grammar is small and whose references are the only
 # correct translations, runs far higher than on real text: 91 here says nothing about a WMT
@@ -584,9 +593,9 @@ if run.profile != "smoke":
 # attention model was trained for fewer epochs than chapter 02's (one against three in the
 # `cpu` profile; the steps and seconds of your run are printed). How far the result reaches:
 # models of this size, trained this briefly, on this corpus. For them the fixed vector is the
-# bottleneck. Sutskever, Vinyals and Le (2014, §3.7) found that far larger models (four layers
-# of 1,000 LSTM cells reading reversed sources, trained for days) "did not have difficulty on
-# long sentences" (chapter 02, section 8), so the figure does not say that a fixed vector cannot
+# bottleneck. Sutskever, Vinyals and Le (2014: the abstract, and §3.7 with Figure 3) found that
+# far larger models (four layers of 1,000 LSTM cells reading reversed sources, trained for about
+# ten days on eight GPUs) "did not have difficulty on long sentences" (chapter 02, section 8), so the figure does not say that a fixed vector cannot
 # carry a long sentence; it says that at this scale attention gets there and the fixed vector
 # does not.
 #
@@ -1283,8 +1292,9 @@ plt.show()
 #   close on short sentences and far better on long ones, for each of the 3 seeds of the
 #   committed `cpu` run (the BLEU-by-length figure of section 3); the lead is largest on 25 to 39
 #   tokens for two of the seeds (on 18 to 24 for the third), and attention's own score on the
-#   longest sentences is what varies most from seed to seed. For models of this size and training the bottleneck is gone (far larger fixed-vector
-#   models, Sutskever et al.'s, did not show it). At a smaller size and budget (section 5),
+#   longest sentences is what varies most, from seed to seed and even from run to run of one
+#   seed. For these small, briefly trained models, attention removes the bottleneck that the
+#   fixed vector is; far larger fixed-vector models (Sutskever et al.'s) did not show one. At a smaller size and budget (section 5),
 #   attention is ahead overall, on the shortest and on the longest sentences at every seed, but
 #   the shape does not show: the small fixed-vector model is still far behind on short
 #   sentences too.
@@ -1425,7 +1435,8 @@ exercises.check("03.coverage", coverage)
 #   bidirectional encoder (§3.2), BLEU by sentence length (§5, Figure 2), alignments (§5.2.1,
 #   Figure 3), the model in detail (appendix A.1.2 alignment model, A.2 architecture).
 # * I. Sutskever, O. Vinyals, Q. V. Le (2014). *Sequence to sequence learning with neural
-#   networks.* NIPS. Far larger fixed-vector models with no difficulty on long sentences (§3.7).
+#   networks.* NIPS. Far larger fixed-vector models with no difficulty on long sentences (the
+#   abstract; §3.7 and Figure 3).
 # * M.-T. Luong, H. Pham, C. D. Manning (2015). *Effective approaches to attention-based neural
 #   machine translation.* EMNLP. Global attention and the dot, general and concat scores (§3.1).
 # * Z. Lin, M. Feng, C. N. dos Santos, M. Yu, B. Xiang, B. Zhou, Y. Bengio (2017). *A structured
