@@ -984,9 +984,9 @@ plt.show()
 # How soon that bites depends on the model and its training, not only on the fixed size.
 # Sutskever et al. (2014; the words are their abstract's, §3.7 and Fig. 3 measure it) found that
 # 4-layer LSTMs of 1,000 cells per layer, reading reversed sources, "did not have difficulty on
-# long sentences" (their best system, an ensemble, held its BLEU about flat up to 35 words); such a sentence vector holds 8,000 numbers,
-# against this model's $H$ (printed with the configuration at the top), and it trained for about
-# ten days on eight GPUs.
+# long sentences" (their best system, an ensemble, held its BLEU about flat up to 35 words);
+# such a sentence vector holds 8,000 numbers, against this model's $H$ (printed with the
+# configuration at the top), and it trained for about ten days on eight GPUs.
 # Cho et al. (2014b, *On the properties of neural machine translation*) and Bahdanau et al.'s
 # RNNencdec (2014, Fig. 2), with single-layer encoders of 1,000 units, saw the fall measured here.
 # What this chapter shows is the bottleneck of a small, briefly trained model; attention, in
