@@ -417,6 +417,13 @@ def new_attention_model() -> AttentionSeq2Seq:
                             hidden=run.hidden, attn_size=run.attn_size, max_source_len=max_source_len)
 
 
+def new_seq2seq_model() -> Seq2Seq:
+    """Chapter 02's model at its recipe's sizes (``run.baseline``), with fresh weights from torch's
+    current random state."""
+    return Seq2Seq(len(src_vocab), len(tgt_vocab), embed=run.baseline["embed"], hidden=run.baseline["hidden"],
+                   max_source_len=max_source_len)
+
+
 def train_attention(seed: int) -> tuple[AttentionSeq2Seq, History]:
     """A new RNNsearch initialised from ``seed``, trained with chapter 02's recipe on batches shuffled by
     ``seed`` (section 3 trains more seeds of it)."""
@@ -427,9 +434,8 @@ def train_attention(seed: int) -> tuple[AttentionSeq2Seq, History]:
     return model, history
 
 
-baseline_sizes = {k: v for k, v in run.baseline.items() if k != "epochs"}
 print(f"attention model: {count_parameters(new_attention_model()):,} parameters; chapter 02's model: "
-      f"{count_parameters(Seq2Seq(len(src_vocab), len(tgt_vocab), **baseline_sizes, max_source_len=max_source_len)):,}")
+      f"{count_parameters(new_seq2seq_model()):,}")
 for part, n in count_parameters(new_attention_model(), by_child=True).items():
     print(f"  {part:12s} {n:>10,}")
 attention_model, attention_history = train_attention(run.seed)
@@ -457,8 +463,7 @@ recipe = dict(corpus=corpus_name, train_pairs=len(train_pairs), embed=run.baseli
 def train_seq2seq(seed: int) -> tuple[Seq2Seq, History]:
     """Chapter 02's model, initialised from ``seed`` and trained with its recipe on batches shuffled by ``seed``."""
     torch.manual_seed(seed)
-    model = Seq2Seq(len(src_vocab), len(tgt_vocab), embed=recipe["embed"], hidden=recipe["hidden"],
-                    max_source_len=max_source_len)
+    model = new_seq2seq_model()
     history, _ = train_translator(model, train_data, epochs=recipe["epochs"], batch_size=run.batch_size,
                                   lr=run.lr, device=run.device, seed=seed, desc=f"seq2seq, seed {seed}")
     return model, history
@@ -471,7 +476,7 @@ try:
 except CheckpointError:
     loaded = False
 if loaded:
-    baseline_model = Seq2Seq(len(src_vocab), len(tgt_vocab), **baseline_sizes, max_source_len=max_source_len)
+    baseline_model = new_seq2seq_model()
     load_checkpoint(path, baseline_model)
     baseline_steps, baseline_seconds = checkpoint.config["step_loss"], checkpoint.config["train_seconds"]
     print(f"loaded chapter 02's model from {path.name} (trained in {baseline_seconds:.0f} s)")
@@ -532,8 +537,7 @@ print(f"\nBLEU on the test split, median [min, max] over seeds {list(run.headlin
 print(f"{'source length':>14s} {'n':>6s} {MODELS['seq2seq']:>22s} {MODELS['attention']:>22s}   lead, seed by seed")
 for label, n in [(row["bucket"], row["n"]) for row in bucket_rows] + [("all", len(test_pairs)),
                                                                         ("exact %", len(test_pairs))]:
-    leads = [a - q for a, q in zip(headline.values[f"attention {label}"], headline.values[f"seq2seq {label}"],
-                                   strict=True)]
+    leads = headline.differences(f"attention {label}", f"seq2seq {label}")
     print(f"{label:>14s} {n:>6,} " + " ".join(f"{headline.summary(f'{name} {label}', '.1f'):>22s}" for name in MODELS)
           + "   " + " ".join(f"{lead:+6.1f}" for lead in leads))
 print(f"\nsignature: {headline_reports[run.seed]['attention'].bleu.signature}")
@@ -653,11 +657,8 @@ def training_step(model: nn.Module) -> Callable[[], None]:
 
 torch.manual_seed(run.seed)
 step_times = interleaved_medians(
-    {"seq2seq (ch. 02)": training_step(Seq2Seq(len(src_vocab), len(tgt_vocab), embed=recipe["embed"],
-                                               hidden=recipe["hidden"], max_source_len=max_source_len)),
-     "attention (RNNsearch)": training_step(AttentionSeq2Seq(
-         len(src_vocab), len(tgt_vocab), embed=run.embed, enc_hidden=run.enc_hidden, hidden=run.hidden,
-         attn_size=run.attn_size, max_source_len=max_source_len))},
+    {"seq2seq (ch. 02)": training_step(new_seq2seq_model()),
+     "attention (RNNsearch)": training_step(new_attention_model())},
     repeats=run.timing_rounds, device=run.device, number=run.timing_window)
 print(f"one training step, batches of {run.batch_size}:")
 print(step_times)
